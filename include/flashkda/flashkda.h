@@ -1,0 +1,119 @@
+// flash-kda public C++ API: the Kimi Delta Attention (KDA) forward.
+//
+// The math contract is the token recurrence (see docs/design.md and the spec):
+//   q̂ = q/sqrt(|q|²+1e-6), k̂ = k/sqrt(|k|²+1e-6)
+//   a = lower_bound·sigmoid(exp(A_log[h])·(g + dt_bias[h])),  b = sigmoid(beta)
+//   S ← S·diag(exp(a));  S ← S + b·(v − S k̂) k̂ᵀ;  o = scale·S q̂
+// with the state S of shape [V, K] per (sequence, value head).
+//
+// All tensors are dense, contiguous, row-major in the shapes documented on
+// ForwardArgs. bf16 data is passed as raw 16-bit patterns (uint16_t on the host,
+// __nv_bfloat16 on the device): the API never needs a CUDA header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace flashkda {
+
+// Element type of an optional state tensor. kNone means "absent".
+enum class DType : int32_t { kNone = 0, kBF16 = 1, kFP32 = 2 };
+
+// Where and how the forward runs. All pointers of one call live in the memory of
+// the chosen backend (host memory for the CPU backends, device memory for kCuda).
+enum class Backend : int32_t {
+  kCpuReference = 0,  // float64 token-by-token recurrence: the oracle. Slow.
+  kCpuChunked = 1,    // chunk-16 algorithm in fp32, multithreaded: the CPU backend.
+  kCuda = 2,          // sm_90a kernels (Hopper).
+};
+
+enum class StatusCode : int32_t {
+  kOk = 0,
+  kInvalidArgument = 1,  // the message names the argument and what was expected
+  kNotSupported = 2,     // valid input, but this build / device / backend cannot run it
+  kCudaError = 3,        // a CUDA runtime call failed; the message carries its text
+  kInternal = 4,
+};
+
+struct Status {
+  StatusCode code = StatusCode::kOk;
+  std::string message;
+
+  bool ok() const { return code == StatusCode::kOk; }
+  static Status Ok() { return {}; }
+  static Status Invalid(std::string msg) { return {StatusCode::kInvalidArgument, std::move(msg)}; }
+  static Status NotSupported(std::string msg) { return {StatusCode::kNotSupported, std::move(msg)}; }
+};
+
+// Arguments of one KDA forward. Shapes (row-major, contiguous):
+//   q, k        bf16 [B, T, H,  K]
+//   v, out      bf16 [B, T, HV, V]
+//   g           bf16 [B, T, HV, K]     raw gate (before activation)
+//   beta        bf16 [B, T, HV]        raw beta logit
+//   A_log       fp32 [HV]
+//   dt_bias     fp32 [HV, K]
+//   initial_state, final_state   bf16 or fp32 [N, HV, V, K], each optional
+//   cu_seqlens  int64 [N+1]        optional; requires B == 1
+// N is the number of sequences: num_seqs with cu_seqlens, else B.
+// HV (value heads) is a multiple of H; value head hv reads q/k head hv / (HV/H).
+struct ForwardArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* g = nullptr;
+  const void* beta = nullptr;
+  const float* A_log = nullptr;
+  const float* dt_bias = nullptr;
+  void* out = nullptr;
+
+  const void* initial_state = nullptr;
+  DType initial_state_dtype = DType::kNone;
+  void* final_state = nullptr;
+  DType final_state_dtype = DType::kNone;
+
+  // Sequence boundaries, in the backend's memory (device memory for kCuda).
+  const int64_t* cu_seqlens = nullptr;
+  // Optional host copy of the same boundaries. When given, it is validated
+  // (starts at 0, non-decreasing, ends at T) and the GPU path uses it to
+  // schedule long sequences first. For the CPU backends cu_seqlens is already
+  // a host pointer and is validated directly.
+  const int64_t* cu_seqlens_host = nullptr;
+  int64_t num_seqs = 0;  // N when cu_seqlens is given; ignored otherwise
+
+  int64_t batch = 0;        // B
+  int64_t seqlen = 0;       // T (tokens per batch row; total tokens with cu_seqlens)
+  int64_t num_heads = 0;    // H  (q/k heads)
+  int64_t num_v_heads = 0;  // HV (value heads); 0 means HV = H
+  int64_t head_dim_k = 0;   // K
+  int64_t head_dim_v = 0;   // V
+
+  float scale = 0.f;          // usually K^-0.5
+  float lower_bound = -5.f;   // in [-5, 0)
+};
+
+// Bytes of scratch memory forward() needs for these arguments on this backend
+// (0 is a valid answer). The workspace must be in the backend's memory and
+// 256-byte aligned. Returns an error status for arguments forward() would reject.
+Status workspace_size(const ForwardArgs& args, Backend backend, size_t* bytes);
+
+// Runs the forward. `stream` is a cudaStream_t for kCuda (nullptr = the legacy
+// default stream) and ignored by the CPU backends. The CUDA path is
+// asynchronous with respect to the host, allocates nothing, and is safe to
+// capture in a CUDA graph.
+Status forward(const ForwardArgs& args, Backend backend, void* workspace, size_t workspace_bytes,
+               void* stream);
+
+// Validates arguments without running anything (forward() calls this first).
+Status validate(const ForwardArgs& args, Backend backend);
+
+// Whether kCuda can run in this process: the kernels were compiled in and a
+// device of compute capability 9.0 is present. On false, *why says which.
+bool cuda_backend_available(std::string* why = nullptr);
+
+// Human-readable names, for messages and tools.
+const char* to_string(DType dtype);
+const char* to_string(Backend backend);
+const char* to_string(StatusCode code);
+
+}  // namespace flashkda

@@ -1,0 +1,28 @@
+// The sequences of one call: which tokens each one owns. Shared by every backend
+// so that "sequence n" means the same thing everywhere.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "flashkda/flashkda.h"
+
+namespace flashkda {
+
+struct SequenceSpan {
+  int64_t token_begin = 0;  // index into the flattened [B*T] token axis
+  int64_t length = 0;
+};
+
+// Number of sequences N (num_seqs with cu_seqlens, else B).
+int64_t num_sequences(const ForwardArgs& args);
+
+// The spans of all N sequences. `cu_seqlens_host` must be a host copy of the
+// boundaries when args.cu_seqlens is set (validated beforehand), else ignored.
+std::vector<SequenceSpan> sequence_spans(const ForwardArgs& args, const int64_t* cu_seqlens_host);
+
+// HV, resolving the "0 means H" convention.
+inline int64_t value_heads(const ForwardArgs& args) {
+  return args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;
+}
+
+}  // namespace flashkda

@@ -1,0 +1,20 @@
+// The CPU backends. Arguments reaching them have passed flashkda::validate();
+// every pointer is a host pointer.
+#pragma once
+#include "flashkda/flashkda.h"
+
+namespace flashkda::cpu {
+
+// The oracle: the token-by-token recurrence of the contract in float64.
+Status reference_forward_f64(const ForwardArgs& args);
+
+// The chunk-16 algorithm in fp32 with the kernels' decomposition (base-2 exponents,
+// L and Mqk, the Neumann inverse by three squarings, the WY form), parallel over
+// (sequence, value head). num_threads <= 0: std::thread::hardware_concurrency().
+Status chunked_forward_f32(const ForwardArgs& args, int num_threads = 0);
+
+// INV = (I + L)^{-1} for a strictly lower-triangular 16x16 L (row-major), as
+// (I − L)(I + L²)(I + L⁴)(I + L⁸): three squarings and three products.
+void neumann_inverse_16(const float* L, float* inv);
+
+}  // namespace flashkda::cpu

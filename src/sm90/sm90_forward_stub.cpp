@@ -1,0 +1,21 @@
+// Built instead of the kernels when FLASHKDA_ENABLE_CUDA=OFF: every entry says so.
+#include "sm90/sm90_forward.h"
+
+namespace flashkda::sm90 {
+
+namespace {
+const char* kNotBuilt =
+    "backend kCuda: this build of flash-kda has no CUDA kernels (configured with "
+    "FLASHKDA_ENABLE_CUDA=OFF or without nvcc); use Backend::kCpuChunked";
+}
+
+bool compiled_in() { return false; }
+bool device_supported(std::string* why) {
+  if (why) *why = kNotBuilt;
+  return false;
+}
+Status check_supported(const ForwardArgs&) { return Status::NotSupported(kNotBuilt); }
+Status workspace_size(const ForwardArgs&, size_t*) { return Status::NotSupported(kNotBuilt); }
+Status forward(const ForwardArgs&, void*, size_t, void*) { return Status::NotSupported(kNotBuilt); }
+
+}  // namespace flashkda::sm90
