@@ -1,0 +1,106 @@
+/* flash-kda C ABI: the same entry points as include/flashkda/flashkda.h, for FFI
+ * users (ctypes, cffi, Rust, ...). Plain C99; fixed-width types; enums are int32.
+ *
+ * Every function returning int32_t returns a status code (FLASHKDA_STATUS_*).
+ * On a non-OK code, flashkda_last_error() returns the message (naming the
+ * argument and what was expected); it is per thread and describes the most
+ * recent call on that thread ("" after a successful one).
+ *
+ * The struct layout is part of the ABI: on 64-bit platforms it is 12 pointers,
+ * then 7 int64, then 2 int32 and 2 float, 168 bytes, no padding. A layout change
+ * bumps FLASHKDA_C_ABI_VERSION. */
+#ifndef FLASHKDA_FLASHKDA_C_H_
+#define FLASHKDA_FLASHKDA_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLASHKDA_VERSION_MAJOR 0
+#define FLASHKDA_VERSION_MINOR 1
+#define FLASHKDA_VERSION_PATCH 0
+#define FLASHKDA_C_ABI_VERSION 1
+
+/* Status codes (= flashkda::StatusCode). */
+#define FLASHKDA_STATUS_OK 0
+#define FLASHKDA_STATUS_INVALID_ARGUMENT 1
+#define FLASHKDA_STATUS_NOT_SUPPORTED 2
+#define FLASHKDA_STATUS_CUDA_ERROR 3
+#define FLASHKDA_STATUS_INTERNAL 4
+
+/* Backends (= flashkda::Backend). */
+#define FLASHKDA_BACKEND_CPU_REFERENCE 0
+#define FLASHKDA_BACKEND_CPU_CHUNKED 1
+#define FLASHKDA_BACKEND_CUDA 2
+
+/* State dtypes (= flashkda::DType). */
+#define FLASHKDA_DTYPE_NONE 0
+#define FLASHKDA_DTYPE_BF16 1
+#define FLASHKDA_DTYPE_FP32 2
+
+/* Mirrors flashkda::ForwardArgs; see there for shapes and meaning.
+ * Zero-initialise, then set lower_bound (the C++ default is -5) and the rest,
+ * or call flashkda_forward_args_init(). */
+typedef struct flashkda_forward_args {
+  const void* q;               /* bf16 [B, T, H, K] */
+  const void* k;               /* bf16 [B, T, H, K] */
+  const void* v;               /* bf16 [B, T, HV, V] */
+  const void* g;               /* bf16 [B, T, HV, K] */
+  const void* beta;            /* bf16 [B, T, HV] */
+  const float* A_log;          /* fp32 [HV] */
+  const float* dt_bias;        /* fp32 [HV, K] */
+  void* out;                   /* bf16 [B, T, HV, V] */
+  const void* initial_state;   /* bf16/fp32 [N, HV, V, K] or NULL */
+  void* final_state;           /* bf16/fp32 [N, HV, V, K] or NULL */
+  const int64_t* cu_seqlens;   /* [N+1] in the backend's memory, or NULL */
+  const int64_t* cu_seqlens_host; /* optional host copy (kCuda) */
+  int64_t num_seqs;            /* N with cu_seqlens */
+  int64_t batch;               /* B */
+  int64_t seqlen;              /* T */
+  int64_t num_heads;           /* H */
+  int64_t num_v_heads;         /* HV; 0 = H */
+  int64_t head_dim_k;          /* K */
+  int64_t head_dim_v;          /* V */
+  int32_t initial_state_dtype; /* FLASHKDA_DTYPE_* */
+  int32_t final_state_dtype;   /* FLASHKDA_DTYPE_* */
+  float scale;                 /* usually K^-0.5 */
+  float lower_bound;           /* in [-5, 0) */
+} flashkda_forward_args;
+
+/* Zeroes *args and sets lower_bound = -5 (the C++ defaults). */
+void flashkda_forward_args_init(flashkda_forward_args* args);
+
+/* Validates without running (flashkda::validate). */
+int32_t flashkda_validate(const flashkda_forward_args* args, int32_t backend);
+
+/* Scratch bytes flashkda_forward needs (flashkda::workspace_size). */
+int32_t flashkda_workspace_size(const flashkda_forward_args* args, int32_t backend, uint64_t* bytes);
+
+/* Runs the forward (flashkda::forward). stream: a cudaStream_t for the CUDA
+ * backend (NULL = legacy default stream); ignored by the CPU backends. */
+int32_t flashkda_forward(const flashkda_forward_args* args, int32_t backend, void* workspace,
+                         uint64_t workspace_bytes, void* stream);
+
+/* 1 when the CUDA backend can run in this process, else 0 (and the reason is
+ * in flashkda_last_error()). */
+int32_t flashkda_cuda_available(void);
+
+/* The message of the most recent call on this thread ("" after success). Valid
+ * until the next flashkda_* call on the same thread. Never NULL. */
+const char* flashkda_last_error(void);
+
+/* Name of a status code, e.g. "kInvalidArgument". Never NULL. */
+const char* flashkda_status_string(int32_t code);
+
+/* "MAJOR.MINOR.PATCH" of the library, and its C ABI version. */
+const char* flashkda_version(void);
+int32_t flashkda_abi_version(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASHKDA_FLASHKDA_C_H_ */

@@ -1,0 +1,167 @@
+// The extern "C" ABI of include/flashkda/flashkda_c.h over the C++ API.
+#include "flashkda/flashkda_c.h"
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+#include "flashkda/flashkda.h"
+
+namespace {
+
+using flashkda::Backend;
+using flashkda::DType;
+using flashkda::ForwardArgs;
+using flashkda::Status;
+using flashkda::StatusCode;
+
+// ---- the C constants are the C++ enum values --------------------------------
+static_assert(FLASHKDA_STATUS_OK == static_cast<int32_t>(StatusCode::kOk), "");
+static_assert(FLASHKDA_STATUS_INVALID_ARGUMENT == static_cast<int32_t>(StatusCode::kInvalidArgument), "");
+static_assert(FLASHKDA_STATUS_NOT_SUPPORTED == static_cast<int32_t>(StatusCode::kNotSupported), "");
+static_assert(FLASHKDA_STATUS_CUDA_ERROR == static_cast<int32_t>(StatusCode::kCudaError), "");
+static_assert(FLASHKDA_STATUS_INTERNAL == static_cast<int32_t>(StatusCode::kInternal), "");
+static_assert(FLASHKDA_BACKEND_CPU_REFERENCE == static_cast<int32_t>(Backend::kCpuReference), "");
+static_assert(FLASHKDA_BACKEND_CPU_CHUNKED == static_cast<int32_t>(Backend::kCpuChunked), "");
+static_assert(FLASHKDA_BACKEND_CUDA == static_cast<int32_t>(Backend::kCuda), "");
+static_assert(FLASHKDA_DTYPE_NONE == static_cast<int32_t>(DType::kNone), "");
+static_assert(FLASHKDA_DTYPE_BF16 == static_cast<int32_t>(DType::kBF16), "");
+static_assert(FLASHKDA_DTYPE_FP32 == static_cast<int32_t>(DType::kFP32), "");
+static_assert(std::is_same<std::underlying_type<Backend>::type, int32_t>::value, "");
+static_assert(std::is_same<std::underlying_type<DType>::type, int32_t>::value, "");
+
+// ---- the documented layout (64-bit ABI): 12 pointers, 7 int64, 2 int32, 2 float
+static_assert(std::is_standard_layout<flashkda_forward_args>::value, "");
+static_assert(std::is_trivial<flashkda_forward_args>::value, "");
+#if UINTPTR_MAX == 0xffffffffffffffffu
+static_assert(offsetof(flashkda_forward_args, q) == 0, "");
+static_assert(offsetof(flashkda_forward_args, out) == 56, "");
+static_assert(offsetof(flashkda_forward_args, cu_seqlens_host) == 88, "");
+static_assert(offsetof(flashkda_forward_args, num_seqs) == 96, "");
+static_assert(offsetof(flashkda_forward_args, head_dim_v) == 144, "");
+static_assert(offsetof(flashkda_forward_args, initial_state_dtype) == 152, "");
+static_assert(offsetof(flashkda_forward_args, final_state_dtype) == 156, "");
+static_assert(offsetof(flashkda_forward_args, scale) == 160, "");
+static_assert(offsetof(flashkda_forward_args, lower_bound) == 164, "");
+static_assert(sizeof(flashkda_forward_args) == 168, "");
+#endif
+
+thread_local std::string t_last_error;
+
+int32_t record(const Status& s) {
+  t_last_error = s.ok() ? std::string() : s.message;
+  return static_cast<int32_t>(s.code);
+}
+
+int32_t null_args() {
+  t_last_error = "args: null pointer";
+  return FLASHKDA_STATUS_INVALID_ARGUMENT;
+}
+
+ForwardArgs to_cpp(const flashkda_forward_args& c) {
+  ForwardArgs a;
+  a.q = c.q;
+  a.k = c.k;
+  a.v = c.v;
+  a.g = c.g;
+  a.beta = c.beta;
+  a.A_log = c.A_log;
+  a.dt_bias = c.dt_bias;
+  a.out = c.out;
+  a.initial_state = c.initial_state;
+  a.initial_state_dtype = static_cast<DType>(c.initial_state_dtype);  // unknown values: validate() rejects
+  a.final_state = c.final_state;
+  a.final_state_dtype = static_cast<DType>(c.final_state_dtype);
+  a.cu_seqlens = c.cu_seqlens;
+  a.cu_seqlens_host = c.cu_seqlens_host;
+  a.num_seqs = c.num_seqs;
+  a.batch = c.batch;
+  a.seqlen = c.seqlen;
+  a.num_heads = c.num_heads;
+  a.num_v_heads = c.num_v_heads;
+  a.head_dim_k = c.head_dim_k;
+  a.head_dim_v = c.head_dim_v;
+  a.scale = c.scale;
+  a.lower_bound = c.lower_bound;
+  return a;
+}
+
+template <typename Fn>
+int32_t guarded(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    t_last_error = std::string("internal error: ") + e.what();
+  } catch (...) {
+    t_last_error = "internal error: unknown exception";
+  }
+  return FLASHKDA_STATUS_INTERNAL;
+}
+
+}  // namespace
+
+extern "C" {
+
+void flashkda_forward_args_init(flashkda_forward_args* args) {
+  if (args == nullptr) return;
+  *args = flashkda_forward_args{};
+  args->lower_bound = -5.f;
+}
+
+int32_t flashkda_validate(const flashkda_forward_args* args, int32_t backend) {
+  if (args == nullptr) return null_args();
+  return guarded([&] { return record(flashkda::validate(to_cpp(*args), static_cast<Backend>(backend))); });
+}
+
+int32_t flashkda_workspace_size(const flashkda_forward_args* args, int32_t backend, uint64_t* bytes) {
+  if (args == nullptr) return null_args();
+  if (bytes == nullptr) {
+    t_last_error = "bytes: null pointer";
+    return FLASHKDA_STATUS_INVALID_ARGUMENT;
+  }
+  return guarded([&] {
+    size_t n = 0;
+    const int32_t code = record(flashkda::workspace_size(to_cpp(*args), static_cast<Backend>(backend), &n));
+    *bytes = static_cast<uint64_t>(n);
+    return code;
+  });
+}
+
+int32_t flashkda_forward(const flashkda_forward_args* args, int32_t backend, void* workspace,
+                         uint64_t workspace_bytes, void* stream) {
+  if (args == nullptr) return null_args();
+  return guarded([&] {
+    const size_t ws = workspace_bytes > static_cast<uint64_t>(SIZE_MAX) ? SIZE_MAX
+                                                                         : static_cast<size_t>(workspace_bytes);
+    return record(flashkda::forward(to_cpp(*args), static_cast<Backend>(backend), workspace, ws, stream));
+  });
+}
+
+int32_t flashkda_cuda_available(void) {
+  return guarded([&] {
+    std::string why;
+    const bool ok = flashkda::cuda_backend_available(&why);
+    t_last_error = ok ? std::string() : why;
+    return static_cast<int32_t>(ok ? 1 : 0);
+  });
+}
+
+const char* flashkda_last_error(void) { return t_last_error.c_str(); }
+
+const char* flashkda_status_string(int32_t code) {
+  if (code < FLASHKDA_STATUS_OK || code > FLASHKDA_STATUS_INTERNAL) return "unknown status";
+  return flashkda::to_string(static_cast<StatusCode>(code));
+}
+
+const char* flashkda_version(void) {
+#define FLASHKDA_STR2(x) #x
+#define FLASHKDA_STR(x) FLASHKDA_STR2(x)
+  return FLASHKDA_STR(FLASHKDA_VERSION_MAJOR) "." FLASHKDA_STR(FLASHKDA_VERSION_MINOR) "." FLASHKDA_STR(
+      FLASHKDA_VERSION_PATCH);
+#undef FLASHKDA_STR
+#undef FLASHKDA_STR2
+}
+
+int32_t flashkda_abi_version(void) { return FLASHKDA_C_ABI_VERSION; }
+
+}  // extern "C"

@@ -1,0 +1,125 @@
+// flashkda::forward / workspace_size / cuda_backend_available / to_string:
+// validation, then dispatch to one backend. No exception crosses the API: a
+// backend that throws becomes a kInternal status.
+#include <cstdint>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "cpu/cpu_backends.h"
+#include "flashkda/flashkda.h"
+#include "sm90/sm90_forward.h"
+
+namespace flashkda {
+namespace {
+
+// Runs `fn` (returning Status) and turns any exception into kInternal.
+template <typename Fn>
+Status guarded(Backend backend, const char* what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return {StatusCode::kInternal, std::string(what) + " (" + to_string(backend) + "): out of host memory"};
+  } catch (const std::exception& e) {
+    return {StatusCode::kInternal, std::string(what) + " (" + to_string(backend) + "): " + e.what()};
+  } catch (...) {
+    return {StatusCode::kInternal, std::string(what) + " (" + to_string(backend) + "): unknown exception"};
+  }
+}
+
+}  // namespace
+
+Status workspace_size(const ForwardArgs& args, Backend backend, size_t* bytes) {
+  if (bytes == nullptr) return Status::Invalid("bytes: null pointer");
+  *bytes = 0;
+  return guarded(backend, "workspace_size", [&]() -> Status {
+    Status s = validate(args, backend);
+    if (!s.ok()) return s;
+    if (backend != Backend::kCuda) return Status::Ok();  // the CPU backends need no workspace
+    return sm90::workspace_size(args, bytes);
+  });
+}
+
+Status forward(const ForwardArgs& args, Backend backend, void* workspace, size_t workspace_bytes, void* stream) {
+  return guarded(backend, "forward", [&]() -> Status {
+    Status s = validate(args, backend);  // for kCuda this includes sm90::check_supported
+    if (!s.ok()) return s;
+    switch (backend) {
+      case Backend::kCpuReference:
+        return cpu::reference_forward_f64(args);
+      case Backend::kCpuChunked:
+        return cpu::chunked_forward_f32(args);
+      case Backend::kCuda: {
+        std::string why;
+        if (!sm90::compiled_in() || !sm90::device_supported(&why))
+          return Status::NotSupported(why.empty() ? "backend kCuda: not available" : why);
+        size_t required = 0;
+        s = sm90::workspace_size(args, &required);
+        if (!s.ok()) return s;
+        if (required > 0) {
+          if (workspace == nullptr || workspace_bytes < required)
+            return Status::Invalid("workspace: expected at least " + std::to_string(required) + " bytes, got " +
+                                   (workspace == nullptr ? std::string("a null pointer")
+                                                         : std::to_string(workspace_bytes)));
+          if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+            return Status::Invalid("workspace: expected a 256-byte aligned pointer");
+        }
+        return sm90::forward(args, workspace, workspace_bytes, stream);
+      }
+    }
+    return Status::Invalid("backend: unknown value");  // unreachable: validate() rejects it
+  });
+}
+
+bool cuda_backend_available(std::string* why) {
+  try {
+    if (!sm90::compiled_in()) {
+      // The stub's device_supported() says "not built" in its own words.
+      std::string msg;
+      sm90::device_supported(&msg);
+      if (why) *why = msg.empty() ? "backend kCuda: not compiled into this build" : msg;
+      return false;
+    }
+    std::string msg;
+    const bool ok = sm90::device_supported(&msg);
+    if (why) *why = ok ? std::string() : msg;
+    return ok;
+  } catch (const std::exception& e) {
+    if (why) *why = std::string("backend kCuda: ") + e.what();
+    return false;
+  } catch (...) {
+    if (why) *why = "backend kCuda: unknown exception while probing the device";
+    return false;
+  }
+}
+
+const char* to_string(DType dtype) {
+  switch (dtype) {
+    case DType::kNone: return "kNone";
+    case DType::kBF16: return "kBF16";
+    case DType::kFP32: return "kFP32";
+  }
+  return "unknown DType";
+}
+
+const char* to_string(Backend backend) {
+  switch (backend) {
+    case Backend::kCpuReference: return "kCpuReference";
+    case Backend::kCpuChunked: return "kCpuChunked";
+    case Backend::kCuda: return "kCuda";
+  }
+  return "unknown Backend";
+}
+
+const char* to_string(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return "kOk";
+    case StatusCode::kInvalidArgument: return "kInvalidArgument";
+    case StatusCode::kNotSupported: return "kNotSupported";
+    case StatusCode::kCudaError: return "kCudaError";
+    case StatusCode::kInternal: return "kInternal";
+  }
+  return "unknown StatusCode";
+}
+
+}  // namespace flashkda

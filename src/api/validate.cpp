@@ -1,0 +1,217 @@
+// flashkda::validate: every rule of the contract (spec sections 1-2) that can be
+// checked on the host, with messages that name the argument and what was expected.
+//
+// Order: backend, shapes, size overflow, null pointers, scalars, state dtypes,
+// alignment, sequence boundaries, and last the backend's own shape support (for
+// kCuda: sm90::check_supported, which answers kNotSupported). Shape errors come
+// before anything that uses the shapes, so every later product is known to fit.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "common/sequences.h"
+#include "flashkda/flashkda.h"
+#include "sm90/sm90_forward.h"
+
+namespace flashkda {
+namespace {
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+// Head dimensions the CPU backends accept (any value in this range).
+constexpr int64_t kCpuMaxHeadDim = 256;
+
+template <typename... Ts>
+std::string cat(const Ts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+bool known_backend(Backend b) {
+  return b == Backend::kCpuReference || b == Backend::kCpuChunked || b == Backend::kCuda;
+}
+bool known_dtype(DType d) { return d == DType::kNone || d == DType::kBF16 || d == DType::kFP32; }
+
+// a*b for non-negative a, b; false on int64 overflow.
+bool mul_ok(int64_t a, int64_t b, int64_t* r) {
+  if (a != 0 && b > kInt64Max / a) return false;
+  *r = a * b;
+  return true;
+}
+
+// Element count and byte count of one tensor; false when either overflows int64.
+bool tensor_fits(std::initializer_list<int64_t> dims, int64_t elem_bytes, int64_t* elems) {
+  int64_t n = 1;
+  for (int64_t d : dims)
+    if (!mul_ok(n, d, &n)) return false;
+  int64_t bytes;
+  if (!mul_ok(n, elem_bytes, &bytes)) return false;
+  *elems = n;
+  return true;
+}
+
+bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
+
+int64_t dtype_bytes(DType d) { return d == DType::kFP32 ? 4 : 2; }
+
+}  // namespace
+
+Status validate(const ForwardArgs& a, Backend backend) {
+  // ---- backend -------------------------------------------------------------
+  if (!known_backend(backend))
+    return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
+                               " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
+  const bool cuda = backend == Backend::kCuda;
+
+  // ---- shapes --------------------------------------------------------------
+  if (a.batch < 1) return Status::Invalid(cat("batch: expected a value >= 1, got ", a.batch));
+  if (a.seqlen < 0) return Status::Invalid(cat("seqlen: expected a value >= 0, got ", a.seqlen));
+  if (a.num_heads < 1) return Status::Invalid(cat("num_heads: expected a value >= 1, got ", a.num_heads));
+  if (a.num_v_heads < 0 || (a.num_v_heads > 0 && a.num_v_heads % a.num_heads != 0))
+    return Status::Invalid(cat("num_v_heads: expected 0 (= num_heads) or a positive multiple of num_heads=",
+                               a.num_heads, ", got ", a.num_v_heads));
+  if (a.head_dim_k < 1) return Status::Invalid(cat("head_dim_k: expected a value >= 1, got ", a.head_dim_k));
+  if (a.head_dim_v < 1) return Status::Invalid(cat("head_dim_v: expected a value >= 1, got ", a.head_dim_v));
+  if (!cuda) {
+    // The CPU backends take any head dimension up to 256 (kCuda: see check_supported below).
+    if (a.head_dim_k > kCpuMaxHeadDim)
+      return Status::Invalid(cat("head_dim_k: expected a value in [1, ", kCpuMaxHeadDim, "] for backend ",
+                                 to_string(backend), ", got ", a.head_dim_k));
+    if (a.head_dim_v > kCpuMaxHeadDim)
+      return Status::Invalid(cat("head_dim_v: expected a value in [1, ", kCpuMaxHeadDim, "] for backend ",
+                                 to_string(backend), ", got ", a.head_dim_v));
+  }
+  const bool varlen = a.cu_seqlens != nullptr;
+  if (varlen) {
+    if (a.batch != 1)
+      return Status::Invalid(cat("cu_seqlens: requires batch == 1, got batch=", a.batch));
+    // N >= 1: a call with no sequences has no state shape to speak of; callers with
+    // nothing to do simply do not call. (Zero-LENGTH sequences are fine.)
+    if (a.num_seqs < 1)
+      return Status::Invalid(cat("num_seqs: expected a value >= 1 with cu_seqlens, got ", a.num_seqs));
+  }
+
+  // ---- sizes: every tensor's element and byte count must fit in int64 --------
+  const int64_t B = a.batch, T = a.seqlen, H = a.num_heads, HV = value_heads(a);
+  const int64_t K = a.head_dim_k, V = a.head_dim_v;
+  const int64_t N = num_sequences(a);
+  int64_t n_qk = 0, n_v = 0, n_g = 0, n_beta = 0, n_state = 0, n_cu = 0;
+  auto overflow = [&](const char* name, const char* formula) {
+    return Status::Invalid(cat(name, ": element count ", formula, " overflows int64 (batch=", B, ", seqlen=", T,
+                               ", num_heads=", H, ", num_v_heads=", HV, ", head_dim_k=", K,
+                               ", head_dim_v=", V, ", num_seqs=", N, ")"));
+  };
+  if (!tensor_fits({B, T, H, K}, 2, &n_qk)) return overflow("q", "B*T*H*K");
+  if (!tensor_fits({B, T, HV, V}, 2, &n_v)) return overflow("v", "B*T*HV*V");
+  if (!tensor_fits({B, T, HV, K}, 2, &n_g)) return overflow("g", "B*T*HV*K");
+  if (!tensor_fits({B, T, HV}, 2, &n_beta)) return overflow("beta", "B*T*HV");
+  if (!tensor_fits({HV, K}, 4, &n_state)) return overflow("dt_bias", "HV*K");
+  if (!tensor_fits({N, HV, V, K}, 4, &n_state)) return overflow("initial_state", "N*HV*V*K");
+  if (varlen && !tensor_fits({N + 1}, 8, &n_cu)) return overflow("cu_seqlens", "num_seqs+1");
+  // Token index arithmetic (b*T + t) also needs B*T*max(H,HV)*max(K,V) < 2^63: implied above.
+
+  // ---- pointers: null --------------------------------------------------------
+  // A tensor with zero elements (seqlen == 0) may come with a null pointer, as an
+  // empty framework tensor does; it is never dereferenced.
+  struct Req {
+    const char* name;
+    const void* ptr;
+    int64_t elems;
+  };
+  const Req required[] = {
+      {"q", a.q, n_qk},       {"k", a.k, n_qk},       {"v", a.v, n_v},
+      {"g", a.g, n_g},        {"beta", a.beta, n_beta}, {"A_log", a.A_log, HV},
+      {"dt_bias", a.dt_bias, HV * K}, {"out", a.out, n_v},
+  };
+  for (const Req& r : required)
+    if (r.ptr == nullptr && r.elems > 0) return Status::Invalid(cat(r.name, ": null pointer"));
+
+  // ---- scalars ---------------------------------------------------------------
+  if (!std::isfinite(a.scale)) return Status::Invalid(cat("scale: expected a finite value, got ", a.scale));
+  // lower_bound in [-5, 0): the chunked algorithm (spec section 3) works with the
+  // base-2 prefix sums G of a = lower_bound·sigmoid(..) over a 16-token chunk and
+  // forms 2^G and 2^-G; |G| <= 16·|lower_bound|·log2(e), which must stay below 127
+  // so that every 2^±G is a normal float (16·5·1.4427 = 115.4 < 127). Zero or
+  // positive bounds would make the "decay" a growth and are not KDA.
+  if (!(std::isfinite(a.lower_bound) && a.lower_bound >= -5.f && a.lower_bound < 0.f))
+    return Status::Invalid(cat("lower_bound: expected a finite value in [-5, 0), got ", a.lower_bound));
+
+  // ---- states ----------------------------------------------------------------
+  if (!known_dtype(a.initial_state_dtype))
+    return Status::Invalid(cat("initial_state_dtype: unknown value ", static_cast<int32_t>(a.initial_state_dtype),
+                               " (expected kNone=0, kBF16=1 or kFP32=2)"));
+  if (!known_dtype(a.final_state_dtype))
+    return Status::Invalid(cat("final_state_dtype: unknown value ", static_cast<int32_t>(a.final_state_dtype),
+                               " (expected kNone=0, kBF16=1 or kFP32=2)"));
+  if (a.initial_state != nullptr && a.initial_state_dtype == DType::kNone)
+    return Status::Invalid("initial_state: pointer given but initial_state_dtype is kNone");
+  if (a.initial_state == nullptr && a.initial_state_dtype != DType::kNone)
+    return Status::Invalid(cat("initial_state: null pointer but initial_state_dtype is ",
+                               to_string(a.initial_state_dtype), " (use kNone for no initial state)"));
+  if (a.final_state != nullptr && a.final_state_dtype == DType::kNone)
+    return Status::Invalid("final_state: pointer given but final_state_dtype is kNone");
+  if (a.final_state == nullptr && a.final_state_dtype != DType::kNone)
+    return Status::Invalid(cat("final_state: null pointer but final_state_dtype is ",
+                               to_string(a.final_state_dtype), " (use kNone for no final state)"));
+  if (a.initial_state != nullptr && a.final_state != nullptr && a.initial_state_dtype != a.final_state_dtype)
+    return Status::Invalid(cat("final_state_dtype: expected the same dtype as initial_state_dtype (",
+                               to_string(a.initial_state_dtype), ") when both states are given, got ",
+                               to_string(a.final_state_dtype)));
+
+  // ---- pointers: alignment ---------------------------------------------------
+  // kCuda loads bf16 tiles with 16-byte vector / TMA accesses; the CPU backends
+  // need the natural alignment of the element type.
+  const uintptr_t tile_align = cuda ? 16 : 2;
+  const uintptr_t state_align = 16;  // kCuda; CPU: natural, below
+  struct Al {
+    const char* name;
+    const void* ptr;
+    uintptr_t align;
+  };
+  const Al alignments[] = {
+      {"q", a.q, tile_align},
+      {"k", a.k, tile_align},
+      {"v", a.v, tile_align},
+      {"g", a.g, tile_align},
+      {"out", a.out, tile_align},
+      {"beta", a.beta, 2},
+      {"A_log", a.A_log, 4},
+      {"dt_bias", a.dt_bias, 4},
+      {"initial_state", a.initial_state,
+       cuda ? state_align : static_cast<uintptr_t>(dtype_bytes(a.initial_state_dtype))},
+      {"final_state", a.final_state,
+       cuda ? state_align : static_cast<uintptr_t>(dtype_bytes(a.final_state_dtype))},
+      {"cu_seqlens", a.cu_seqlens, 8},
+      {"cu_seqlens_host", a.cu_seqlens_host, 8},
+  };
+  for (const Al& x : alignments)
+    if (x.ptr != nullptr && !aligned(x.ptr, x.align))
+      return Status::Invalid(cat(x.name, ": expected a ", x.align, "-byte aligned pointer for backend ",
+                                 to_string(backend), ", got ", x.ptr));
+
+  // ---- sequence boundaries ---------------------------------------------------
+  // The values can be checked where a host copy exists: args.cu_seqlens itself for
+  // the CPU backends, args.cu_seqlens_host (optional) for kCuda. Device-only
+  // boundaries are trusted.
+  if (varlen) {
+    const int64_t* cu = cuda ? a.cu_seqlens_host : a.cu_seqlens;
+    if (cu != nullptr) {
+      const char* name = cuda ? "cu_seqlens_host" : "cu_seqlens";
+      if (cu[0] != 0) return Status::Invalid(cat(name, ": expected ", name, "[0] == 0, got ", cu[0]));
+      for (int64_t n = 1; n <= N; ++n)
+        if (cu[n] < cu[n - 1])
+          return Status::Invalid(cat(name, ": expected non-decreasing values, got ", name, "[", n, "]=", cu[n],
+                                     " < ", name, "[", n - 1, "]=", cu[n - 1]));
+      if (cu[N] != T)
+        return Status::Invalid(cat(name, ": expected ", name, "[num_seqs=", N, "] == seqlen=", T, ", got ", cu[N]));
+    }
+  }
+
+  // ---- backend-specific shape support ------------------------------------------
+  if (cuda) return sm90::check_supported(a);
+  return Status::Ok();
+}
+
+}  // namespace flashkda
