@@ -1,0 +1,308 @@
+// The chunk-16 algorithm of spec section 3 in fp32: the GPU kernel's slow twin.
+//
+// The steps are named as in the spec and in the kernel so that an intermediate of
+// the kernel can be compared against the one computed here:
+//
+//   token-parallel (per chunk, no state):
+//     prepare_chunk   q̂, k̂ (fp32 L2 norm), γ (base-2 gate), G (prefix sum),
+//                     K_dec, Q_dec, K_inv, K_res, b
+//     form_L_Mqk      L = strictly_lower(b ⊙ K_dec K_invᵀ), Mqk = lower_incl(Q_dec K_invᵀ)
+//     neumann_inverse_16   INV = (I + L)^{-1}
+//     wy_operands     A_w = INV·diag(b); w = A_w K_dec; u = A_w V
+//   sequential (per chunk, with the state S [V, K]):
+//     recurrence_step U = u − w Sᵀ; out = Q_dec Sᵀ + Mqk U; S = S·diag(2^G_last) + Uᵀ K_res
+//
+// Pad rows of a partial last chunk are zero everywhere (q̂ = k̂ = v = b = γ = 0),
+// so they add nothing to L, Mqk, w, u, U or S; their `out` rows are not stored.
+// Parallel over (sequence, value head) pairs with a small std::thread pool.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "common/bf16.h"
+#include "common/sequences.h"
+#include "cpu/cpu_backends.h"
+
+namespace flashkda::cpu {
+namespace {
+
+constexpr int kChunk = 16;
+constexpr float kLog2e = 1.4426950408889634f;
+
+inline float sigmoid_f32(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// C[m][n] (+)= A[m][kk] · B[kk][n], all row-major fp32. Tiny and plain on purpose.
+void matmul(const float* A, const float* B, float* C, int64_t m, int64_t n, int64_t kk,
+            bool accumulate) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* c = C + i * n;
+    if (!accumulate) std::fill(c, c + n, 0.f);
+    for (int64_t p = 0; p < kk; ++p) {
+      const float a = A[i * kk + p];
+      const float* b = B + p * n;
+      for (int64_t j = 0; j < n; ++j) c[j] += a * b[j];
+    }
+  }
+}
+
+// Per-chunk scratch of one worker: everything the kernel keeps in smem/registers.
+struct ChunkScratch {
+  int64_t K = 0, V = 0;
+  std::vector<float> q_hat, k_hat;          // [16, K]
+  std::vector<float> gamma, G;              // [16, K], base 2
+  std::vector<float> K_dec, Q_dec, K_inv, K_res;  // [16, K]
+  std::vector<float> G_last;                // [K]
+  std::vector<float> vals;                  // [16, V]
+  float b[kChunk] = {};
+  float L[kChunk * kChunk] = {}, Mqk[kChunk * kChunk] = {};
+  float INV[kChunk * kChunk] = {}, A_w[kChunk * kChunk] = {};
+  std::vector<float> w;                     // [16, K]
+  std::vector<float> u, U, o;               // [16, V]
+  std::vector<float> decay_last;            // [K] = 2^G_last
+
+  ChunkScratch(int64_t k, int64_t v) : K(k), V(v) {
+    for (auto* x : {&q_hat, &k_hat, &gamma, &G, &K_dec, &Q_dec, &K_inv, &K_res, &w})
+      x->assign(static_cast<size_t>(kChunk * K), 0.f);
+    G_last.assign(static_cast<size_t>(K), 0.f);
+    decay_last.assign(static_cast<size_t>(K), 0.f);
+    for (auto* x : {&vals, &u, &U, &o}) x->assign(static_cast<size_t>(kChunk * V), 0.f);
+  }
+};
+
+// Token-parallel part 1: normalisation, gate, decays, b. Rows >= n_c are zero.
+void prepare_chunk(const ForwardArgs& args, int64_t t0, int n_c, int64_t h, int64_t hv,
+                   ChunkScratch& c) {
+  const int64_t H = args.num_heads, HV = value_heads(args), K = c.K, V = c.V;
+  const auto* q = static_cast<const uint16_t*>(args.q);
+  const auto* k = static_cast<const uint16_t*>(args.k);
+  const auto* v = static_cast<const uint16_t*>(args.v);
+  const auto* g = static_cast<const uint16_t*>(args.g);
+  const auto* beta = static_cast<const uint16_t*>(args.beta);
+  const float A = std::exp(args.A_log[hv]);
+  const float* dt_bias = args.dt_bias + hv * K;
+  const float lb2 = args.lower_bound * kLog2e;  // log2(e) folded into lower_bound
+
+  for (int i = 0; i < kChunk; ++i) {
+    float* qh = c.q_hat.data() + i * K;
+    float* kh = c.k_hat.data() + i * K;
+    float* gm = c.gamma.data() + i * K;
+    float* vr = c.vals.data() + i * V;
+    if (i >= n_c) {  // pad row: touches nothing
+      std::fill(qh, qh + K, 0.f);
+      std::fill(kh, kh + K, 0.f);
+      std::fill(gm, gm + K, 0.f);
+      std::fill(vr, vr + V, 0.f);
+      c.b[i] = 0.f;
+      continue;
+    }
+    const int64_t t = t0 + i;
+    const uint16_t* qt = q + (t * H + h) * K;
+    const uint16_t* kt = k + (t * H + h) * K;
+    const uint16_t* gt = g + (t * HV + hv) * K;
+    const uint16_t* vt = v + (t * HV + hv) * V;
+    float qss = 0.f, kss = 0.f;
+    for (int64_t d = 0; d < K; ++d) {
+      qh[d] = bf16_to_float(qt[d]);
+      kh[d] = bf16_to_float(kt[d]);
+      qss += qh[d] * qh[d];
+      kss += kh[d] * kh[d];
+    }
+    const float qinv = 1.f / std::sqrt(qss + 1e-6f);
+    const float kinv = 1.f / std::sqrt(kss + 1e-6f);
+    for (int64_t d = 0; d < K; ++d) {
+      qh[d] *= qinv;
+      kh[d] *= kinv;
+      gm[d] = lb2 * sigmoid_f32(A * (bf16_to_float(gt[d]) + dt_bias[d]));
+    }
+    for (int64_t e = 0; e < V; ++e) vr[e] = bf16_to_float(vt[e]);
+    c.b[i] = sigmoid_f32(bf16_to_float(beta[t * HV + hv]));
+  }
+
+  // G = inclusive prefix sum of γ over rows; G_last = G of the last real row.
+  for (int64_t d = 0; d < K; ++d) {
+    float acc = 0.f;
+    for (int i = 0; i < kChunk; ++i) {
+      acc += c.gamma[i * K + d];
+      c.G[i * K + d] = acc;
+    }
+    c.G_last[d] = c.G[(n_c - 1) * K + d];
+  }
+
+  const float scale = args.scale;
+  for (int i = 0; i < kChunk; ++i) {
+    for (int64_t d = 0; d < K; ++d) {
+      const int64_t x = i * K + d;
+      const float Gi = c.G[x];
+      const float kh = c.k_hat[x];
+      c.K_dec[x] = kh * std::exp2(Gi);
+      c.Q_dec[x] = scale * c.q_hat[x] * std::exp2(Gi);
+      c.K_inv[x] = kh * std::exp2(-Gi);
+      c.K_res[x] = kh * std::exp2(c.G_last[d] - Gi);
+    }
+  }
+}
+
+// Token-parallel part 2: L_ij = b_i (K_dec_i · K_inv_j) for i > j; Mqk_ij = Q_dec_i · K_inv_j, i >= j.
+void form_L_Mqk(ChunkScratch& c) {
+  const int64_t K = c.K;
+  for (int i = 0; i < kChunk; ++i) {
+    for (int j = 0; j < kChunk; ++j) {
+      float l = 0.f, m = 0.f;
+      if (j <= i) {
+        const float* ki = c.K_dec.data() + i * K;
+        const float* qi = c.Q_dec.data() + i * K;
+        const float* kj = c.K_inv.data() + j * K;
+        for (int64_t d = 0; d < K; ++d) {
+          m += qi[d] * kj[d];
+          if (j < i) l += ki[d] * kj[d];
+        }
+        l *= c.b[i];
+      }
+      c.L[i * kChunk + j] = j < i ? l : 0.f;
+      c.Mqk[i * kChunk + j] = m;
+    }
+  }
+}
+
+// Token-parallel part 3: A_w = INV·diag(b); w = A_w K_dec [16, K]; u = A_w V [16, V].
+void wy_operands(ChunkScratch& c) {
+  for (int i = 0; i < kChunk; ++i)
+    for (int j = 0; j < kChunk; ++j) c.A_w[i * kChunk + j] = c.INV[i * kChunk + j] * c.b[j];
+  matmul(c.A_w, c.K_dec.data(), c.w.data(), kChunk, c.K, kChunk, false);
+  matmul(c.A_w, c.vals.data(), c.u.data(), kChunk, c.V, kChunk, false);
+}
+
+// The sequential part, with the incoming state S [V, K] (updated in place):
+//   U = u − w Sᵀ;  out = Q_dec Sᵀ + Mqk U;  S = S·diag(2^G_last) + Uᵀ K_res.
+void recurrence_step(ChunkScratch& c, float* S) {
+  const int64_t K = c.K, V = c.V;
+  // w Sᵀ and Q_dec Sᵀ: [16, K] × [K, V].
+  for (int i = 0; i < kChunk; ++i) {
+    const float* wi = c.w.data() + i * K;
+    const float* qi = c.Q_dec.data() + i * K;
+    for (int64_t e = 0; e < V; ++e) {
+      const float* Se = S + e * K;
+      float ws = 0.f, qs = 0.f;
+      for (int64_t d = 0; d < K; ++d) {
+        ws += wi[d] * Se[d];
+        qs += qi[d] * Se[d];
+      }
+      c.U[i * V + e] = c.u[i * V + e] - ws;
+      c.o[i * V + e] = qs;
+    }
+  }
+  // out += Mqk U.
+  matmul(c.Mqk, c.U.data(), c.o.data(), kChunk, V, kChunk, true);
+  // S = S·diag(2^G_last) + Uᵀ K_res.
+  std::vector<float>& decay = c.decay_last;
+  for (int64_t d = 0; d < K; ++d) decay[d] = std::exp2(c.G_last[d]);
+  for (int64_t e = 0; e < V; ++e) {
+    float* Se = S + e * K;
+    for (int64_t d = 0; d < K; ++d) Se[d] *= decay[d];
+    for (int i = 0; i < kChunk; ++i) {
+      const float ui = c.U[i * V + e];
+      const float* kr = c.K_res.data() + i * K;
+      for (int64_t d = 0; d < K; ++d) Se[d] += ui * kr[d];
+    }
+  }
+}
+
+void chunked_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv,
+                 ChunkScratch& c, std::vector<float>& S) {
+  const int64_t H = args.num_heads, HV = value_heads(args), K = c.K, V = c.V;
+  const int64_t h = hv / (HV / H);
+  auto* out = static_cast<uint16_t*>(args.out);
+
+  S.assign(static_cast<size_t>(V * K), 0.f);
+  const int64_t state_off = (n * HV + hv) * V * K;
+  if (args.initial_state != nullptr && args.initial_state_dtype == DType::kFP32) {
+    const float* s0 = static_cast<const float*>(args.initial_state) + state_off;
+    std::copy(s0, s0 + V * K, S.begin());
+  } else if (args.initial_state != nullptr && args.initial_state_dtype == DType::kBF16) {
+    const uint16_t* s0 = static_cast<const uint16_t*>(args.initial_state) + state_off;
+    for (int64_t i = 0; i < V * K; ++i) S[i] = bf16_to_float(s0[i]);
+  }
+
+  for (int64_t c0 = 0; c0 < span.length; c0 += kChunk) {
+    const int n_c = static_cast<int>(std::min<int64_t>(kChunk, span.length - c0));
+    const int64_t t0 = span.token_begin + c0;
+    prepare_chunk(args, t0, n_c, h, hv, c);
+    form_L_Mqk(c);
+    neumann_inverse_16(c.L, c.INV);
+    wy_operands(c);
+    recurrence_step(c, S.data());
+    for (int i = 0; i < n_c; ++i) {
+      uint16_t* ot = out + ((t0 + i) * HV + hv) * V;
+      for (int64_t e = 0; e < V; ++e) ot[e] = float_to_bf16(c.o[i * V + e]);
+    }
+  }
+
+  if (args.final_state != nullptr && args.final_state_dtype == DType::kFP32) {
+    float* s1 = static_cast<float*>(args.final_state) + state_off;
+    std::copy(S.begin(), S.end(), s1);
+  } else if (args.final_state != nullptr && args.final_state_dtype == DType::kBF16) {
+    uint16_t* s1 = static_cast<uint16_t*>(args.final_state) + state_off;
+    for (int64_t i = 0; i < V * K; ++i) s1[i] = float_to_bf16(S[i]);
+  }
+}
+
+}  // namespace
+
+void neumann_inverse_16(const float* L, float* inv) {
+  constexpr int C = kChunk, CC = kChunk * kChunk;
+  float N[CC], N2[CC], N4[CC], N8[CC], T[CC];
+  for (int i = 0; i < CC; ++i) N[i] = -L[i];
+  // Three squarings.
+  matmul(N, N, N2, C, C, C, false);
+  matmul(N2, N2, N4, C, C, C, false);
+  matmul(N4, N4, N8, C, C, C, false);
+  // INV = I + N; then INV += INV·N2; INV += INV·N4; INV += INV·N8.
+  for (int i = 0; i < CC; ++i) inv[i] = N[i];
+  for (int i = 0; i < C; ++i) inv[i * C + i] += 1.f;
+  for (const float* P : {N2, N4, N8}) {
+    matmul(inv, P, T, C, C, C, false);
+    for (int i = 0; i < CC; ++i) inv[i] += T[i];
+  }
+}
+
+Status chunked_forward_f32(const ForwardArgs& args, int num_threads) {
+  const int64_t H = args.num_heads;
+  const int64_t HV = value_heads(args);
+  const int64_t K = args.head_dim_k, V = args.head_dim_v;
+  if (H <= 0 || HV <= 0 || HV % H != 0 || K <= 0 || V <= 0)
+    return Status::Invalid("chunked_forward_f32: bad head counts or head dims");
+  const std::vector<SequenceSpan> spans = sequence_spans(args, args.cu_seqlens);
+
+  // Tasks = (sequence, value head) pairs, longest sequences first.
+  std::vector<std::pair<int64_t, int64_t>> tasks;
+  tasks.reserve(spans.size() * static_cast<size_t>(HV));
+  for (int64_t n = 0; n < static_cast<int64_t>(spans.size()); ++n)
+    for (int64_t hv = 0; hv < HV; ++hv) tasks.emplace_back(n, hv);
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const auto& a, const auto& b) {
+    return spans[a.first].length > spans[b.first].length;
+  });
+
+  int64_t nthreads = num_threads > 0 ? num_threads
+                                     : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  nthreads = std::max<int64_t>(1, std::min<int64_t>(nthreads, static_cast<int64_t>(tasks.size())));
+
+  std::atomic<size_t> next{0};
+  auto worker = [&]() {
+    ChunkScratch scratch(K, V);
+    std::vector<float> S;
+    for (size_t i = next.fetch_add(1); i < tasks.size(); i = next.fetch_add(1)) {
+      const auto [n, hv] = tasks[i];
+      chunked_one(args, spans[static_cast<size_t>(n)], n, hv, scratch, S);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int64_t i = 1; i < nthreads; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+  return Status::Ok();
+}
+
+}  // namespace flashkda::cpu

@@ -1,0 +1,91 @@
+// Helpers for the CPU-backend tests: run a backend on a HostProblem and keep its
+// outputs, build problems with K != V, and compare results.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "common/bf16.h"
+#include "cpu/cpu_backends.h"
+#include "tests/common/kda_problem.h"
+
+namespace flashkda::testing {
+
+struct RunResult {
+  std::vector<uint16_t> out;         // bf16 [B, T, HV, V]
+  std::vector<float> final_f32;      // when final dtype is fp32
+  std::vector<uint16_t> final_bf16;  // when final dtype is bf16
+
+  std::vector<float> out_float() const { return bf16_vector_to_float(out); }
+  // The final state as floats, whatever its dtype (empty when absent).
+  std::vector<float> final_float() const {
+    return final_bf16.empty() ? final_f32 : bf16_vector_to_float(final_bf16);
+  }
+};
+
+enum class Which { kReference, kChunked };
+
+inline RunResult run_backend(const HostProblem& p, Which which, int threads = 0) {
+  RunResult r;
+  // Poison the outputs so that an element a backend forgets to write is caught.
+  r.out.assign(p.out_elems(), float_to_bf16(std::nanf("")));
+  void* fin = nullptr;
+  if (p.spec.final_state == DType::kFP32) {
+    r.final_f32.assign(p.state_elems(), std::nanf(""));
+    fin = r.final_f32.data();
+  } else if (p.spec.final_state == DType::kBF16) {
+    r.final_bf16.assign(p.state_elems(), float_to_bf16(std::nanf("")));
+    fin = r.final_bf16.data();
+  }
+  const ForwardArgs args = p.host_args(r.out.data(), fin);
+  const Status st = which == Which::kReference ? cpu::reference_forward_f64(args)
+                                               : cpu::chunked_forward_f32(args, threads);
+  EXPECT_TRUE(st.ok()) << st.message;
+  return r;
+}
+
+// make_problem with a value head dim V that may differ from K: v and the initial
+// state are redrawn (same distribution) at the new V.
+inline HostProblem make_problem_kv(ProblemSpec spec, int64_t K, int64_t V, uint64_t seed) {
+  spec.head_dim = K;
+  HostProblem p = make_problem(spec, seed);
+  if (V == K) return p;
+  p.V = V;
+  std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  p.v.resize(static_cast<size_t>(p.B * p.T * p.HV * V));
+  for (auto& e : p.v) e = float_to_bf16(normal(rng));
+  std::vector<float> s(p.state_elems());
+  for (auto& e : s) e = 0.1f * normal(rng);
+  p.init_f32.clear();
+  p.init_bf16.clear();
+  if (spec.initial_state == DType::kFP32) p.init_f32 = s;
+  if (spec.initial_state == DType::kBF16) {
+    p.init_bf16.resize(s.size());
+    for (size_t i = 0; i < s.size(); ++i) p.init_bf16[i] = float_to_bf16(s[i]);
+  }
+  return p;
+}
+
+struct Errors {
+  double out = 0;    // rel RMS of the bf16 outputs (both backends round to bf16)
+  double state = 0;  // rel RMS of the final state (as floats), 0 when absent
+};
+
+inline Errors chunked_vs_reference(const HostProblem& p, const char* label, int threads = 0) {
+  const RunResult ref = run_backend(p, Which::kReference);
+  const RunResult chk = run_backend(p, Which::kChunked, threads);
+  Errors e;
+  const auto ro = ref.out_float(), co = chk.out_float();
+  e.out = rel_rms(co.data(), ro.data(), ro.size());
+  const auto rs = ref.final_float(), cs = chk.final_float();
+  if (!rs.empty()) e.state = rel_rms(cs.data(), rs.data(), rs.size());
+  std::printf("[ errors ] %-40s out %.3e  final_state %.3e\n", label, e.out, e.state);
+  return e;
+}
+
+}  // namespace flashkda::testing
