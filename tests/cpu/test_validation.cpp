@@ -1,0 +1,389 @@
+// flashkda::validate / forward: one test per rule; every message must name the
+// argument it is about.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "flashkda/flashkda.h"
+#include "tests/common/kda_problem.h"
+
+namespace {
+
+using flashkda::Backend;
+using flashkda::DType;
+using flashkda::ForwardArgs;
+using flashkda::Status;
+using flashkda::StatusCode;
+using flashkda::testing::HostProblem;
+using flashkda::testing::ProblemSpec;
+
+// A small valid problem with its output buffers.
+struct Fixture {
+  HostProblem p;
+  std::vector<uint16_t> out;
+  std::vector<float> fin;
+  ForwardArgs args;
+
+  explicit Fixture(ProblemSpec spec = small_spec(), uint64_t seed = 7) : p(flashkda::testing::make_problem(spec, seed)) {
+    out.assign(p.out_elems(), 0);
+    fin.assign(p.state_elems(), 0.f);
+    args = p.host_args(out.data(), spec.final_state == DType::kNone ? nullptr : fin.data());
+  }
+  static ProblemSpec small_spec() {
+    ProblemSpec s;
+    s.batch = 1;
+    s.seqlen = 20;
+    s.heads = 2;
+    s.head_dim = 32;
+    return s;
+  }
+  static ProblemSpec varlen_spec() {
+    ProblemSpec s = small_spec();
+    s.seqlens = {5, 0, 12};
+    return s;
+  }
+};
+
+// Expects `args` to be rejected by validate() AND by forward() with `code`, with a
+// message containing every string in `needles`.
+void expect_rejected(const ForwardArgs& args, Backend backend, StatusCode code,
+                     std::initializer_list<const char*> needles) {
+  const Status v = flashkda::validate(args, backend);
+  EXPECT_EQ(v.code, code) << flashkda::to_string(v.code) << ": " << v.message;
+  for (const char* n : needles) EXPECT_NE(v.message.find(n), std::string::npos) << "'" << n << "' not in: " << v.message;
+  const Status f = flashkda::forward(args, backend, nullptr, 0, nullptr);
+  EXPECT_EQ(f.code, v.code);
+  EXPECT_EQ(f.message, v.message);
+  size_t ws = 123;
+  const Status w = flashkda::workspace_size(args, backend, &ws);
+  EXPECT_EQ(w.code, v.code);
+}
+
+void expect_invalid(const ForwardArgs& args, std::initializer_list<const char*> needles,
+                    Backend backend = Backend::kCpuChunked) {
+  expect_rejected(args, backend, StatusCode::kInvalidArgument, needles);
+}
+
+TEST(Validation, ValidArgumentsPass) {
+  Fixture f;
+  for (Backend b : {Backend::kCpuReference, Backend::kCpuChunked}) {
+    const Status s = flashkda::validate(f.args, b);
+    EXPECT_TRUE(s.ok()) << s.message;
+    size_t ws = 123;
+    EXPECT_TRUE(flashkda::workspace_size(f.args, b, &ws).ok());
+    EXPECT_EQ(ws, 0u);  // the CPU backends need no workspace
+  }
+  Fixture v(Fixture::varlen_spec());
+  EXPECT_TRUE(flashkda::validate(v.args, Backend::kCpuChunked).ok());
+  EXPECT_TRUE(flashkda::forward(v.args, Backend::kCpuChunked, nullptr, 0, nullptr).ok());
+}
+
+TEST(Validation, NullRequiredPointers) {
+  const char* names[] = {"q", "k", "v", "g", "beta", "A_log", "dt_bias", "out"};
+  for (const char* name : names) {
+    Fixture f;
+    ForwardArgs a = f.args;
+    const std::string n = name;
+    if (n == "q") a.q = nullptr;
+    if (n == "k") a.k = nullptr;
+    if (n == "v") a.v = nullptr;
+    if (n == "g") a.g = nullptr;
+    if (n == "beta") a.beta = nullptr;
+    if (n == "A_log") a.A_log = nullptr;
+    if (n == "dt_bias") a.dt_bias = nullptr;
+    if (n == "out") a.out = nullptr;
+    SCOPED_TRACE(n);
+    expect_invalid(a, {(n + ": null pointer").c_str()});
+  }
+}
+
+TEST(Validation, EmptyTensorsMayBeNull) {
+  // seqlen == 0: q, k, v, g, beta, out have no elements; null is accepted.
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.seqlen = 0;
+  a.q = a.k = a.v = a.g = a.beta = nullptr;
+  a.out = nullptr;
+  EXPECT_TRUE(flashkda::validate(a, Backend::kCpuChunked).ok()) << flashkda::validate(a, Backend::kCpuChunked).message;
+  a.A_log = nullptr;  // A_log always has HV elements
+  expect_invalid(a, {"A_log", "null pointer"});
+}
+
+TEST(Validation, MisalignedPointersCpu) {
+  Fixture f;
+  {
+    ForwardArgs a = f.args;
+    a.q = reinterpret_cast<const char*>(f.args.q) + 1;
+    expect_invalid(a, {"q:", "2-byte aligned"});
+  }
+  {
+    ForwardArgs a = f.args;
+    a.A_log = reinterpret_cast<const float*>(reinterpret_cast<const char*>(f.args.A_log) + 2);
+    expect_invalid(a, {"A_log:", "4-byte aligned"});
+  }
+  {
+    ForwardArgs a = f.args;
+    a.final_state = reinterpret_cast<char*>(f.args.final_state) + 2;  // fp32 state
+    expect_invalid(a, {"final_state:", "4-byte aligned"});
+  }
+}
+
+TEST(Validation, MisalignedPointersCuda) {
+  // Argument errors are kInvalidArgument for kCuda too, whether or not it is built.
+  Fixture f;
+  {
+    ForwardArgs a = f.args;
+    a.v = reinterpret_cast<const char*>(f.args.v) + 8;  // 2-byte aligned, not 16
+    expect_invalid(a, {"v:", "16-byte aligned"}, Backend::kCuda);
+  }
+  {
+    ForwardArgs a = f.args;
+    a.initial_state = reinterpret_cast<const char*>(f.args.initial_state) + 4;
+    expect_invalid(a, {"initial_state:", "16-byte aligned"}, Backend::kCuda);
+  }
+  {
+    ForwardArgs a = f.args;
+    a.dt_bias = reinterpret_cast<const float*>(reinterpret_cast<const char*>(f.args.dt_bias) + 2);
+    expect_invalid(a, {"dt_bias:", "4-byte aligned"}, Backend::kCuda);
+  }
+}
+
+TEST(Validation, BadBatch) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.batch = 0;
+  expect_invalid(a, {"batch:", ">= 1", "got 0"});
+}
+
+TEST(Validation, NegativeSeqlen) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.seqlen = -1;
+  expect_invalid(a, {"seqlen:", "got -1"});
+}
+
+TEST(Validation, BadNumHeads) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.num_heads = 0;
+  expect_invalid(a, {"num_heads:", "got 0"});
+}
+
+TEST(Validation, ValueHeadsNotAMultiple) {
+  ProblemSpec s = Fixture::small_spec();
+  s.heads = 4;
+  Fixture f(s);
+  ForwardArgs a = f.args;
+  a.num_v_heads = 6;
+  expect_invalid(a, {"num_v_heads:", "multiple of num_heads=4, got 6"});
+  a.num_v_heads = -4;
+  expect_invalid(a, {"num_v_heads:", "got -4"});
+}
+
+TEST(Validation, ValueHeadsZeroMeansH) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.num_v_heads = 0;
+  EXPECT_TRUE(flashkda::validate(a, Backend::kCpuChunked).ok());
+}
+
+TEST(Validation, BadHeadDims) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.head_dim_k = 0;
+  expect_invalid(a, {"head_dim_k:", "got 0"});
+  a = f.args;
+  a.head_dim_v = -3;
+  expect_invalid(a, {"head_dim_v:", "got -3"});
+  a = f.args;
+  a.head_dim_k = 300;  // the CPU backends take [1, 256]
+  expect_invalid(a, {"head_dim_k:", "[1, 256]", "got 300"});
+  a = f.args;
+  a.head_dim_v = 257;
+  expect_invalid(a, {"head_dim_v:", "[1, 256]", "got 257"}, Backend::kCpuReference);
+}
+
+TEST(Validation, ScaleNotFinite) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.scale = std::numeric_limits<float>::infinity();
+  expect_invalid(a, {"scale:", "finite"});
+  a.scale = std::nanf("");
+  expect_invalid(a, {"scale:", "finite"});
+}
+
+TEST(Validation, LowerBoundZero) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.lower_bound = 0.f;
+  expect_invalid(a, {"lower_bound:", "[-5, 0)", "got 0"});
+  a.lower_bound = 0.5f;
+  expect_invalid(a, {"lower_bound: expected a finite value in [-5, 0), got 0.5"});
+}
+
+TEST(Validation, LowerBoundBelowMinusFive) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.lower_bound = -5.1f;
+  expect_invalid(a, {"lower_bound:", "[-5, 0)", "-5.1"});
+}
+
+TEST(Validation, LowerBoundNaN) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.lower_bound = std::nanf("");
+  expect_invalid(a, {"lower_bound:", "[-5, 0)"});
+  a.lower_bound = -std::numeric_limits<float>::infinity();
+  expect_invalid(a, {"lower_bound:"});
+}
+
+TEST(Validation, LowerBoundEdgesAccepted) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  for (float lb : {-5.f, -1e-6f, -1.f}) {
+    a.lower_bound = lb;
+    EXPECT_TRUE(flashkda::validate(a, Backend::kCpuChunked).ok()) << lb;
+  }
+}
+
+TEST(Validation, StatePointerWithoutDtype) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.initial_state_dtype = DType::kNone;
+  expect_invalid(a, {"initial_state: pointer given but initial_state_dtype is kNone"});
+  a = f.args;
+  a.final_state_dtype = DType::kNone;
+  expect_invalid(a, {"final_state: pointer given but final_state_dtype is kNone"});
+}
+
+TEST(Validation, StateDtypeWithoutPointer) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.initial_state = nullptr;
+  expect_invalid(a, {"initial_state:", "null pointer", "kFP32"});
+  a = f.args;
+  a.final_state = nullptr;
+  expect_invalid(a, {"final_state:", "null pointer", "kFP32"});
+}
+
+TEST(Validation, StateDtypeMismatch) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.final_state_dtype = DType::kBF16;  // initial is kFP32
+  expect_invalid(a, {"final_state_dtype:", "kFP32", "kBF16"});
+  // Only one state given: any dtype is fine.
+  a.initial_state = nullptr;
+  a.initial_state_dtype = DType::kNone;
+  EXPECT_TRUE(flashkda::validate(a, Backend::kCpuChunked).ok());
+}
+
+TEST(Validation, UnknownStateDtype) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.initial_state_dtype = static_cast<DType>(9);
+  expect_invalid(a, {"initial_state_dtype:", "unknown value 9"});
+}
+
+TEST(Validation, UnknownBackend) {
+  Fixture f;
+  expect_invalid(f.args, {"backend:", "unknown value 7"}, static_cast<Backend>(7));
+}
+
+TEST(Validation, CuSeqlensRequiresBatchOne) {
+  Fixture f(Fixture::varlen_spec());
+  ForwardArgs a = f.args;
+  a.batch = 2;
+  expect_invalid(a, {"cu_seqlens: requires batch == 1, got batch=2"});
+}
+
+TEST(Validation, CuSeqlensNeedsSequences) {
+  Fixture f(Fixture::varlen_spec());
+  ForwardArgs a = f.args;
+  a.num_seqs = 0;
+  expect_invalid(a, {"num_seqs:", "got 0"});
+}
+
+TEST(Validation, CuSeqlensNotStartingAtZero) {
+  Fixture f(Fixture::varlen_spec());
+  std::vector<int64_t> cu = f.p.cu_seqlens;  // {0, 5, 5, 17}
+  cu[0] = 1;
+  ForwardArgs a = f.args;
+  a.cu_seqlens = cu.data();
+  expect_invalid(a, {"cu_seqlens:", "cu_seqlens[0] == 0", "got 1"});
+}
+
+TEST(Validation, CuSeqlensDecreasing) {
+  Fixture f(Fixture::varlen_spec());
+  std::vector<int64_t> cu = f.p.cu_seqlens;  // {0, 5, 5, 17}
+  cu[2] = 4;
+  ForwardArgs a = f.args;
+  a.cu_seqlens = cu.data();
+  expect_invalid(a, {"cu_seqlens:", "non-decreasing", "cu_seqlens[2]=4"});
+}
+
+TEST(Validation, CuSeqlensNotEndingAtSeqlen) {
+  Fixture f(Fixture::varlen_spec());
+  std::vector<int64_t> cu = f.p.cu_seqlens;
+  cu.back() = 16;
+  ForwardArgs a = f.args;
+  a.cu_seqlens = cu.data();
+  expect_invalid(a, {"cu_seqlens:", "seqlen=17", "got 16"});
+}
+
+TEST(Validation, CuSeqlensHostCopyCheckedForCuda) {
+  // kCuda validates the optional host copy (the device copy cannot be read).
+  Fixture f(Fixture::varlen_spec());
+  std::vector<int64_t> cu = f.p.cu_seqlens;
+  cu[1] = 20;
+  ForwardArgs a = f.args;
+  a.cu_seqlens_host = cu.data();
+  expect_invalid(a, {"cu_seqlens_host:", "non-decreasing"}, Backend::kCuda);
+}
+
+TEST(Validation, SizeOverflow) {
+  Fixture f;
+  ForwardArgs a = f.args;
+  a.seqlen = int64_t{1} << 40;
+  a.num_heads = int64_t{1} << 20;
+  a.num_v_heads = 0;
+  expect_invalid(a, {"q:", "overflows int64"});
+  a = f.args;
+  a.batch = int64_t{1} << 62;
+  expect_invalid(a, {"overflows int64"});
+}
+
+TEST(Validation, CudaUnavailableGivesStatusNotCrash) {
+  std::string why;
+  if (flashkda::cuda_backend_available(&why)) GTEST_SKIP() << "a CUDA device is present; covered by the gpu tests";
+  EXPECT_FALSE(why.empty());
+  Fixture f;
+  // Host pointers aligned for kCuda: the call must fail cleanly (not built / no device).
+  const Status s = flashkda::forward(f.args, Backend::kCuda, nullptr, 0, nullptr);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(s.code == StatusCode::kNotSupported || s.code == StatusCode::kCudaError)
+      << flashkda::to_string(s.code) << ": " << s.message;
+  EXPECT_FALSE(s.message.empty());
+  EXPECT_NE(s.message.find("kCuda"), std::string::npos) << s.message;
+  size_t ws = 0;
+  (void)flashkda::workspace_size(f.args, Backend::kCuda, &ws);  // must not crash either
+}
+
+TEST(Validation, WorkspaceSizeNullOutput) {
+  Fixture f;
+  const Status s = flashkda::workspace_size(f.args, Backend::kCpuChunked, nullptr);
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message.find("bytes"), std::string::npos);
+}
+
+TEST(Validation, ToStringNames) {
+  EXPECT_STREQ(flashkda::to_string(DType::kBF16), "kBF16");
+  EXPECT_STREQ(flashkda::to_string(Backend::kCpuChunked), "kCpuChunked");
+  EXPECT_STREQ(flashkda::to_string(StatusCode::kNotSupported), "kNotSupported");
+  EXPECT_NE(std::string(flashkda::to_string(static_cast<Backend>(42))).find("unknown"), std::string::npos);
+}
+
+}  // namespace
