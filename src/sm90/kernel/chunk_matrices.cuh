@@ -1,0 +1,97 @@
+// Token-parallel prologue, part 2: the chunk's 16x16 matrices and the WY operand w.
+//   warp 0: L = diag(b)·strict_lower(K_dec K_invᵀ) → INV = (I + L)^{-1} → A_w = INV·diag(b)
+//   warp 1: Mqk = lower_incl(Q_dec K_invᵀ)
+//   all 8 warps (after a barrier): w = A_w·K_dec, stored negated for the recurrence.
+#pragma once
+#include "sm90/kernel/fragments.cuh"
+#include "sm90/kernel/neumann.cuh"
+#include "sm90/kernel/shared_storage.cuh"
+
+namespace flashkda::sm90 {
+
+// X·K_invᵀ over the 128 key dimensions for a row-major X in shared memory.
+template <class Smem>
+__device__ __forceinline__ void times_kinv_t(FragC (&c)[2], const __nv_bfloat16 (*x)[kLdRow], const Smem& s,
+                                             int lane) {
+  zero(c[0]);
+  zero(c[1]);
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const FragA a = load_a(&x[0][0], kLdRow, 0, 16 * kk, lane);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) mma_bf16(c[nt], a, load_b_nk(&s.kinv[0][0], kLdRow, 8 * nt, 16 * kk, lane));
+  }
+}
+
+template <class Smem>
+__device__ __forceinline__ void build_inverse(Smem& s, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  FragC n[2];
+  times_kinv_t(n, s.kdec, s, lane);
+  // N = −diag(b)·strict_lower(·). A select, not a multiply: the masked upper
+  // triangle holds products 2^(G_i − G_j) with i < j that may overflow to inf.
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
+      n[nt].x[e] = row > col ? -s.beta_sig[row] * n[nt].x[e] : 0.f;
+    }
+  FragC inv[2];
+  neumann_inverse(n, inv, lane);
+  // A_w = INV·diag(b): scale column j by b_j. Stored as fp16 (A operand of w) and
+  // as bf16 hi + lo (B operand of uᵀ = Vᵀ A_wᵀ, whose other factor is bf16 v).
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const int col = 8 * nt + 2 * t;
+    const float b0 = s.beta_sig[col], b1 = s.beta_sig[col + 1];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int row = g + 8 * hr;
+      const float x0 = inv[nt].x[2 * hr] * b0, x1 = inv[nt].x[2 * hr + 1] * b1;
+      const uint32_t hi = pack_bf16(x0, x1);
+      const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
+      *reinterpret_cast<uint32_t*>(&s.aw_f16[row][col]) = pack_f16(x0, x1);
+      *reinterpret_cast<uint32_t*>(&s.aw_hi[row][col]) = hi;
+      *reinterpret_cast<uint32_t*>(&s.aw_lo[row][col]) = pack_bf16(x0 - h0, x1 - h1);
+    }
+  }
+}
+
+template <class Smem>
+__device__ __forceinline__ void build_mqk(Smem& s, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  FragC m[2];
+  times_kinv_t(m, s.qdec, s, lane);
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const int col = 8 * nt + 2 * t;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int row = g + 8 * hr;
+      const float x0 = row >= col ? m[nt].x[2 * hr] : 0.f;
+      const float x1 = row >= col + 1 ? m[nt].x[2 * hr + 1] : 0.f;
+      *reinterpret_cast<uint32_t*>(&s.mqk[row][col]) = pack_bf16(x0, x1);
+    }
+  }
+}
+
+// −w = −A_w·K_dec; warp w produces key columns 16w..16w+15.
+template <class Smem>
+__device__ __forceinline__ void build_w(Smem& s, int warp, int lane) {
+  static_assert(kHeadDim == 16 * kWarps, "each warp builds two n-tiles of w");
+  const int g = lane >> 2, t = lane & 3;
+  const FragA a = load_a(&s.aw_f16[0][0], kLdT, 0, 0, lane);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int nt = 2 * warp + j;
+    FragC c;
+    zero(c);
+    mma_f16(c, a, load_b_nk(&s.kdecT[0][0], kLdT, 8 * nt, 0, lane));
+    const int col = 8 * nt + 2 * t;
+    *reinterpret_cast<uint32_t*>(&s.wneg[g][col]) = pack_bf16(-c.x[0], -c.x[1]);
+    *reinterpret_cast<uint32_t*>(&s.wneg[g + 8][col]) = pack_bf16(-c.x[2], -c.x[3]);
+  }
+}
+
+}  // namespace flashkda::sm90

@@ -1,0 +1,119 @@
+// The sequential part: the recurrent state in registers, in fp32.
+//
+// A warp owns 16 rows of V of the state S ([V, K]) as sixteen m16n8 fp32
+// accumulator tiles (tile j = key columns 8j..8j+7): 64 registers a thread, the
+// whole sequence long. Per chunk, with the state as the A operand (M = V):
+//   Uᵀ   = Vᵀ A_wᵀ − S wᵀ                    [16 V rows x 16 tokens]
+//   outᵀ = S Q_decᵀ + Uᵀ Mqkᵀ
+//   S    = S·diag(2^G_last) + Uᵀ K_res       (straight into the accumulators)
+// The fp32 accumulators convert in place to the bf16 A fragments of the next
+// product, so S never leaves the registers and the warps owning different rows
+// of V never wait for each other.
+#pragma once
+#include "sm90/kernel/fragments.cuh"
+#include "sm90/kernel/params.h"
+#include "sm90/kernel/shared_storage.cuh"
+
+namespace flashkda::sm90 {
+
+struct StateRows {
+  FragC tile[kHeadDim / 8];
+};
+
+// Offset of element (row, col) of the state of (seq, v_head); 64-bit.
+__device__ __forceinline__ int64_t state_offset(const FwdParams& p, int seq, int v_head, int row, int col) {
+  return ((static_cast<int64_t>(seq) * p.num_v_heads + v_head) * kHeadDim + row) * kHeadDim + col;
+}
+
+__device__ __forceinline__ void load_state(StateRows& S, const FwdParams& p, int seq, int v_head, int row0,
+                                           int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int64_t off = state_offset(p, seq, v_head, row0 + g + 8 * hr, 8 * j + 2 * t);
+      float2 x = make_float2(0.f, 0.f);
+      if (p.initial_state_type == kStateFP32) {
+        x = *reinterpret_cast<const float2*>(static_cast<const float*>(p.initial_state) + off);
+      } else if (p.initial_state_type == kStateBF16) {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.initial_state) + off);
+        x = make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+      }
+      S.tile[j].x[2 * hr] = x.x;
+      S.tile[j].x[2 * hr + 1] = x.y;
+    }
+  }
+}
+
+__device__ __forceinline__ void store_state(const StateRows& S, const FwdParams& p, int seq, int v_head, int row0,
+                                            int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int64_t off = state_offset(p, seq, v_head, row0 + g + 8 * hr, 8 * j + 2 * t);
+      const float x0 = S.tile[j].x[2 * hr], x1 = S.tile[j].x[2 * hr + 1];
+      if (p.final_state_type == kStateFP32) {
+        *reinterpret_cast<float2*>(static_cast<float*>(p.final_state) + off) = make_float2(x0, x1);
+      } else if (p.final_state_type == kStateBF16) {
+        *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.final_state) + off) = pack_bf16(x0, x1);
+      }
+    }
+  }
+}
+
+// One chunk for the warp's 16 rows of V (row `vw` of this CTA's slice); writes its
+// part of outᵀ into the staging buffer s.out.
+template <class Smem, class Stage>
+__device__ __forceinline__ void recurrence_step(StateRows& S, Smem& s, const Stage& st, int vw, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  FragC u[2], o[2];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    zero(u[nt]);
+    zero(o[nt]);
+  }
+  // uᵀ = Vᵀ A_wᵀ with A_w = hi + lo: v is exact in bf16, so two terms give A_w to ~16 bits.
+  const FragA vt = load_a_trans(&st.v[0][0], Smem::kLdV, 0, vw, lane);
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    mma_bf16(u[nt], vt, load_b_nk(&s.aw_hi[0][0], kLdT, 8 * nt, 0, lane));
+    mma_bf16(u[nt], vt, load_b_nk(&s.aw_lo[0][0], kLdT, 8 * nt, 0, lane));
+  }
+  // − S wᵀ and S Q_decᵀ, both from the state before this chunk's update.
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const FragA sa = to_a_bf16(S.tile[2 * kk], S.tile[2 * kk + 1]);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      mma_bf16(u[nt], sa, load_b_nk(&s.wneg[0][0], kLdRow, 8 * nt, 16 * kk, lane));
+      mma_bf16(o[nt], sa, load_b_nk(&s.qdec[0][0], kLdRow, 8 * nt, 16 * kk, lane));
+    }
+  }
+  const FragA ua = to_a_bf16(u[0], u[1]);
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) mma_bf16(o[nt], ua, load_b_nk(&s.mqk[0][0], kLdT, 8 * nt, 0, lane));
+  // S = S·diag(2^G_last) + Uᵀ K_res
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+    const float2 dl = *reinterpret_cast<const float2*>(&s.decay_last[8 * j + 2 * t]);
+    S.tile[j].x[0] *= dl.x;
+    S.tile[j].x[1] *= dl.y;
+    S.tile[j].x[2] *= dl.x;
+    S.tile[j].x[3] *= dl.y;
+    mma_bf16(S.tile[j], ua, load_b_nk(&s.kresT[0][0], kLdT, 8 * j, 0, lane));
+  }
+  // outᵀ tile (V rows x tokens) → out staging [token][v]
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const int tok = 8 * nt + 2 * t;
+    s.out[tok][vw + g] = __float2bfloat16_rn(o[nt].x[0]);
+    s.out[tok + 1][vw + g] = __float2bfloat16_rn(o[nt].x[1]);
+    s.out[tok][vw + g + 8] = __float2bfloat16_rn(o[nt].x[2]);
+    s.out[tok + 1][vw + g + 8] = __float2bfloat16_rn(o[nt].x[3]);
+  }
+}
+
+}  // namespace flashkda::sm90

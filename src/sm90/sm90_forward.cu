@@ -1,0 +1,130 @@
+// Host side of the sm_90a backend: support checks, the launch heuristic, dispatch.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <string>
+
+#include "common/sequences.h"
+#include "sm90/fwd_launch.h"
+#include "sm90/kernel/params.h"
+#include "sm90/sm90_forward.h"
+
+namespace flashkda::sm90 {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+std::atomic<int> g_v_split_override{0};
+
+Status cuda_status(cudaError_t err, const char* what) {
+  return {StatusCode::kCudaError, std::string("backend kCuda: ") + what + ": " + cudaGetErrorString(err)};
+}
+
+int32_t state_type(DType t) {
+  switch (t) {
+    case DType::kBF16: return kStateBF16;
+    case DType::kFP32: return kStateFP32;
+    default: return kStateNone;
+  }
+}
+
+}  // namespace
+
+bool compiled_in() { return true; }
+
+bool device_supported(std::string* why) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) {
+    if (why) *why = std::string("backend kCuda: no usable CUDA device (") + cudaGetErrorString(err) + ")";
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return false;
+  }
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0) {
+    if (why)
+      *why = "backend kCuda: the kernels are built for sm_90a (Hopper, compute capability 9.0); device " +
+             std::to_string(dev) + " has compute capability " + std::to_string(major) + "." + std::to_string(minor);
+    return false;
+  }
+  return true;
+}
+
+Status check_supported(const ForwardArgs& args) {
+  if (args.head_dim_k != 128 || args.head_dim_v != 128)
+    return Status::NotSupported("head_dim_k/head_dim_v: the CUDA backend supports K = V = 128 (got K=" +
+                                std::to_string(args.head_dim_k) + ", V=" + std::to_string(args.head_dim_v) +
+                                "); Backend::kCpuChunked runs any head dim");
+  const int64_t hv = value_heads(args);
+  const int64_t n = num_sequences(args);
+  if (n * hv * 4 > int64_t{0x7fffffff})
+    return Status::NotSupported("num_seqs x num_v_heads: too many (sequence, head) pairs for one launch (" +
+                                std::to_string(n * hv) + ")");
+  std::string why;
+  if (!device_supported(&why)) return Status::NotSupported(why);
+  return Status::Ok();
+}
+
+Status workspace_size(const ForwardArgs&, size_t* bytes) {
+  *bytes = 0;  // the fused kernel keeps every intermediate on chip
+  return Status::Ok();
+}
+
+int choose_v_split(int64_t num_tiles, int num_sms) {
+  // Rows of S are independent, so a (sequence, head) can be split over CTAs that
+  // each own a slice of V. Split until the grid covers every SM once; each split
+  // repeats the token-parallel prologue, so split no further than that.
+  int v_split = 1;
+  while (v_split < 4 && num_tiles * v_split < num_sms) v_split *= 2;
+  return v_split;
+}
+
+void set_v_split_override(int v_split) { g_v_split_override.store(v_split); }
+
+Status forward(const ForwardArgs& args, void*, size_t, void* stream) {
+  const int64_t n = num_sequences(args);
+  const int64_t hv = value_heads(args);
+  if (n == 0 || hv == 0) return Status::Ok();
+
+  FwdParams p{};
+  p.q = static_cast<const uint16_t*>(args.q);
+  p.k = static_cast<const uint16_t*>(args.k);
+  p.v = static_cast<const uint16_t*>(args.v);
+  p.g = static_cast<const uint16_t*>(args.g);
+  p.beta = static_cast<const uint16_t*>(args.beta);
+  p.A_log = args.A_log;
+  p.dt_bias = args.dt_bias;
+  p.out = static_cast<uint16_t*>(args.out);
+  p.initial_state = args.initial_state;
+  p.final_state = args.final_state;
+  p.initial_state_type = state_type(args.initial_state ? args.initial_state_dtype : DType::kNone);
+  p.final_state_type = state_type(args.final_state ? args.final_state_dtype : DType::kNone);
+  p.cu_seqlens = args.cu_seqlens;
+  p.seqlen = args.seqlen;
+  p.num_seqs = static_cast<int32_t>(n);
+  p.num_heads = static_cast<int32_t>(args.num_heads);
+  p.num_v_heads = static_cast<int32_t>(hv);
+  p.scale = args.scale;
+  p.lower_bound_log2e = args.lower_bound * kLog2e;
+
+  int dev = 0, num_sms = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return cuda_status(err, "reading the device's SM count");
+
+  const int forced = g_v_split_override.load();
+  p.v_split = forced == 1 || forced == 2 || forced == 4 ? forced : choose_v_split(n * hv, num_sms);
+  const int64_t num_ctas = n * hv * p.v_split;
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (p.v_split) {
+    case 1: err = launch_fwd<8>(p, num_ctas, s); break;
+    case 2: err = launch_fwd<4>(p, num_ctas, s); break;
+    default: err = launch_fwd<2>(p, num_ctas, s); break;
+  }
+  if (err != cudaSuccess) return cuda_status(err, "launching the forward kernel");
+  return Status::Ok();
+}
+
+}  // namespace flashkda::sm90
