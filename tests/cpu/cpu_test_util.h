@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -84,7 +85,20 @@ inline Errors chunked_vs_reference(const HostProblem& p, const char* label, int 
   e.out = rel_rms(co.data(), ro.data(), ro.size());
   const auto rs = ref.final_float(), cs = chk.final_float();
   if (!rs.empty()) e.state = rel_rms(cs.data(), rs.data(), rs.size());
-  std::printf("[ errors ] %-40s out %.3e  final_state %.3e\n", label, e.out, e.state);
+  // Element-wise: the two bf16 outputs are roundings of values that agree to
+  // ~1e-7 relative, so they are equal or one bf16 ulp apart (an ulp is at most
+  // 2^-7 relative); a floor of 1e-6·rms(out) covers values near zero.
+  double ss = 0;
+  for (float x : ro) ss += double(x) * x;
+  const double floor_abs = 1e-6 * std::sqrt(ss / static_cast<double>(ro.size() ? ro.size() : 1));
+  size_t differ = 0, beyond_one_ulp = 0;
+  for (size_t i = 0; i < ro.size(); ++i) {
+    if (chk.out[i] != ref.out[i]) ++differ;
+    if (!(std::abs(double(co[i]) - ro[i]) <= std::abs(double(ro[i])) / 128 + floor_abs)) ++beyond_one_ulp;
+  }
+  EXPECT_EQ(beyond_one_ulp, 0u) << label << ": bf16 outputs more than one ulp apart";
+  std::printf("[ errors ] %-40s out %.3e (%zu/%zu bf16 differ)  final_state %.3e\n", label, e.out,
+              differ, ro.size(), e.state);
   return e;
 }
 
