@@ -53,6 +53,8 @@ bool device_supported(std::string* why) {
 }
 
 Status check_supported(const ForwardArgs& args) {
+  std::string why;
+  if (!device_supported(&why)) return Status::NotSupported(why);
   if (args.head_dim_k != 128 || args.head_dim_v != 128)
     return Status::NotSupported("head_dim_k/head_dim_v: the CUDA backend supports K = V = 128 (got K=" +
                                 std::to_string(args.head_dim_k) + ", V=" + std::to_string(args.head_dim_v) +
@@ -62,8 +64,6 @@ Status check_supported(const ForwardArgs& args) {
   if (n * hv * 4 > int64_t{0x7fffffff})
     return Status::NotSupported("num_seqs x num_v_heads: too many (sequence, head) pairs for one launch (" +
                                 std::to_string(n * hv) + ")");
-  std::string why;
-  if (!device_supported(&why)) return Status::NotSupported(why);
   return Status::Ok();
 }
 

@@ -1,0 +1,250 @@
+// flashkda-bench: times the CUDA forward on the spec's standard table (section 5)
+// and prints median ms, achieved GB/s and the ratio to the IO floor.
+//
+//   flashkda-bench [--heads 96,64] [--states fp32,bf16,none] [--iters 100] [--warmup 10]
+//                  [--v-split 0|1|2|4] [--sweep-v-split] [--json FILE]
+//
+// Timing: CUDA events around each launch, median of --iters launches after
+// --warmup. Inputs are random (never zeros), generated on the device; one
+// problem's inputs (0.8 GB at T = 8192, H = 96) are far larger than the 60 MB L2.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "flashkda/flashkda.h"
+#include "sm90/sm90_forward.h"
+
+namespace {
+
+#define CHECK_CUDA(expr)                                                                 \
+  do {                                                                                   \
+    cudaError_t _e = (expr);                                                             \
+    if (_e != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(_e));            \
+      std::exit(2);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+// The copy bandwidth measured on the H200 (read + write), spec section 5.
+constexpr double kCopyBandwidth = 4.25e12;
+constexpr int kDim = 128;
+
+__device__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
+
+// Approximately standard-normal bf16 values (sum of four uniforms, rescaled).
+__global__ void fill_normal_bf16(uint16_t* x, int64_t n, uint64_t seed, float stddev) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int j = 0; j < 4; ++j) s += hash32(seed + 4 * i + j) * 2.3283064e-10f;
+    const float f = (s - 2.f) * 1.7320508f * stddev;
+    uint32_t u = __float_as_uint(f);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    x[i] = static_cast<uint16_t>(u >> 16);
+  }
+}
+__global__ void fill_uniform_f32(float* x, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = hash32(seed + i) * 2.3283064e-10f * scale;
+}
+
+struct Case {
+  const char* name;
+  std::vector<int64_t> seqlens;  // one entry: a single sequence without cu_seqlens
+};
+
+struct Published {  // the published FlashKDA design, fp32 state, same GPU (spec section 5)
+  int heads;
+  const char* name;
+  double ms;
+};
+const Published kPublished[] = {{96, "8192", 1.400}, {96, "varlen6", 1.394}, {96, "8x1024", 1.204},
+                                {64, "8192", 1.188}, {64, "varlen6", 1.017}, {64, "8x1024", 0.814}};
+
+double published_ms(int heads, const char* name) {
+  for (const auto& p : kPublished)
+    if (p.heads == heads && std::strcmp(p.name, name) == 0) return p.ms;
+  return 0;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    size_t e = s.find(',', b);
+    if (e == std::string::npos) e = s.size();
+    if (e > b) out.push_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
+
+struct Row {
+  int heads;
+  std::string name, state;
+  int v_split;
+  double ms, gbps, floor_ms, published;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> heads = {96, 64};
+  std::vector<std::string> states = {"fp32", "bf16", "none"};
+  int iters = 100, warmup = 10, v_split = 0;
+  bool sweep = false;
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); std::exit(2); }
+      return argv[++i];
+    };
+    if (a == "--heads") { heads.clear(); for (auto& h : split(next())) heads.push_back(std::atoi(h.c_str())); }
+    else if (a == "--states") states = split(next());
+    else if (a == "--iters") iters = std::atoi(next().c_str());
+    else if (a == "--warmup") warmup = std::atoi(next().c_str());
+    else if (a == "--v-split") v_split = std::atoi(next().c_str());
+    else if (a == "--sweep-v-split") sweep = true;
+    else if (a == "--json") json = next();
+    else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
+  }
+  std::string why;
+  if (!flashkda::cuda_backend_available(&why)) {
+    std::fprintf(stderr, "flashkda-bench: %s\n", why.c_str());
+    return 1;
+  }
+  const Case cases[] = {{"8192", {8192}},
+                        {"varlen6", {1300, 547, 2048, 963, 271, 3063}},
+                        {"8x1024", {1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024}}};
+  std::vector<int> splits = sweep ? std::vector<int>{1, 2, 4} : std::vector<int>{v_split};
+  std::vector<Row> rows;
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+
+  for (int H : heads) {
+    for (const Case& c : cases) {
+      std::vector<int64_t> cu = {0};
+      for (int64_t L : c.seqlens) cu.push_back(cu.back() + L);
+      const int64_t T = cu.back(), N = static_cast<int64_t>(c.seqlens.size());
+      const int64_t tok_elems = T * H * kDim, state_elems = N * H * kDim * kDim;
+      uint16_t *q, *k, *v, *g, *beta, *out;
+      float *A_log, *dt_bias;
+      void *init, *fin;
+      int64_t* d_cu;
+      CHECK_CUDA(cudaMalloc(&q, tok_elems * 2));
+      CHECK_CUDA(cudaMalloc(&k, tok_elems * 2));
+      CHECK_CUDA(cudaMalloc(&v, tok_elems * 2));
+      CHECK_CUDA(cudaMalloc(&g, tok_elems * 2));
+      CHECK_CUDA(cudaMalloc(&out, tok_elems * 2));
+      CHECK_CUDA(cudaMalloc(&beta, T * H * 2));
+      CHECK_CUDA(cudaMalloc(&A_log, H * 4));
+      CHECK_CUDA(cudaMalloc(&dt_bias, H * kDim * 4));
+      CHECK_CUDA(cudaMalloc(&init, state_elems * 4));
+      CHECK_CUDA(cudaMalloc(&fin, state_elems * 4));
+      CHECK_CUDA(cudaMalloc(&d_cu, cu.size() * 8));
+      CHECK_CUDA(cudaMemcpy(d_cu, cu.data(), cu.size() * 8, cudaMemcpyHostToDevice));
+      fill_normal_bf16<<<1024, 256>>>(q, tok_elems, 1, 1.f);
+      fill_normal_bf16<<<1024, 256>>>(k, tok_elems, 2, 1.f);
+      fill_normal_bf16<<<1024, 256>>>(v, tok_elems, 3, 1.f);
+      fill_normal_bf16<<<1024, 256>>>(g, tok_elems, 4, 1.f);
+      fill_normal_bf16<<<1024, 256>>>(beta, T * H, 5, 1.f);
+      fill_uniform_f32<<<64, 256>>>(A_log, H, 6, 1.f);
+      fill_uniform_f32<<<64, 256>>>(dt_bias, H * kDim, 7, 1.f);
+      fill_uniform_f32<<<1024, 256>>>(static_cast<float*>(init), state_elems, 8, 0.1f);
+      CHECK_CUDA(cudaGetLastError());
+      CHECK_CUDA(cudaDeviceSynchronize());
+
+      for (const std::string& st : states) {
+        const flashkda::DType dt = st == "fp32"   ? flashkda::DType::kFP32
+                                   : st == "bf16" ? flashkda::DType::kBF16
+                                                  : flashkda::DType::kNone;
+        flashkda::ForwardArgs a;
+        a.q = q; a.k = k; a.v = v; a.g = g; a.beta = beta; a.A_log = A_log; a.dt_bias = dt_bias; a.out = out;
+        a.initial_state = dt == flashkda::DType::kNone ? nullptr : init;
+        a.initial_state_dtype = dt;
+        a.final_state = dt == flashkda::DType::kNone ? nullptr : fin;
+        a.final_state_dtype = dt;
+        if (N > 1) {
+          a.cu_seqlens = d_cu;
+          a.cu_seqlens_host = cu.data();
+          a.num_seqs = N;
+        }
+        a.batch = 1; a.seqlen = T; a.num_heads = H; a.num_v_heads = H; a.head_dim_k = kDim; a.head_dim_v = kDim;
+        a.scale = 1.f / std::sqrt(float(kDim));
+        a.lower_bound = -5.f;
+        const double state_bytes = dt == flashkda::DType::kNone ? 0.0
+                                   : 2.0 * state_elems * (dt == flashkda::DType::kFP32 ? 4 : 2);
+        const double bytes = 5.0 * tok_elems * 2 + T * H * 2.0 + state_bytes;
+        for (int vs : splits) {
+          flashkda::sm90::set_v_split_override(vs);
+          for (int i = 0; i < warmup; ++i) {
+            flashkda::Status s = flashkda::forward(a, flashkda::Backend::kCuda, nullptr, 0, nullptr);
+            if (!s.ok()) { std::fprintf(stderr, "forward failed: %s\n", s.message.c_str()); return 1; }
+          }
+          std::vector<float> ms(iters);
+          for (int i = 0; i < iters; ++i) {
+            CHECK_CUDA(cudaEventRecord(e0));
+            flashkda::forward(a, flashkda::Backend::kCuda, nullptr, 0, nullptr);
+            CHECK_CUDA(cudaEventRecord(e1));
+            CHECK_CUDA(cudaEventSynchronize(e1));
+            CHECK_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
+          }
+          CHECK_CUDA(cudaGetLastError());
+          std::sort(ms.begin(), ms.end());
+          const double med = ms[iters / 2];
+          int used = vs;
+          if (used == 0) {
+            int dev, sms;
+            cudaGetDevice(&dev);
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+            used = flashkda::sm90::choose_v_split(N * H, sms);
+          }
+          rows.push_back({H, c.name, st, used, med, bytes / (med * 1e-3) / 1e9, bytes / kCopyBandwidth * 1e3,
+                          st == "fp32" ? published_ms(H, c.name) : 0.0});
+          std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d  %.3f ms\n", H, c.name, st.c_str(), used, med);
+        }
+        flashkda::sm90::set_v_split_override(0);
+      }
+      cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(g); cudaFree(out); cudaFree(beta);
+      cudaFree(A_log); cudaFree(dt_bias); cudaFree(init); cudaFree(fin); cudaFree(d_cu);
+    }
+  }
+
+  std::printf("\n| H | case | state | v_split | median ms | GB/s | x IO floor | FlashKDA design ms | ratio |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    char pub[64] = "-", ratio[64] = "-";
+    if (r.published > 0) {
+      std::snprintf(pub, sizeof pub, "%.3f", r.published);
+      std::snprintf(ratio, sizeof ratio, "%.2fx", r.ms / r.published);
+    }
+    std::printf("| %d | %s | %s | %d | %.3f | %.0f | %.2f | %s | %s |\n", r.heads, r.name.c_str(), r.state.c_str(),
+                r.v_split, r.ms, r.gbps, r.ms / r.floor_ms, pub, ratio);
+  }
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "w");
+    if (!f) { std::perror(json.c_str()); return 1; }
+    std::fprintf(f, "[\n");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::fprintf(f,
+                   "  {\"heads\": %d, \"case\": \"%s\", \"state\": \"%s\", \"v_split\": %d, \"median_ms\": %.5f, "
+                   "\"gbps\": %.1f, \"io_floor_ms\": %.5f, \"flashkda_design_ms\": %.3f}%s\n",
+                   r.heads, r.name.c_str(), r.state.c_str(), r.v_split, r.ms, r.gbps, r.floor_ms, r.published,
+                   i + 1 < rows.size() ? "," : "");
+    }
+    std::fprintf(f, "]\n");
+    std::fclose(f);
+  }
+  return 0;
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One round on the H200, in a single device call: build (unless a carried build
+# is there), GPU tests, compute-sanitizer memcheck + racecheck on a small varlen
+# case, and the benchmark table (printed last). Logs and JSON go to $OUT.
+#   BUILD=build-dev scripts/device_round.sh [--no-bench] [--bench-args "..."]
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+BUILD=${BUILD:-build-dev}
+OUT=${OUT:-/tmp/flashkda-out}
+mkdir -p "$OUT"
+bench=1
+bench_args=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-bench) bench=0 ;;
+    --bench-args) bench_args="$2"; shift ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+if [ ! -x "$BUILD/tests/flashkda_gpu_tests" ]; then
+  echo "== building in $BUILD"
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
+    cmake --build "$BUILD" -j16 >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+fi
+
+status=0
+echo "== GPU tests"
+"$BUILD/tests/flashkda_gpu_tests" --gtest_color=no >"$OUT/gpu_tests.log" 2>&1 || status=1
+grep -E "^\[ errors \]|FAILED|PASSED|SKIPPED|Failure|error:" "$OUT/gpu_tests.log" | head -80
+
+echo "== compute-sanitizer (memcheck, racecheck) on a small varlen case"
+filter='GpuForward.VarlenSpecCase:GpuForward.VarlenWithEmptyAndShortSequences'
+for tool in memcheck racecheck; do
+  compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD/tests/flashkda_gpu_tests" \
+    --gtest_filter="$filter" --gtest_color=no >"$OUT/sanitizer_$tool.log" 2>&1
+  rc=$?
+  echo "$tool: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
+  [ $rc -eq 0 ] || status=1
+done
+
+if [ $bench -eq 1 ]; then
+  echo "== benchmark"
+  "$BUILD/flashkda-bench" --json "$OUT/bench.json" $bench_args 2>"$OUT/bench_progress.log" | tee "$OUT/bench.md"
+  [ ${PIPESTATUS[0]} -eq 0 ] || status=1
+fi
+echo "== device round exit status $status"
+exit $status

@@ -1,0 +1,173 @@
+// Runs a HostProblem on the CUDA backend and on the float64 oracle, and judges
+// the GPU result. Shared by the GPU tests and the device sanity runs.
+#pragma once
+#ifdef FLASHKDA_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "flashkda/flashkda.h"
+#include "tests/common/kda_problem.h"
+
+namespace flashkda::testing {
+
+#define FKDA_CUDA_CHECK(expr)                                                                      \
+  do {                                                                                             \
+    cudaError_t _e = (expr);                                                                       \
+    if (_e != cudaSuccess)                                                                         \
+      throw std::runtime_error(std::string(#expr) + " failed: " + cudaGetErrorString(_e));         \
+  } while (0)
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) {
+    if (count) FKDA_CUDA_CHECK(cudaMalloc(&ptr, count * sizeof(T)));
+  }
+  DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
+    if (n) FKDA_CUDA_CHECK(cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  std::vector<T> to_host() const {
+    std::vector<T> h(n);
+    if (n) FKDA_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+// The final state as floats whatever its dtype (empty when absent).
+struct RunResult {
+  Status status;
+  std::vector<float> out;
+  std::vector<float> final_state;
+  std::vector<uint16_t> out_bits;  // raw bf16, for bitwise comparisons
+  std::vector<uint8_t> state_bytes;
+};
+
+inline size_t state_bytes(const HostProblem& p, DType t) {
+  return t == DType::kNone ? 0 : p.state_elems() * (t == DType::kFP32 ? 4 : 2);
+}
+
+inline std::vector<float> state_to_float(const std::vector<uint8_t>& bytes, DType t) {
+  std::vector<float> f;
+  if (t == DType::kFP32) {
+    f.resize(bytes.size() / 4);
+    std::memcpy(f.data(), bytes.data(), bytes.size());
+  } else if (t == DType::kBF16) {
+    f.resize(bytes.size() / 2);
+    for (size_t i = 0; i < f.size(); ++i) {
+      uint16_t b;
+      std::memcpy(&b, bytes.data() + 2 * i, 2);
+      f[i] = bf16_to_float(b);
+    }
+  }
+  return f;
+}
+
+// Runs the problem on the GPU. Outputs are poisoned with NaN first (0xFF bytes),
+// so an element the kernel never wrote stays NaN and fails every error bar.
+inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr) {
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
+  DeviceBuffer<int64_t> cu(p.cu_seqlens);
+  DeviceBuffer<uint16_t> init_bf16(p.init_bf16);
+  DeviceBuffer<float> init_f32(p.init_f32);
+  DeviceBuffer<uint16_t> out(p.out_elems());
+  const size_t fs_bytes = state_bytes(p, p.spec.final_state);
+  DeviceBuffer<uint8_t> final_state(fs_bytes);
+  if (out.n) FKDA_CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.n * 2));
+  if (fs_bytes) FKDA_CUDA_CHECK(cudaMemset(final_state.ptr, 0xFF, fs_bytes));
+
+  ForwardArgs a = p.host_args(out.ptr, final_state.ptr);
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
+  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
+  if (p.spec.initial_state == DType::kBF16) a.initial_state = init_bf16.ptr;
+  if (p.spec.initial_state == DType::kFP32) a.initial_state = init_f32.ptr;
+  if (!p.cu_seqlens.empty()) {
+    a.cu_seqlens = cu.ptr;
+    a.cu_seqlens_host = p.cu_seqlens.data();
+  }
+  RunResult r;
+  size_t ws_bytes = 0;
+  r.status = workspace_size(a, Backend::kCuda, &ws_bytes);
+  if (!r.status.ok()) return r;
+  DeviceBuffer<uint8_t> ws(ws_bytes);
+  r.status = forward(a, Backend::kCuda, ws.ptr, ws_bytes, stream);
+  if (!r.status.ok()) return r;
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+  r.out_bits = out.to_host();
+  r.out.resize(r.out_bits.size());
+  for (size_t i = 0; i < r.out.size(); ++i) r.out[i] = bf16_to_float(r.out_bits[i]);
+  r.state_bytes = final_state.to_host();
+  r.final_state = state_to_float(r.state_bytes, p.spec.final_state);
+  return r;
+}
+
+// The float64 oracle's result for the same problem, fp32 final state (the
+// comparison is against the oracle before any bf16 rounding of the state).
+struct OracleResult {
+  std::vector<float> out;          // bf16-rounded, as the API returns it
+  std::vector<float> final_state;  // fp32
+};
+
+inline OracleResult run_oracle(const HostProblem& p) {
+  HostProblem q = p;
+  q.spec.final_state = DType::kFP32;
+  std::vector<uint16_t> out(q.out_elems());
+  OracleResult r;
+  r.final_state.resize(q.state_elems());
+  ForwardArgs a = q.host_args(out.data(), r.final_state.data());
+  Status s = forward(a, Backend::kCpuReference, nullptr, 0, nullptr);
+  if (!s.ok()) throw std::runtime_error("oracle failed: " + s.message);
+  r.out = bf16_vector_to_float(out);
+  return r;
+}
+
+// A problem restricted to some value heads (HV == H problems only), so that the
+// oracle of a 96-head problem can be checked on a sample of heads.
+inline HostProblem slice_heads(const HostProblem& p, const std::vector<int64_t>& heads) {
+  if (p.HV != p.H) throw std::invalid_argument("slice_heads: needs HV == H");
+  HostProblem s = p;
+  const int64_t Hn = static_cast<int64_t>(heads.size());
+  s.H = s.HV = Hn;
+  s.spec.heads = Hn;
+  s.spec.v_heads = 0;
+  const int64_t BT = p.B * p.T;
+  auto slice = [&](const auto& src, auto& dst, int64_t outer, int64_t inner) {
+    dst.assign(static_cast<size_t>(outer * Hn * inner), {});
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t j = 0; j < Hn; ++j)
+        std::copy_n(src.begin() + (o * p.H + heads[j]) * inner, inner, dst.begin() + (o * Hn + j) * inner);
+  };
+  slice(p.q, s.q, BT, p.K);
+  slice(p.k, s.k, BT, p.K);
+  slice(p.v, s.v, BT, p.V);
+  slice(p.g, s.g, BT, p.K);
+  slice(p.beta, s.beta, BT, 1);
+  slice(p.A_log, s.A_log, 1, 1);
+  slice(p.dt_bias, s.dt_bias, 1, p.K);
+  if (!p.init_f32.empty()) slice(p.init_f32, s.init_f32, p.N, p.V * p.K);
+  if (!p.init_bf16.empty()) slice(p.init_bf16, s.init_bf16, p.N, p.V * p.K);
+  return s;
+}
+
+// The slice of a full-problem GPU result ([outer, H, inner] tensors) at `heads`.
+inline std::vector<float> slice_result(const std::vector<float>& x, int64_t outer, int64_t H,
+                                       const std::vector<int64_t>& heads, int64_t inner) {
+  std::vector<float> y;
+  y.reserve(static_cast<size_t>(outer * heads.size() * inner));
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t h : heads) y.insert(y.end(), x.begin() + (o * H + h) * inner, x.begin() + (o * H + h + 1) * inner);
+  return y;
+}
+
+}  // namespace flashkda::testing
+#endif  // FLASHKDA_WITH_CUDA
