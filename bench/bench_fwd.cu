@@ -185,16 +185,21 @@ int main(int argc, char** argv) {
         const double state_bytes = dt == flashkda::DType::kNone ? 0.0
                                    : 2.0 * state_elems * (dt == flashkda::DType::kFP32 ? 4 : 2);
         const double bytes = 5.0 * tok_elems * 2 + T * H * 2.0 + state_bytes;
+        size_t ws_bytes = 0;
+        flashkda::Status wss = flashkda::workspace_size(a, flashkda::Backend::kCuda, &ws_bytes);
+        if (!wss.ok()) { std::fprintf(stderr, "workspace_size failed: %s\n", wss.message.c_str()); return 1; }
+        void* ws = nullptr;
+        CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
         for (int vs : splits) {
           flashkda::sm90::set_v_split_override(vs);
           for (int i = 0; i < warmup; ++i) {
-            flashkda::Status s = flashkda::forward(a, flashkda::Backend::kCuda, nullptr, 0, nullptr);
+            flashkda::Status s = flashkda::forward(a, flashkda::Backend::kCuda, ws, ws_bytes, nullptr);
             if (!s.ok()) { std::fprintf(stderr, "forward failed: %s\n", s.message.c_str()); return 1; }
           }
           std::vector<float> ms(iters);
           for (int i = 0; i < iters; ++i) {
             CHECK_CUDA(cudaEventRecord(e0));
-            flashkda::forward(a, flashkda::Backend::kCuda, nullptr, 0, nullptr);
+            flashkda::forward(a, flashkda::Backend::kCuda, ws, ws_bytes, nullptr);
             CHECK_CUDA(cudaEventRecord(e1));
             CHECK_CUDA(cudaEventSynchronize(e1));
             CHECK_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
@@ -214,6 +219,7 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d  %.3f ms\n", H, c.name, st.c_str(), used, med);
         }
         flashkda::sm90::set_v_split_override(0);
+        CHECK_CUDA(cudaFree(ws));
       }
       cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(g); cudaFree(out); cudaFree(beta);
       cudaFree(A_log); cudaFree(dt_bias); cudaFree(init); cudaFree(fin); cudaFree(d_cu);

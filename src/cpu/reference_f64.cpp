@@ -21,7 +21,7 @@ namespace {
 inline double sigmoid_f64(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 // One (sequence, value head): the recurrence over the tokens of `span`.
-void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv) {
+void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv, float* out_unrounded) {
   const int64_t H = args.num_heads;
   const int64_t HV = value_heads(args);
   const int64_t K = args.head_dim_k;
@@ -95,6 +95,7 @@ void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n,
       double o = 0;
       for (int64_t d = 0; d < K; ++d) o += row[d] * qn[d];
       ot[e] = float_to_bf16(static_cast<float>(scale * o));
+      if (out_unrounded != nullptr) out_unrounded[(t * HV + hv) * V + e] = static_cast<float>(scale * o);
     }
   }
 
@@ -109,7 +110,7 @@ void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n,
 
 }  // namespace
 
-Status reference_forward_f64(const ForwardArgs& args) {
+Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded) {
   const int64_t H = args.num_heads;
   const int64_t HV = value_heads(args);
   if (H <= 0 || HV <= 0 || HV % H != 0 || args.head_dim_k <= 0 || args.head_dim_v <= 0)
@@ -122,7 +123,7 @@ Status reference_forward_f64(const ForwardArgs& args) {
   std::atomic<int64_t> next{0};
   auto worker = [&]() {
     for (int64_t i = next.fetch_add(1); i < tasks; i = next.fetch_add(1))
-      reference_one(args, spans[static_cast<size_t>(i / HV)], i / HV, i % HV);
+      reference_one(args, spans[static_cast<size_t>(i / HV)], i / HV, i % HV, out_unrounded);
   };
   const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
   const int64_t nthreads = std::min<int64_t>(hw, tasks);

@@ -1,19 +1,21 @@
-// Launch template of the forward kernel; instantiated once per V-split in
-// src/sm90/instantiations/ so that the build compiles them in parallel.
+// Launch template of the recurrence kernel, instantiated per V-split in
+// src/sm90/instantiations/ (one translation unit each, so the build parallelises).
 #pragma once
 #include <cuda_runtime.h>
 
-#include "sm90/kernel/fwd_kernel.cuh"
+#include "sm90/fwd_launch.h"
+#include "sm90/kernel/recurrence_kernel.cuh"
 
 namespace flashkda::sm90 {
 
 template <int kStateWarps>
-cudaError_t launch_fwd(const FwdParams& p, int64_t num_ctas, cudaStream_t stream) {
-  constexpr size_t kSmemBytes = sizeof(SharedStorage<16 * kStateWarps>);
-  auto kernel = kda_fwd_kernel<kStateWarps>;
+cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, cudaStream_t stream) {
+  using Cfg = RecurrenceConfig<kStateWarps>;
+  constexpr size_t kSmemBytes = sizeof(typename Cfg::Smem);
+  auto kernel = kda_recurrence_kernel<kStateWarps>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(static_cast<unsigned>(num_ctas)), dim3(kThreads), kSmemBytes, stream>>>(p);
+  kernel<<<dim3(static_cast<unsigned>(num_ctas)), dim3(Cfg::kThreads), kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -1,4 +1,4 @@
-// Declarations of the launch instantiations (defined in src/sm90/instantiations/).
+// The launches of the forward, defined in src/sm90/instantiations/.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -8,11 +8,16 @@
 
 namespace flashkda::sm90 {
 
-template <int kStateWarps>
-cudaError_t launch_fwd(const FwdParams& p, int64_t num_ctas, cudaStream_t stream);
+// Kernel 1: the token-parallel prologue, grid (chunk slots, value heads).
+cudaError_t launch_prologue(const FwdParams& p, cudaStream_t stream);
 
-extern template cudaError_t launch_fwd<8>(const FwdParams&, int64_t, cudaStream_t);  // V split 1
-extern template cudaError_t launch_fwd<4>(const FwdParams&, int64_t, cudaStream_t);  // V split 2
-extern template cudaError_t launch_fwd<2>(const FwdParams&, int64_t, cudaStream_t);  // V split 4
+// Kernel 2: the recurrence, one CTA per (sequence, value head, V-slice);
+// kStateWarps = 8 / v_split warps, 16 rows of V each.
+template <int kStateWarps>
+cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, cudaStream_t stream);
+
+extern template cudaError_t launch_recurrence<8>(const FwdParams&, int64_t, cudaStream_t);  // V split 1
+extern template cudaError_t launch_recurrence<4>(const FwdParams&, int64_t, cudaStream_t);  // V split 2
+extern template cudaError_t launch_recurrence<2>(const FwdParams&, int64_t, cudaStream_t);  // V split 4
 
 }  // namespace flashkda::sm90

@@ -7,6 +7,8 @@
 #include "common/sequences.h"
 #include "sm90/fwd_launch.h"
 #include "sm90/kernel/params.h"
+#include "sm90/kernel/shared_storage.cuh"
+#include "sm90/kernel/tile_scheduler.cuh"
 #include "sm90/sm90_forward.h"
 
 namespace flashkda::sm90 {
@@ -67,15 +69,23 @@ Status check_supported(const ForwardArgs& args) {
   return Status::Ok();
 }
 
-Status workspace_size(const ForwardArgs&, size_t* bytes) {
-  *bytes = 0;  // the fused kernel keeps every intermediate on chip
+namespace {
+int64_t slots_for(const ForwardArgs& args) {
+  return num_chunk_slots(num_sequences(args), args.batch * args.seqlen);
+}
+}  // namespace
+
+Status workspace_size(const ForwardArgs& args, size_t* bytes) {
+  // One ChunkOperands record per (chunk slot, value head): about 18 KB per 16
+  // tokens and head, a little more than the q, k, v, g inputs themselves.
+  *bytes = static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
   return Status::Ok();
 }
 
 int choose_v_split(int64_t num_tiles, int num_sms) {
   // Rows of S are independent, so a (sequence, head) can be split over CTAs that
-  // each own a slice of V. Split until the grid covers every SM once; each split
-  // repeats the token-parallel prologue, so split no further than that.
+  // each own a slice of V; they share the chunk records through L2. Split until
+  // the grid covers every SM.
   int v_split = 1;
   while (v_split < 4 && num_tiles * v_split < num_sms) v_split *= 2;
   return v_split;
@@ -83,7 +93,7 @@ int choose_v_split(int64_t num_tiles, int num_sms) {
 
 void set_v_split_override(int v_split) { g_v_split_override.store(v_split); }
 
-Status forward(const ForwardArgs& args, void*, size_t, void* stream) {
+Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   const int64_t n = num_sequences(args);
   const int64_t hv = value_heads(args);
   if (n == 0 || hv == 0) return Status::Ok();
@@ -108,6 +118,8 @@ Status forward(const ForwardArgs& args, void*, size_t, void* stream) {
   p.num_v_heads = static_cast<int32_t>(hv);
   p.scale = args.scale;
   p.lower_bound_log2e = args.lower_bound * kLog2e;
+  p.chunk_records = workspace;
+  p.num_slots = slots_for(args);
 
   int dev = 0, num_sms = 0;
   cudaError_t err = cudaGetDevice(&dev);
@@ -118,12 +130,16 @@ Status forward(const ForwardArgs& args, void*, size_t, void* stream) {
   p.v_split = forced == 1 || forced == 2 || forced == 4 ? forced : choose_v_split(n * hv, num_sms);
   const int64_t num_ctas = n * hv * p.v_split;
   auto s = static_cast<cudaStream_t>(stream);
-  switch (p.v_split) {
-    case 1: err = launch_fwd<8>(p, num_ctas, s); break;
-    case 2: err = launch_fwd<4>(p, num_ctas, s); break;
-    default: err = launch_fwd<2>(p, num_ctas, s); break;
+  if (p.num_slots > 0) {
+    err = launch_prologue(p, s);
+    if (err != cudaSuccess) return cuda_status(err, "launching the prologue kernel");
   }
-  if (err != cudaSuccess) return cuda_status(err, "launching the forward kernel");
+  switch (p.v_split) {
+    case 1: err = launch_recurrence<8>(p, num_ctas, s); break;
+    case 2: err = launch_recurrence<4>(p, num_ctas, s); break;
+    default: err = launch_recurrence<2>(p, num_ctas, s); break;
+  }
+  if (err != cudaSuccess) return cuda_status(err, "launching the recurrence kernel");
   return Status::Ok();
 }
 

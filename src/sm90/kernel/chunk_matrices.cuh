@@ -2,24 +2,35 @@
 //   warp 0: L = diag(b)·strict_lower(K_dec K_invᵀ) → INV = (I + L)^{-1} → A_w = INV·diag(b)
 //   warp 1: Mqk = lower_incl(Q_dec K_invᵀ)
 //   all 8 warps (after a barrier): w = A_w·K_dec, stored negated for the recurrence.
+// L and Mqk take their operands as bf16 hi + lo pairs (three products: hi·hi,
+// lo·hi, hi·lo): K_inv spans 2^±116, too wide for fp16, and a single bf16
+// rounding of K_dec, K_inv or Q_dec alone costs ~1.7e-3 of relative error on out.
 #pragma once
 #include "sm90/kernel/fragments.cuh"
 #include "sm90/kernel/neumann.cuh"
+#include "sm90/kernel/prologue.cuh"
 #include "sm90/kernel/shared_storage.cuh"
 
 namespace flashkda::sm90 {
 
-// X·K_invᵀ over the 128 key dimensions for a row-major X in shared memory.
+// (X_hi + X_lo)·(K_inv_hi + K_inv_lo)ᵀ over the 128 key dimensions, dropping lo·lo.
 template <class Smem>
-__device__ __forceinline__ void times_kinv_t(FragC (&c)[2], const __nv_bfloat16 (*x)[kLdRow], const Smem& s,
-                                             int lane) {
+__device__ __forceinline__ void times_kinv_t(FragC (&c)[2], const __nv_bfloat16 (*x_hi)[kLdRow],
+                                             const __nv_bfloat16 (*x_lo)[kLdRow], const Smem& s, int lane) {
   zero(c[0]);
   zero(c[1]);
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    const FragA a = load_a(&x[0][0], kLdRow, 0, 16 * kk, lane);
+    const FragA a_hi = load_a(&x_hi[0][0], kLdRow, 0, 16 * kk, lane);
+    const FragA a_lo = load_a(&x_lo[0][0], kLdRow, 0, 16 * kk, lane);
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) mma_bf16(c[nt], a, load_b_nk(&s.kinv[0][0], kLdRow, 8 * nt, 16 * kk, lane));
+    for (int nt = 0; nt < 2; ++nt) {
+      const FragB b_hi = load_b_nk(&s.kinv_hi[0][0], kLdRow, 8 * nt, 16 * kk, lane);
+      const FragB b_lo = load_b_nk(&s.kinv_lo[0][0], kLdRow, 8 * nt, 16 * kk, lane);
+      mma_bf16(c[nt], a_hi, b_hi);
+      mma_bf16(c[nt], a_lo, b_hi);
+      mma_bf16(c[nt], a_hi, b_lo);
+    }
   }
 }
 
@@ -27,7 +38,7 @@ template <class Smem>
 __device__ __forceinline__ void build_inverse(Smem& s, int lane) {
   const int g = lane >> 2, t = lane & 3;
   FragC n[2];
-  times_kinv_t(n, s.kdec, s, lane);
+  times_kinv_t(n, s.kdec_hi, s.kdec_lo, s, lane);
   // N = −diag(b)·strict_lower(·). A select, not a multiply: the masked upper
   // triangle holds products 2^(G_i − G_j) with i < j that may overflow to inf.
 #pragma unroll
@@ -62,7 +73,7 @@ template <class Smem>
 __device__ __forceinline__ void build_mqk(Smem& s, int lane) {
   const int g = lane >> 2, t = lane & 3;
   FragC m[2];
-  times_kinv_t(m, s.qdec, s, lane);
+  times_kinv_t(m, s.qdec, s.qdec_lo, s, lane);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     const int col = 8 * nt + 2 * t;
@@ -71,7 +82,10 @@ __device__ __forceinline__ void build_mqk(Smem& s, int lane) {
       const int row = g + 8 * hr;
       const float x0 = row >= col ? m[nt].x[2 * hr] : 0.f;
       const float x1 = row >= col + 1 ? m[nt].x[2 * hr + 1] : 0.f;
-      *reinterpret_cast<uint32_t*>(&s.mqk[row][col]) = pack_bf16(x0, x1);
+      const uint32_t hi = pack_bf16(x0, x1);
+      *reinterpret_cast<uint32_t*>(&s.mqk_hi[row][col]) = hi;
+      *reinterpret_cast<uint32_t*>(&s.mqk_lo[row][col]) =
+          pack_bf16(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
     }
   }
 }
@@ -79,7 +93,7 @@ __device__ __forceinline__ void build_mqk(Smem& s, int lane) {
 // −w = −A_w·K_dec; warp w produces key columns 16w..16w+15.
 template <class Smem>
 __device__ __forceinline__ void build_w(Smem& s, int warp, int lane) {
-  static_assert(kHeadDim == 16 * kWarps, "each warp builds two n-tiles of w");
+  static_assert(kHeadDim == 16 * kPrologueWarps, "each warp builds two n-tiles of w");
   const int g = lane >> 2, t = lane & 3;
   const FragA a = load_a(&s.aw_f16[0][0], kLdT, 0, 0, lane);
 #pragma unroll

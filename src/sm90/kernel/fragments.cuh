@@ -88,6 +88,19 @@ __device__ __forceinline__ FragA to_a_f16(const FragC& c0, const FragC& c1) {
            pack_f16(c1.x[2], c1.x[3])}};
 }
 
+// The same 16x16 result as hi + lo bf16 A fragments (hi = bf16(x), lo = bf16(x − hi)).
+__device__ __forceinline__ void split_a_bf16(const FragC& c0, const FragC& c1, FragA& hi, FragA& lo) {
+  hi = to_a_bf16(c0, c1);
+  const FragC* c[2] = {&c0, &c1};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const FragC& src = *c[i >> 1];
+    const int e = 2 * (i & 1);
+    lo.x[i] = pack_bf16(src.x[e] - __uint_as_float(hi.x[i] << 16),
+                        src.x[e + 1] - __uint_as_float(hi.x[i] & 0xffff0000u));
+  }
+}
+
 // The B fragments (n-tiles 0 and 1) of a 16x16 matrix held as an A fragment,
 // by transposing its four 8x8 blocks in the register file (movmatrix).
 __device__ __forceinline__ void a_to_b(const FragA& a, FragB& b_n0, FragB& b_n1) {

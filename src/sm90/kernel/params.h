@@ -29,7 +29,13 @@ struct FwdParams {
   int32_t num_seqs;    // N
   int32_t num_heads;   // H
   int32_t num_v_heads; // HV
-  int32_t v_split;     // CTAs sharing one (sequence, head): each owns V / v_split rows of the state
+  int32_t v_split;     // recurrence CTAs sharing one (sequence, head), each owning V / v_split rows
+
+  // Workspace: one ChunkOperands record per (chunk slot, value head), written by
+  // the prologue kernel and read by the recurrence kernel (tile_scheduler.cuh
+  // says which slot a chunk has).
+  void* chunk_records;
+  int64_t num_slots;
 
   float scale;
   float lower_bound_log2e;  // lower_bound · log2(e): the gate works in base 2

@@ -1,21 +1,30 @@
 // Token-parallel prologue, part 1: row norms, gates, the base-2 decay prefix and
-// the decayed operands of one chunk. Element-wise work is spread over all 256
-// threads: thread (d, half) owns key column d = tid % 128 and rows 8·half..8·half+7.
+// the decayed operands of one chunk. Element-wise work is spread over the 256
+// threads of the prologue kernel: thread (d, half) owns key column d = tid % 128
+// and rows 8·half..8·half+7.
 #pragma once
 #include "sm90/kernel/fragments.cuh"
 #include "sm90/kernel/shared_storage.cuh"
 
 namespace flashkda::sm90 {
 
-constexpr int kRowsPerThread = kChunk / (kThreads / kHeadDim);  // 8
-static_assert(kThreads % kHeadDim == 0 && kRowsPerThread == 8, "prologue thread map assumes 256 threads, K = 128");
+constexpr int kPrologueThreads = 256;
+constexpr int kPrologueWarps = kPrologueThreads / 32;
+constexpr int kRowsPerThread = kChunk / (kPrologueThreads / kHeadDim);  // 8
+static_assert(kPrologueThreads % kHeadDim == 0 && kRowsPerThread == 8, "thread map assumes 256 threads, K = 128");
+
+// x as hi + lo, two bf16 numbers: hi = bf16(x), lo = bf16(x − hi).
+__device__ __forceinline__ void split_bf16(float x, __nv_bfloat16& hi, __nv_bfloat16& lo) {
+  hi = __float2bfloat16_rn(x);
+  lo = __float2bfloat16_rn(x - __bfloat162float(hi));
+}
 
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 
 // 1/sqrt(|x|²+1e-6) of every row of q and k; warp w handles rows 2w and 2w+1.
 template <class Stage>
 __device__ __forceinline__ void row_norms(const Stage& st, float* rnorm_q, float* rnorm_k, int warp, int lane) {
-  static_assert(kChunk == 2 * kWarps, "two rows per warp");
+  static_assert(kChunk == 2 * kPrologueWarps, "two rows per warp");
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int row = 2 * warp + rr;
@@ -76,23 +85,23 @@ __device__ __forceinline__ void finish_gate_prefix(float (&G)[kRowsPerThread], i
 
 // The decayed operands of the chunk (spec section 3), written where the mma
 // fragments of chunk_matrices.cuh and recurrence.cuh read them.
-template <class Smem, class Stage>
-__device__ __forceinline__ void write_decayed_operands(Smem& s, const Stage& st, const float (&G)[kRowsPerThread],
-                                                       float scale, int d, int half) {
+template <class Smem>
+__device__ __forceinline__ void write_decayed_operands(Smem& s, const float (&G)[kRowsPerThread], float scale, int d,
+                                                       int half) {
   const float dl = s.decay_last[d];
   __align__(16) __half kdec_col[kRowsPerThread];
   __align__(16) __nv_bfloat16 kres_col[kRowsPerThread];
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const int i = kRowsPerThread * half + r;
-    const float kk = bf16_bits_to_float(st.k[i][d]) * s.rnorm_k[i];
-    const float qq = bf16_bits_to_float(st.q[i][d]) * s.rnorm_q[i] * scale;
+    const float kk = bf16_bits_to_float(s.k[i][d]) * s.rnorm_k[i];
+    const float qq = bf16_bits_to_float(s.q[i][d]) * s.rnorm_q[i] * scale;
     const float up = ex2_approx(G[r]);     // 2^G   in (0, 1]
     const float down = ex2_approx(-G[r]);  // 2^-G  in [1, 2^116): still a normal float
     const float kdec = kk * up;
-    s.kdec[i][d] = __float2bfloat16_rn(kdec);
-    s.kinv[i][d] = __float2bfloat16_rn(kk * down);
-    s.qdec[i][d] = __float2bfloat16_rn(qq * up);
+    split_bf16(kdec, s.kdec_hi[i][d], s.kdec_lo[i][d]);
+    split_bf16(kk * down, s.kinv_hi[i][d], s.kinv_lo[i][d]);
+    split_bf16(qq * up, s.qdec[i][d], s.qdec_lo[i][d]);
     kdec_col[r] = __float2half_rn(kdec);
     // 2^(G_last − G) as a product of two normal floats (no third ex2); <= 1 on real rows.
     kres_col[r] = __float2bfloat16_rn(kk * (dl * down));

@@ -64,10 +64,12 @@ __device__ __forceinline__ void store_state(const StateRows& S, const FwdParams&
   }
 }
 
-// One chunk for the warp's 16 rows of V (row `vw` of this CTA's slice); writes its
-// part of outᵀ into the staging buffer s.out.
-template <class Smem, class Stage>
-__device__ __forceinline__ void recurrence_step(StateRows& S, Smem& s, const Stage& st, int vw, int lane) {
+// One chunk for the warp's 16 rows of V, columns vw..vw+15 of the CTA's slice
+// `v` (row stride ldv); the warp's outᵀ tile goes to its staging tile out_tile.
+// Uᵀ enters two products as bf16 hi + lo: its single-bf16 rounding would be the
+// largest term of the state's error (docs/design.md, "Accuracy").
+__device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperands& ops, const uint16_t* v, int ldv,
+                                                int vw, __nv_bfloat16 (*out_tile)[kLdT], int lane) {
   const int g = lane >> 2, t = lane & 3;
   FragC u[2], o[2];
 #pragma unroll
@@ -76,11 +78,11 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, Smem& s, const Sta
     zero(o[nt]);
   }
   // uᵀ = Vᵀ A_wᵀ with A_w = hi + lo: v is exact in bf16, so two terms give A_w to ~16 bits.
-  const FragA vt = load_a_trans(&st.v[0][0], Smem::kLdV, 0, vw, lane);
+  const FragA vt = load_a_trans(v, ldv, 0, vw, lane);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
-    mma_bf16(u[nt], vt, load_b_nk(&s.aw_hi[0][0], kLdT, 8 * nt, 0, lane));
-    mma_bf16(u[nt], vt, load_b_nk(&s.aw_lo[0][0], kLdT, 8 * nt, 0, lane));
+    mma_bf16(u[nt], vt, load_b_nk(&ops.aw_hi[0][0], kLdT, 8 * nt, 0, lane));
+    mma_bf16(u[nt], vt, load_b_nk(&ops.aw_lo[0][0], kLdT, 8 * nt, 0, lane));
   }
   // − S wᵀ and S Q_decᵀ, both from the state before this chunk's update.
 #pragma unroll
@@ -88,31 +90,40 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, Smem& s, const Sta
     const FragA sa = to_a_bf16(S.tile[2 * kk], S.tile[2 * kk + 1]);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      mma_bf16(u[nt], sa, load_b_nk(&s.wneg[0][0], kLdRow, 8 * nt, 16 * kk, lane));
-      mma_bf16(o[nt], sa, load_b_nk(&s.qdec[0][0], kLdRow, 8 * nt, 16 * kk, lane));
+      mma_bf16(u[nt], sa, load_b_nk(&ops.wneg[0][0], kLdRow, 8 * nt, 16 * kk, lane));
+      mma_bf16(o[nt], sa, load_b_nk(&ops.qdec[0][0], kLdRow, 8 * nt, 16 * kk, lane));
     }
   }
-  const FragA ua = to_a_bf16(u[0], u[1]);
+  FragA ua_hi, ua_lo;
+  split_a_bf16(u[0], u[1], ua_hi, ua_lo);
+  // out += Uᵀ Mqkᵀ, hi·hi + lo·hi + hi·lo
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) mma_bf16(o[nt], ua, load_b_nk(&s.mqk[0][0], kLdT, 8 * nt, 0, lane));
+  for (int nt = 0; nt < 2; ++nt) {
+    const FragB m_hi = load_b_nk(&ops.mqk_hi[0][0], kLdT, 8 * nt, 0, lane);
+    mma_bf16(o[nt], ua_hi, m_hi);
+    mma_bf16(o[nt], ua_lo, m_hi);
+    mma_bf16(o[nt], ua_hi, load_b_nk(&ops.mqk_lo[0][0], kLdT, 8 * nt, 0, lane));
+  }
   // S = S·diag(2^G_last) + Uᵀ K_res
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
-    const float2 dl = *reinterpret_cast<const float2*>(&s.decay_last[8 * j + 2 * t]);
+    const float2 dl = *reinterpret_cast<const float2*>(&ops.decay_last[8 * j + 2 * t]);
     S.tile[j].x[0] *= dl.x;
     S.tile[j].x[1] *= dl.y;
     S.tile[j].x[2] *= dl.x;
     S.tile[j].x[3] *= dl.y;
-    mma_bf16(S.tile[j], ua, load_b_nk(&s.kresT[0][0], kLdT, 8 * j, 0, lane));
+    const FragB kres = load_b_nk(&ops.kresT[0][0], kLdT, 8 * j, 0, lane);
+    mma_bf16(S.tile[j], ua_hi, kres);
+    mma_bf16(S.tile[j], ua_lo, kres);
   }
-  // outᵀ tile (V rows x tokens) → out staging [token][v]
+  // outᵀ tile (V rows x tokens) → staging [token][v]
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     const int tok = 8 * nt + 2 * t;
-    s.out[tok][vw + g] = __float2bfloat16_rn(o[nt].x[0]);
-    s.out[tok + 1][vw + g] = __float2bfloat16_rn(o[nt].x[1]);
-    s.out[tok][vw + g + 8] = __float2bfloat16_rn(o[nt].x[2]);
-    s.out[tok + 1][vw + g + 8] = __float2bfloat16_rn(o[nt].x[3]);
+    out_tile[tok][g] = __float2bfloat16_rn(o[nt].x[0]);
+    out_tile[tok + 1][g] = __float2bfloat16_rn(o[nt].x[1]);
+    out_tile[tok][g + 8] = __float2bfloat16_rn(o[nt].x[2]);
+    out_tile[tok + 1][g + 8] = __float2bfloat16_rn(o[nt].x[3]);
   }
 }
 

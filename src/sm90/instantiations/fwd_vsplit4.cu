@@ -1,6 +1,0 @@
-// The forward kernel with V split over 4 CTA(s): 2 state warps, 32 rows of V per CTA.
-#include "sm90/fwd_launch.cuh"
-
-namespace flashkda::sm90 {
-template cudaError_t launch_fwd<2>(const FwdParams&, int64_t, cudaStream_t);
-}

@@ -1,0 +1,71 @@
+// Kernel 1, token-parallel: everything about a chunk that does not depend on the
+// recurrent state. One CTA (8 warps) per (chunk slot, value head):
+//   load      cp.async of the chunk's q, k, g; beta by 16 threads
+//   prologue  norms, gates, decay prefix, decayed operands (prologue.cuh);
+//             warp 0: L and its Neumann inverse, warp 1: Mqk; all: w (chunk_matrices.cuh)
+//   store     the ChunkOperands record, 16-byte coalesced stores
+#pragma once
+#include "sm90/kernel/chunk_loader.cuh"
+#include "sm90/kernel/chunk_matrices.cuh"
+#include "sm90/kernel/params.h"
+#include "sm90/kernel/prologue.cuh"
+#include "sm90/kernel/shared_storage.cuh"
+#include "sm90/kernel/tile_scheduler.cuh"
+
+namespace flashkda::sm90 {
+
+// Three CTAs per SM fit (about 60 KB of shared memory each): while one waits on
+// its loads or on its warp-0 inverse, the others compute.
+constexpr int kPrologueMinCtasPerSm = 3;
+
+__global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
+    kda_chunk_prologue_kernel(const __grid_constant__ FwdParams p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  PrologueSmem& s = *reinterpret_cast<PrologueSmem*>(smem_raw);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int d = tid % kHeadDim, half = tid / kHeadDim;
+
+  const int64_t slot = blockIdx.x;
+  const int v_head = blockIdx.y;
+  const int qk_head = v_head / (p.num_v_heads / p.num_heads);
+  const ChunkTile chunk = locate_chunk(p, slot);
+  if (!chunk.valid) return;
+
+  load_token_rows_async<kHeadDim, kPrologueThreads>(&s.q[0][0], kHeadDim, p.q, chunk.token_begin, chunk.rows,
+                                                     p.num_heads, qk_head, kHeadDim, 0, tid);
+  load_token_rows_async<kHeadDim, kPrologueThreads>(&s.k[0][0], kHeadDim, p.k, chunk.token_begin, chunk.rows,
+                                                     p.num_heads, qk_head, kHeadDim, 0, tid);
+  load_token_rows_async<kHeadDim, kPrologueThreads>(&s.g[0][0], kHeadDim, p.g, chunk.token_begin, chunk.rows,
+                                                     p.num_v_heads, v_head, kHeadDim, 0, tid);
+  cute::cp_async_fence();
+  if (tid < kChunk) {
+    const float beta = tid < chunk.rows
+                           ? bf16_bits_to_float(p.beta[(chunk.token_begin + tid) * p.num_v_heads + v_head])
+                           : 0.f;
+    s.beta_sig[tid] = sigmoid(beta);
+  }
+  const float exp_a = expf(p.A_log[v_head]);
+  const float dt_bias = p.dt_bias[static_cast<int64_t>(v_head) * kHeadDim + d];
+  cute::cp_async_wait<0>();
+  __syncthreads();
+
+  row_norms(s, s.rnorm_q, s.rnorm_k, warp, lane);
+  float G[kRowsPerThread];
+  gate_prefix(s, exp_a, dt_bias, p.lower_bound_log2e, d, half, G, s.g_half);
+  __syncthreads();
+  finish_gate_prefix(G, d, half, chunk.rows, s.g_half, s.decay_last);
+  __syncthreads();
+  write_decayed_operands(s, G, p.scale, d, half);
+  __syncthreads();
+  if (warp == 0) build_inverse(s, lane);
+  else if (warp == 1) build_mqk(s, lane);
+  __syncthreads();
+  build_w(s, warp, lane);
+  __syncthreads();
+
+  auto* dst = reinterpret_cast<uint4*>(const_cast<ChunkOperands*>(chunk_record(p, slot, v_head)));
+  const auto* src = reinterpret_cast<const uint4*>(static_cast<const ChunkOperands*>(&s));
+  for (int i = tid; i < kOperandVectors; i += kPrologueThreads) dst[i] = src[i];
+}
+
+}  // namespace flashkda::sm90
