@@ -11,10 +11,12 @@ OUT=${OUT:-/tmp/flashkda-out}
 mkdir -p "$OUT"
 bench=1
 bench_args=""
+profile=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-bench) bench=0 ;;
     --bench-args) bench_args="$2"; shift ;;
+    --profile) profile=1 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -41,6 +43,14 @@ for tool in memcheck racecheck; do
   echo "$tool: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
   [ $rc -eq 0 ] || status=1
 done
+
+if [ $profile -eq 1 ]; then
+  echo "== ncu: per-kernel time and throughput, H=96, the three cases, fp32 state"
+  ncu --clock-control none -k regex:kda_ --launch-skip 0 --launch-count 6 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    "$BUILD/flashkda-bench" --heads 96 --states fp32 --iters 1 --warmup 0 >"$OUT/ncu.txt" 2>&1
+  grep -E "kda_|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Stall" "$OUT/ncu.txt" | head -60
+fi
 
 if [ $bench -eq 1 ]; then
   echo "== benchmark"

@@ -128,8 +128,9 @@ inline OracleResult run_oracle(const HostProblem& p) {
   r.out.resize(q.out_elems());
   r.final_state.resize(q.state_elems());
   ForwardArgs a = q.host_args(out_bf16.data(), r.final_state.data());
-  Status s = validate(a, Backend::kCpuReference);
-  if (s.ok()) s = cpu::reference_forward_f64(a, r.out.data());
+  // Called directly: the public API rejects a bf16 initial state with an fp32
+  // final one, which is exactly the comparison wanted here.
+  Status s = cpu::reference_forward_f64(a, r.out.data());
   if (!s.ok()) throw std::runtime_error("oracle failed: " + s.message);
   return r;
 }
