@@ -76,19 +76,19 @@ int64_t slots_for(const ForwardArgs& args) {
 }  // namespace
 
 Status workspace_size(const ForwardArgs& args, size_t* bytes) {
-  // One ChunkOperands record per (chunk slot, value head): about 18 KB per 16
-  // tokens and head, a little more than the q, k, v, g inputs themselves.
-  *bytes = static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
+  // One chunk record per (chunk slot, value head): 14.5 KB per 16 tokens and
+  // head, a little less than the q, k, v, g inputs themselves.
+  *bytes = static_cast<size_t>(slots_for(args) * value_heads(args) * kRecordBytes);
   return Status::Ok();
 }
 
 int choose_v_split(int64_t num_tiles, int num_sms) {
-  // Rows of S are independent, so a (sequence, head) can be split over CTAs that
-  // each own a slice of V; they share the chunk records through L2. Split until
-  // the grid covers every SM.
-  int v_split = 1;
-  while (v_split < 4 && num_tiles * v_split < num_sms) v_split *= 2;
-  return v_split;
+  // Rows of S are independent, so a (sequence, head) can be served by several
+  // CTAs that each own a slice of V and share the chunk records through L2.
+  // Measured on the H200 (docs/perf-log.md): halving the slice pays while the
+  // grid is under two CTAs per SM; a quarter slice never paid (each CTA then
+  // re-reads the whole record for 32 rows of V).
+  return num_tiles < 2 * int64_t{num_sms} ? 2 : 1;
 }
 
 void set_v_split_override(int v_split) { g_v_split_override.store(v_split); }

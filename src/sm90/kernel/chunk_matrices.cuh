@@ -21,15 +21,16 @@ __device__ __forceinline__ void times_kinv_t(FragC (&c)[2], const __nv_bfloat16 
   zero(c[1]);
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    const FragA a_hi = load_a(&x_hi[0][0], kLdRow, 0, 16 * kk, lane);
-    const FragA a_lo = load_a(&x_lo[0][0], kLdRow, 0, 16 * kk, lane);
+    const FragA a_hi = ldsm_a(&x_hi[0][0], kLdRow, 0, 16 * kk, lane);
+    const FragA a_lo = ldsm_a(&x_lo[0][0], kLdRow, 0, 16 * kk, lane);
+    FragB b_hi[2], b_lo[2];
+    ldsm_b2(&s.kinv_hi[0][0], kLdRow, 0, 16 * kk, lane, b_hi[0], b_hi[1]);
+    ldsm_b2(&s.kinv_lo[0][0], kLdRow, 0, 16 * kk, lane, b_lo[0], b_lo[1]);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const FragB b_hi = load_b_nk(&s.kinv_hi[0][0], kLdRow, 8 * nt, 16 * kk, lane);
-      const FragB b_lo = load_b_nk(&s.kinv_lo[0][0], kLdRow, 8 * nt, 16 * kk, lane);
-      mma_bf16(c[nt], a_hi, b_hi);
-      mma_bf16(c[nt], a_lo, b_hi);
-      mma_bf16(c[nt], a_hi, b_lo);
+      mma_bf16(c[nt], a_hi, b_hi[nt]);
+      mma_bf16(c[nt], a_lo, b_hi[nt]);
+      mma_bf16(c[nt], a_hi, b_lo[nt]);
     }
   }
 }
@@ -95,13 +96,15 @@ template <class Smem>
 __device__ __forceinline__ void build_w(Smem& s, int warp, int lane) {
   static_assert(kHeadDim == 16 * kPrologueWarps, "each warp builds two n-tiles of w");
   const int g = lane >> 2, t = lane & 3;
-  const FragA a = load_a(&s.aw_f16[0][0], kLdT, 0, 0, lane);
+  const FragA a = ldsm_a(&s.aw_f16[0][0], kLdT, 0, 0, lane);
+  FragB b[2];
+  ldsm_b2(&s.kdecT[0][0], kLdT, 16 * warp, 0, lane, b[0], b[1]);
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int nt = 2 * warp + j;
     FragC c;
     zero(c);
-    mma_f16(c, a, load_b_nk(&s.kdecT[0][0], kLdT, 8 * nt, 0, lane));
+    mma_f16(c, a, b[j]);
     const int col = 8 * nt + 2 * t;
     *reinterpret_cast<uint32_t*>(&s.wneg[g][col]) = pack_bf16(-c.x[0], -c.x[1]);
     *reinterpret_cast<uint32_t*>(&s.wneg[g + 8][col]) = pack_bf16(-c.x[2], -c.x[3]);

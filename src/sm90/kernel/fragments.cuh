@@ -42,29 +42,23 @@ __device__ __forceinline__ void mma_f16(FragC& d, const FragA& a, const FragB& b
 
 __device__ __forceinline__ void zero(FragC& c) { c.x[0] = c.x[1] = c.x[2] = c.x[3] = 0.f; }
 
-// A fragment from a row-major 16-bit matrix in shared memory (row stride `ld` elements).
+// A fragment of a 16x16 block of a row-major matrix: one ldmatrix.x4 (rows 16-byte aligned).
 template <typename T>
-__device__ __forceinline__ FragA load_a(const T* m, int ld, int row0, int col0, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const T* p = m + (row0 + g) * ld + col0 + 2 * t;
+__device__ __forceinline__ FragA ldsm_a(const T* m, int ld, int row0, int col0, int lane) {
+  const int i = lane >> 3, r = lane & 7;
+  const T* p = m + (row0 + r + 8 * (i & 1)) * ld + col0 + 8 * (i >> 1);
   FragA a;
-  a.x[0] = *reinterpret_cast<const uint32_t*>(p);
-  a.x[1] = *reinterpret_cast<const uint32_t*>(p + 8 * ld);
-  a.x[2] = *reinterpret_cast<const uint32_t*>(p + 8);
-  a.x[3] = *reinterpret_cast<const uint32_t*>(p + 8 * ld + 8);
+  cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), a.x[0], a.x[1], a.x[2], a.x[3]);
   return a;
 }
 
-// B fragment (16 along k x 8 along n) from shared memory holding B transposed,
-// i.e. row-major [n][k]: element B[k][n] lives at m[n * ld + k].
+// B fragments of two adjacent n-tiles (n0..n0+7 and n0+8..n0+15) over k0..k0+15,
+// from shared memory holding B transposed ([n][k], rows 16-byte aligned): one ldmatrix.x4.
 template <typename T>
-__device__ __forceinline__ FragB load_b_nk(const T* m, int ld, int n0, int k0, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const T* p = m + (n0 + g) * ld + k0 + 2 * t;
-  FragB b;
-  b.x[0] = *reinterpret_cast<const uint32_t*>(p);
-  b.x[1] = *reinterpret_cast<const uint32_t*>(p + 8);
-  return b;
+__device__ __forceinline__ void ldsm_b2(const T* m, int ld, int n0, int k0, int lane, FragB& b0, FragB& b1) {
+  const int i = lane >> 3, r = lane & 7;
+  const T* p = m + (n0 + r + 8 * (i >> 1)) * ld + k0 + 8 * (i & 1);
+  cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), b0.x[0], b0.x[1], b1.x[0], b1.x[1]);
 }
 
 // A fragment of Xᵀ for a 16x16 block of a row-major [k][m] matrix X in shared

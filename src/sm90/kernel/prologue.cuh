@@ -10,34 +10,47 @@ namespace flashkda::sm90 {
 
 constexpr int kPrologueThreads = 256;
 constexpr int kPrologueWarps = kPrologueThreads / 32;
-constexpr int kRowsPerThread = kChunk / (kPrologueThreads / kHeadDim);  // 8
-static_assert(kPrologueThreads % kHeadDim == 0 && kRowsPerThread == 8, "thread map assumes 256 threads, K = 128");
+// Element-wise thread map: thread (pair p, group q) owns key columns 2p, 2p+1 and
+// rows 4q..4q+3, so that every shared-memory access moves two elements.
+constexpr int kColPairs = kHeadDim / 2;                         // 64
+constexpr int kRowGroups = kPrologueThreads / kColPairs;        // 4
+constexpr int kRowsPerThread = kChunk / kRowGroups;             // 4
+static_assert(kRowGroups * kRowsPerThread == kChunk, "thread map covers the chunk");
 
-// x as hi + lo, two bf16 numbers: hi = bf16(x), lo = bf16(x − hi).
-__device__ __forceinline__ void split_bf16(float x, __nv_bfloat16& hi, __nv_bfloat16& lo) {
-  hi = __float2bfloat16_rn(x);
-  lo = __float2bfloat16_rn(x - __bfloat162float(hi));
+struct ElementMap {
+  int d0;     // first of the thread's two key columns
+  int group;  // rows 4·group .. 4·group + 3
+  __device__ explicit ElementMap(int tid) : d0(2 * (tid % kColPairs)), group(tid / kColPairs) {}
+  __device__ int row(int r) const { return kRowsPerThread * group + r; }
+};
+
+__device__ __forceinline__ float2 bf16x2_bits_to_float2(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
 }
-
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 
+// (x, y) as hi + lo bf16 pairs: hi = bf16(x), lo = bf16(x − hi).
+__device__ __forceinline__ void split_bf16x2(float x, float y, uint32_t& hi, uint32_t& lo) {
+  hi = pack_bf16(x, y);
+  lo = pack_bf16(x - __uint_as_float(hi << 16), y - __uint_as_float(hi & 0xffff0000u));
+}
+
 // 1/sqrt(|x|²+1e-6) of every row of q and k; warp w handles rows 2w and 2w+1.
-template <class Stage>
-__device__ __forceinline__ void row_norms(const Stage& st, float* rnorm_q, float* rnorm_k, int warp, int lane) {
+template <class Smem>
+__device__ __forceinline__ void row_norms(Smem& s, int warp, int lane) {
   static_assert(kChunk == 2 * kPrologueWarps, "two rows per warp");
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int row = 2 * warp + rr;
-    const uint2 qv = *reinterpret_cast<const uint2*>(&st.q[row][4 * lane]);
-    const uint2 kv = *reinterpret_cast<const uint2*>(&st.k[row][4 * lane]);
+    const uint2 qv = *reinterpret_cast<const uint2*>(&s.q[row][4 * lane]);
+    const uint2 kv = *reinterpret_cast<const uint2*>(&s.k[row][4 * lane]);
     float sq = 0.f, sk = 0.f;
     const uint32_t qw[2] = {qv.x, qv.y}, kw[2] = {kv.x, kv.y};
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const float q0 = __uint_as_float(qw[i] << 16), q1 = __uint_as_float(qw[i] & 0xffff0000u);
-      const float k0 = __uint_as_float(kw[i] << 16), k1 = __uint_as_float(kw[i] & 0xffff0000u);
-      sq = fmaf(q0, q0, fmaf(q1, q1, sq));
-      sk = fmaf(k0, k0, fmaf(k1, k1, sk));
+      const float2 qf = bf16x2_bits_to_float2(qw[i]), kf = bf16x2_bits_to_float2(kw[i]);
+      sq = fmaf(qf.x, qf.x, fmaf(qf.y, qf.y, sq));
+      sk = fmaf(kf.x, kf.x, fmaf(kf.y, kf.y, sk));
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
@@ -45,69 +58,90 @@ __device__ __forceinline__ void row_norms(const Stage& st, float* rnorm_q, float
       sk += __shfl_xor_sync(0xffffffffu, sk, off);
     }
     if (lane == 0) {
-      rnorm_q[row] = rsqrtf(sq + 1e-6f);
-      rnorm_k[row] = rsqrtf(sk + 1e-6f);
+      s.rnorm_q[row] = rsqrtf(sq + 1e-6f);
+      s.rnorm_k[row] = rsqrtf(sk + 1e-6f);
     }
   }
 }
 
-// γ = lower_bound·log2(e)·sigmoid(exp(A_log)·(g + dt_bias)) for the thread's 8 rows,
-// and its inclusive prefix G within those rows. Threads of the first half publish
-// their total so the second half can add it after a barrier (finish_gate_prefix).
-template <class Stage>
-__device__ __forceinline__ void gate_prefix(const Stage& st, float exp_a, float dt_bias, float lb_log2e, int d,
-                                            int half, float (&G)[kRowsPerThread], float* g_half) {
-  float acc = 0.f;
+// γ = lower_bound·log2(e)·sigmoid(exp(A_log)·(g + dt_bias)) for the thread's
+// elements and its inclusive prefix G over the thread's 4 rows. Each group
+// publishes its column totals so later groups can add them after a barrier.
+template <class Smem>
+__device__ __forceinline__ void gate_prefix(Smem& s, const ElementMap& m, float exp_a, float2 dt_bias,
+                                            float lb_log2e, float2 (&G)[kRowsPerThread]) {
+  float2 acc = make_float2(0.f, 0.f);
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
-    const float x = bf16_bits_to_float(st.g[kRowsPerThread * half + r][d]);
-    acc += lb_log2e * sigmoid(exp_a * (x + dt_bias));
+    const float2 x = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.g[m.row(r)][m.d0]));
+    acc.x += lb_log2e * sigmoid(exp_a * (x.x + dt_bias.x));
+    acc.y += lb_log2e * sigmoid(exp_a * (x.y + dt_bias.y));
     G[r] = acc;
   }
-  if (half == 0) g_half[d] = acc;
+  *reinterpret_cast<float2*>(&s.g_part[m.group][m.d0]) = acc;
 }
 
-// Completes G for the rows 8-15 and publishes 2^G_last (G of the last real row).
-__device__ __forceinline__ void finish_gate_prefix(float (&G)[kRowsPerThread], int d, int half, int rows,
-                                                   const float* g_half, float* decay_last) {
-  if (half == 1) {
-    const float base = g_half[d];
+// Adds the totals of the earlier row groups and publishes 2^G_last (G of the last real row).
+template <class Smem>
+__device__ __forceinline__ void finish_gate_prefix(Smem& s, const ElementMap& m, float2 (&G)[kRowsPerThread],
+                                                   int rows) {
+  float2 base = make_float2(0.f, 0.f);
 #pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) G[r] += base;
+  for (int q = 0; q < kRowGroups - 1; ++q) {
+    if (q < m.group) {
+      const float2 part = *reinterpret_cast<const float2*>(&s.g_part[q][m.d0]);
+      base.x += part.x;
+      base.y += part.y;
+    }
   }
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
-    if (kRowsPerThread * half + r == rows - 1) {  // unrolled compare: G stays in registers
-      decay_last[d] = ex2_approx(G[r]);
-    }
+    G[r].x += base.x;
+    G[r].y += base.y;
+    if (m.row(r) == rows - 1)  // unrolled compare: G stays in registers
+      *reinterpret_cast<float2*>(&s.decay_last[m.d0]) = make_float2(ex2_approx(G[r].x), ex2_approx(G[r].y));
   }
 }
 
 // The decayed operands of the chunk (spec section 3), written where the mma
 // fragments of chunk_matrices.cuh and recurrence.cuh read them.
 template <class Smem>
-__device__ __forceinline__ void write_decayed_operands(Smem& s, const float (&G)[kRowsPerThread], float scale, int d,
-                                                       int half) {
-  const float dl = s.decay_last[d];
-  __align__(16) __half kdec_col[kRowsPerThread];
-  __align__(16) __nv_bfloat16 kres_col[kRowsPerThread];
+__device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap& m,
+                                                       const float2 (&G)[kRowsPerThread], float scale) {
+  const float2 dl = *reinterpret_cast<const float2*>(&s.decay_last[m.d0]);
+  __align__(8) __half kdec_col[2][kRowsPerThread];
+  __align__(8) __nv_bfloat16 kres_col[2][kRowsPerThread];
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
-    const int i = kRowsPerThread * half + r;
-    const float kk = bf16_bits_to_float(s.k[i][d]) * s.rnorm_k[i];
-    const float qq = bf16_bits_to_float(s.q[i][d]) * s.rnorm_q[i] * scale;
-    const float up = ex2_approx(G[r]);     // 2^G   in (0, 1]
-    const float down = ex2_approx(-G[r]);  // 2^-G  in [1, 2^116): still a normal float
-    const float kdec = kk * up;
-    split_bf16(kdec, s.kdec_hi[i][d], s.kdec_lo[i][d]);
-    split_bf16(kk * down, s.kinv_hi[i][d], s.kinv_lo[i][d]);
-    split_bf16(qq * up, s.qdec[i][d], s.qdec_lo[i][d]);
-    kdec_col[r] = __float2half_rn(kdec);
+    const int i = m.row(r);
+    const float rk = s.rnorm_k[i], rq = s.rnorm_q[i] * scale;
+    const float2 kf = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.k[i][m.d0]));
+    const float2 qf = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.q[i][m.d0]));
+    const float k0 = kf.x * rk, k1 = kf.y * rk;
+    const float up0 = ex2_approx(G[r].x), up1 = ex2_approx(G[r].y);        // 2^G  in (0, 1]
+    const float down0 = ex2_approx(-G[r].x), down1 = ex2_approx(-G[r].y);  // 2^-G in [1, 2^116): a normal float
+    const float kdec0 = k0 * up0, kdec1 = k1 * up1;
+    uint32_t hi, lo;
+    split_bf16x2(kdec0, kdec1, hi, lo);
+    *reinterpret_cast<uint32_t*>(&s.kdec_hi[i][m.d0]) = hi;
+    *reinterpret_cast<uint32_t*>(&s.kdec_lo[i][m.d0]) = lo;
+    split_bf16x2(k0 * down0, k1 * down1, hi, lo);
+    *reinterpret_cast<uint32_t*>(&s.kinv_hi[i][m.d0]) = hi;
+    *reinterpret_cast<uint32_t*>(&s.kinv_lo[i][m.d0]) = lo;
+    split_bf16x2(qf.x * rq * up0, qf.y * rq * up1, hi, lo);
+    *reinterpret_cast<uint32_t*>(&s.qdec[i][m.d0]) = hi;
+    *reinterpret_cast<uint32_t*>(&s.qdec_lo[i][m.d0]) = lo;
+    kdec_col[0][r] = __float2half_rn(kdec0);
+    kdec_col[1][r] = __float2half_rn(kdec1);
     // 2^(G_last − G) as a product of two normal floats (no third ex2); <= 1 on real rows.
-    kres_col[r] = __float2bfloat16_rn(kk * (dl * down));
+    kres_col[0][r] = __float2bfloat16_rn(k0 * (dl.x * down0));
+    kres_col[1][r] = __float2bfloat16_rn(k1 * (dl.y * down1));
   }
-  *reinterpret_cast<uint4*>(&s.kdecT[d][kRowsPerThread * half]) = *reinterpret_cast<const uint4*>(kdec_col);
-  *reinterpret_cast<uint4*>(&s.kresT[d][kRowsPerThread * half]) = *reinterpret_cast<const uint4*>(kres_col);
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    *reinterpret_cast<uint2*>(&s.kdecT[m.d0 + c][m.row(0)]) = *reinterpret_cast<const uint2*>(kdec_col[c]);
+    *reinterpret_cast<uint2*>(&s.kresT[m.d0 + c][m.row(0)]) = *reinterpret_cast<const uint2*>(kres_col[c]);
+  }
 }
 
 }  // namespace flashkda::sm90

@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   PrologueSmem& s = *reinterpret_cast<PrologueSmem*>(smem_raw);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int d = tid % kHeadDim, half = tid / kHeadDim;
+  const ElementMap m(tid);
 
   const int64_t slot = blockIdx.x;
   const int v_head = blockIdx.y;
@@ -45,17 +45,18 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
     s.beta_sig[tid] = sigmoid(beta);
   }
   const float exp_a = expf(p.A_log[v_head]);
-  const float dt_bias = p.dt_bias[static_cast<int64_t>(v_head) * kHeadDim + d];
+  const float* dtb = p.dt_bias + static_cast<int64_t>(v_head) * kHeadDim + m.d0;  // only 4-byte aligned
+  const float2 dt_bias = make_float2(dtb[0], dtb[1]);
   cute::cp_async_wait<0>();
   __syncthreads();
 
-  row_norms(s, s.rnorm_q, s.rnorm_k, warp, lane);
-  float G[kRowsPerThread];
-  gate_prefix(s, exp_a, dt_bias, p.lower_bound_log2e, d, half, G, s.g_half);
+  row_norms(s, warp, lane);
+  float2 G[kRowsPerThread];
+  gate_prefix(s, m, exp_a, dt_bias, p.lower_bound_log2e, G);
   __syncthreads();
-  finish_gate_prefix(G, d, half, chunk.rows, s.g_half, s.decay_last);
+  finish_gate_prefix(s, m, G, chunk.rows);
   __syncthreads();
-  write_decayed_operands(s, G, p.scale, d, half);
+  write_decayed_operands(s, m, G, p.scale);
   __syncthreads();
   if (warp == 0) build_inverse(s, lane);
   else if (warp == 1) build_mqk(s, lane);
@@ -63,9 +64,7 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   build_w(s, warp, lane);
   __syncthreads();
 
-  auto* dst = reinterpret_cast<uint4*>(const_cast<ChunkOperands*>(chunk_record(p, slot, v_head)));
-  const auto* src = reinterpret_cast<const uint4*>(static_cast<const ChunkOperands*>(&s));
-  for (int i = tid; i < kOperandVectors; i += kPrologueThreads) dst[i] = src[i];
+  store_record(static_cast<const ChunkOperands&>(s), record_ptr(p, slot, v_head), tid);
 }
 
 }  // namespace flashkda::sm90

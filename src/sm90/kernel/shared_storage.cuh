@@ -35,7 +35,16 @@ struct alignas(16) ChunkOperands {
   float decay_last[kHeadDim];            // 2^G_last
 };
 static_assert(sizeof(ChunkOperands) % 16 == 0, "copied as 16-byte vectors");
-constexpr int kOperandVectors = sizeof(ChunkOperands) / 16;
+
+// In global memory a record is stored without the padding (the padding only
+// serves shared-memory banks): its 16-byte vectors, field after field.
+constexpr int kRowVecs = kHeadDim / 8;   // vectors in a [..][128] bf16 row
+constexpr int kTVecs = kChunk / 8;       // vectors in a [..][16] bf16 row
+constexpr int kRecordVectors = 2 * kChunk * kRowVecs      // wneg, qdec
+                             + kHeadDim * kTVecs          // kresT
+                             + 4 * kChunk * kTVecs        // mqk_hi/lo, aw_hi/lo
+                             + kHeadDim * 4 / 16;         // decay_last
+constexpr int64_t kRecordBytes = int64_t{kRecordVectors} * 16;
 
 // Prologue kernel (one CTA per chunk and head): raw inputs, intermediates, and
 // the record it writes out (the ChunkOperands base).
@@ -53,7 +62,7 @@ struct PrologueSmem : ChunkOperands {
   float rnorm_q[kChunk];   // 1/sqrt(|q|²+1e-6)
   float rnorm_k[kChunk];
   float beta_sig[kChunk];  // sigmoid(beta); 0.5 on pad rows (harmless: their k is 0)
-  float g_half[kHeadDim];  // prefix of rows 0-7, handed to the threads of rows 8-15
+  float g_part[4][kHeadDim];  // per row group of 4, its column totals of γ (prologue.cuh)
 };
 
 // Recurrence kernel: a ring of chunk records with this CTA's slice of v, and a
