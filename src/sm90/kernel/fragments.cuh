@@ -42,6 +42,20 @@ __device__ __forceinline__ void mma_f16(FragC& d, const FragA& a, const FragB& b
 
 __device__ __forceinline__ void zero(FragC& c) { c.x[0] = c.x[1] = c.x[2] = c.x[3] = 0.f; }
 
+// B fragment (16 along k x 8 along n) from shared memory holding B transposed,
+// i.e. row-major [n][k], with two plain 32-bit loads. Unlike ldmatrix (an asm
+// volatile), the compiler may hoist these ahead of the mma chain that needs them:
+// that is what the latency-bound recurrence wants (docs/perf-log.md).
+template <typename T>
+__device__ __forceinline__ FragB load_b_nk(const T* m, int ld, int n0, int k0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const T* p = m + (n0 + g) * ld + k0 + 2 * t;
+  FragB b;
+  b.x[0] = *reinterpret_cast<const uint32_t*>(p);
+  b.x[1] = *reinterpret_cast<const uint32_t*>(p + 8);
+  return b;
+}
+
 // A fragment of a 16x16 block of a row-major matrix: one ldmatrix.x4 (rows 16-byte aligned).
 template <typename T>
 __device__ __forceinline__ FragA ldsm_a(const T* m, int ld, int row0, int col0, int lane) {

@@ -81,25 +81,22 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     zero(u[1][nt]);
     zero(o[nt]);
   }
-  FragB b[2];
   // uᵀ = Vᵀ A_wᵀ with A_w = hi + lo: v is exact in bf16, so two terms give A_w to ~16 bits.
   const FragA vt = load_a_trans(v, ldv, 0, vw, lane);
-  ldsm_b2(&ops.aw_hi[0][0], kLdT, 0, 0, lane, b[0], b[1]);
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) mma_bf16(u[0][nt], vt, b[nt]);
-  ldsm_b2(&ops.aw_lo[0][0], kLdT, 0, 0, lane, b[0], b[1]);
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) mma_bf16(u[1][nt], vt, b[nt]);
+  for (int nt = 0; nt < 2; ++nt) {
+    mma_bf16(u[0][nt], vt, load_b_nk(&ops.aw_hi[0][0], kLdT, 8 * nt, 0, lane));
+    mma_bf16(u[1][nt], vt, load_b_nk(&ops.aw_lo[0][0], kLdT, 8 * nt, 0, lane));
+  }
   // − S wᵀ and S Q_decᵀ, both from the state before this chunk's update.
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
     const FragA sa = to_a_bf16(S.tile[2 * kk], S.tile[2 * kk + 1]);
-    ldsm_b2(&ops.wneg[0][0], kLdRow, 0, 16 * kk, lane, b[0], b[1]);
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) mma_bf16(u[kk & 1][nt], sa, b[nt]);
-    ldsm_b2(&ops.qdec[0][0], kLdRow, 0, 16 * kk, lane, b[0], b[1]);
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) mma_bf16(o[nt], sa, b[nt]);
+    for (int nt = 0; nt < 2; ++nt) {
+      mma_bf16(u[kk & 1][nt], sa, load_b_nk(&ops.wneg[0][0], kLdRow, 8 * nt, 16 * kk, lane));
+      mma_bf16(o[nt], sa, load_b_nk(&ops.qdec[0][0], kLdRow, 8 * nt, 16 * kk, lane));
+    }
   }
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
@@ -108,30 +105,24 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
   FragA ua_hi, ua_lo;
   split_a_bf16(u[0][0], u[0][1], ua_hi, ua_lo);
   // out += Uᵀ Mqkᵀ, hi·hi + lo·hi + hi·lo
-  FragB m_lo[2];
-  ldsm_b2(&ops.mqk_hi[0][0], kLdT, 0, 0, lane, b[0], b[1]);
-  ldsm_b2(&ops.mqk_lo[0][0], kLdT, 0, 0, lane, m_lo[0], m_lo[1]);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
-    mma_bf16(o[nt], ua_hi, b[nt]);
-    mma_bf16(o[nt], ua_lo, b[nt]);
-    mma_bf16(o[nt], ua_hi, m_lo[nt]);
+    const FragB m_hi = load_b_nk(&ops.mqk_hi[0][0], kLdT, 8 * nt, 0, lane);
+    mma_bf16(o[nt], ua_hi, m_hi);
+    mma_bf16(o[nt], ua_lo, m_hi);
+    mma_bf16(o[nt], ua_hi, load_b_nk(&ops.mqk_lo[0][0], kLdT, 8 * nt, 0, lane));
   }
   // S = S·diag(2^G_last) + Uᵀ K_res
 #pragma unroll
-  for (int jj = 0; jj < kHeadDim / 16; ++jj) {
-    ldsm_b2(&ops.kresT[0][0], kLdT, 16 * jj, 0, lane, b[0], b[1]);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int j = 2 * jj + h;
-      const float2 dl = *reinterpret_cast<const float2*>(&ops.decay_last[8 * j + 2 * t]);
-      S.tile[j].x[0] *= dl.x;
-      S.tile[j].x[1] *= dl.y;
-      S.tile[j].x[2] *= dl.x;
-      S.tile[j].x[3] *= dl.y;
-      mma_bf16(S.tile[j], ua_hi, b[h]);
-      mma_bf16(S.tile[j], ua_lo, b[h]);
-    }
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+    const float2 dl = *reinterpret_cast<const float2*>(&ops.decay_last[8 * j + 2 * t]);
+    S.tile[j].x[0] *= dl.x;
+    S.tile[j].x[1] *= dl.y;
+    S.tile[j].x[2] *= dl.x;
+    S.tile[j].x[3] *= dl.y;
+    const FragB kres = load_b_nk(&ops.kresT[0][0], kLdT, 8 * j, 0, lane);
+    mma_bf16(S.tile[j], ua_hi, kres);
+    mma_bf16(S.tile[j], ua_lo, kres);
   }
   // outᵀ tile (V rows x tokens) → staging [token][v]
 #pragma unroll
