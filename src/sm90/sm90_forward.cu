@@ -76,9 +76,11 @@ int64_t slots_for(const ForwardArgs& args) {
 }  // namespace
 
 Status workspace_size(const ForwardArgs& args, size_t* bytes) {
-  // One chunk record per (chunk slot, value head): 14.5 KB per 16 tokens and
-  // head, a little less than the q, k, v, g inputs themselves.
-  *bytes = static_cast<size_t>(slots_for(args) * value_heads(args) * kRecordBytes);
+  // One ChunkOperands record per (chunk slot, value head): 18 KB per 16 tokens
+  // and head, a little more than the q, k, v, g inputs themselves. Stored with
+  // its shared-memory padding: unpacking a dense record cost the recurrence
+  // kernel more instructions than the bytes saved (docs/perf-log.md).
+  *bytes = static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
   return Status::Ok();
 }
 

@@ -2,8 +2,6 @@
 //   prologue kernel:   q, k, g rows of one chunk (rows past the sequence zero-filled)
 //   recurrence kernel: one ChunkOperands record and this CTA's slice of v
 #pragma once
-#include <cstddef>
-
 #include <cute/arch/copy_sm80.hpp>
 
 #include "sm90/kernel/params.h"
@@ -31,37 +29,11 @@ __device__ __forceinline__ void load_token_rows_async(uint16_t* dst, int ld, con
   }
 }
 
-// Byte offset inside a (padded) ChunkOperands of vector v of the unpadded record.
-__device__ __forceinline__ int record_vector_offset(int v) {
-  constexpr int kRows = kChunk * kRowVecs, kT16 = kChunk * kTVecs, kTK = kHeadDim * kTVecs;
-  auto row_major = [](int base, int vec, int vecs_per_row, int ld) {
-    return base + (vec / vecs_per_row) * ld * 2 + (vec % vecs_per_row) * 16;
-  };
-  if (v < kRows) return row_major(offsetof(ChunkOperands, wneg), v, kRowVecs, kLdRow);
-  v -= kRows;
-  if (v < kRows) return row_major(offsetof(ChunkOperands, qdec), v, kRowVecs, kLdRow);
-  v -= kRows;
-  if (v < kTK) return row_major(offsetof(ChunkOperands, kresT), v, kTVecs, kLdT);
-  v -= kTK;
-  if (v < 4 * kT16) {
-    const int field = v / kT16;  // mqk_hi, mqk_lo, aw_hi, aw_lo are consecutive, equal-sized
-    return row_major(offsetof(ChunkOperands, mqk_hi) + field * int(sizeof(ChunkOperands::mqk_hi)), v % kT16, kTVecs,
-                     kLdT);
-  }
-  v -= 4 * kT16;
-  return offsetof(ChunkOperands, decay_last) + v * 16;
-}
-
 template <int kThreadCount>
-__device__ __forceinline__ void load_record_async(ChunkOperands& dst, const uint4* src, int tid) {
-  auto* base = reinterpret_cast<unsigned char*>(&dst);
-  for (int v = tid; v < kRecordVectors; v += kThreadCount) cp_async_16(base + record_vector_offset(v), src + v, true);
-}
-
-__device__ __forceinline__ void store_record(const ChunkOperands& src, uint4* dst, int tid) {
-  const auto* base = reinterpret_cast<const unsigned char*>(&src);
-  for (int v = tid; v < kRecordVectors; v += blockDim.x)
-    dst[v] = *reinterpret_cast<const uint4*>(base + record_vector_offset(v));
+__device__ __forceinline__ void load_record_async(ChunkOperands& dst, const ChunkOperands* src, int tid) {
+  auto* d = reinterpret_cast<cute::uint128_t*>(&dst);
+  const auto* s = reinterpret_cast<const cute::uint128_t*>(src);
+  for (int i = tid; i < kOperandVectors; i += kThreadCount) cp_async_16(d + i, s + i, true);
 }
 
 }  // namespace flashkda::sm90

@@ -42,10 +42,21 @@ __device__ __forceinline__ void mma_f16(FragC& d, const FragA& a, const FragB& b
 
 __device__ __forceinline__ void zero(FragC& c) { c.x[0] = c.x[1] = c.x[2] = c.x[3] = 0.f; }
 
+// A fragment from a row-major 16-bit matrix in shared memory (row stride `ld` elements).
+template <typename T>
+__device__ __forceinline__ FragA load_a(const T* m, int ld, int row0, int col0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const T* p = m + (row0 + g) * ld + col0 + 2 * t;
+  FragA a;
+  a.x[0] = *reinterpret_cast<const uint32_t*>(p);
+  a.x[1] = *reinterpret_cast<const uint32_t*>(p + 8 * ld);
+  a.x[2] = *reinterpret_cast<const uint32_t*>(p + 8);
+  a.x[3] = *reinterpret_cast<const uint32_t*>(p + 8 * ld + 8);
+  return a;
+}
+
 // B fragment (16 along k x 8 along n) from shared memory holding B transposed,
-// i.e. row-major [n][k], with two plain 32-bit loads. Unlike ldmatrix (an asm
-// volatile), the compiler may hoist these ahead of the mma chain that needs them:
-// that is what the latency-bound recurrence wants (docs/perf-log.md).
+// i.e. row-major [n][k]: element B[k][n] lives at m[n * ld + k].
 template <typename T>
 __device__ __forceinline__ FragB load_b_nk(const T* m, int ld, int n0, int k0, int lane) {
   const int g = lane >> 2, t = lane & 3;

@@ -70,23 +70,19 @@ __device__ __forceinline__ void store_state(const StateRows& S, const FwdParams&
 // largest term of the state's error (docs/design.md, "Accuracy").
 __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperands& ops, const uint16_t* v, int ldv,
                                                 int vw, __nv_bfloat16 (*out_tile)[kLdT], int lane) {
-  const int t = lane & 3;
-  const int g = lane >> 2;
-  // Uᵀ is on the chunk-to-chunk critical path: two accumulator sets (even / odd
-  // k-steps) halve its dependent mma chain. outᵀ is not, and keeps one set.
-  FragC u[2][2], o[2];
+  const int g = lane >> 2, t = lane & 3;
+  FragC u[2], o[2];
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
-    zero(u[0][nt]);
-    zero(u[1][nt]);
+    zero(u[nt]);
     zero(o[nt]);
   }
   // uᵀ = Vᵀ A_wᵀ with A_w = hi + lo: v is exact in bf16, so two terms give A_w to ~16 bits.
   const FragA vt = load_a_trans(v, ldv, 0, vw, lane);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
-    mma_bf16(u[0][nt], vt, load_b_nk(&ops.aw_hi[0][0], kLdT, 8 * nt, 0, lane));
-    mma_bf16(u[1][nt], vt, load_b_nk(&ops.aw_lo[0][0], kLdT, 8 * nt, 0, lane));
+    mma_bf16(u[nt], vt, load_b_nk(&ops.aw_hi[0][0], kLdT, 8 * nt, 0, lane));
+    mma_bf16(u[nt], vt, load_b_nk(&ops.aw_lo[0][0], kLdT, 8 * nt, 0, lane));
   }
   // − S wᵀ and S Q_decᵀ, both from the state before this chunk's update.
 #pragma unroll
@@ -94,16 +90,12 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     const FragA sa = to_a_bf16(S.tile[2 * kk], S.tile[2 * kk + 1]);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      mma_bf16(u[kk & 1][nt], sa, load_b_nk(&ops.wneg[0][0], kLdRow, 8 * nt, 16 * kk, lane));
+      mma_bf16(u[nt], sa, load_b_nk(&ops.wneg[0][0], kLdRow, 8 * nt, 16 * kk, lane));
       mma_bf16(o[nt], sa, load_b_nk(&ops.qdec[0][0], kLdRow, 8 * nt, 16 * kk, lane));
     }
   }
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) u[0][nt].x[e] += u[1][nt].x[e];
   FragA ua_hi, ua_lo;
-  split_a_bf16(u[0][0], u[0][1], ua_hi, ua_lo);
+  split_a_bf16(u[0], u[1], ua_hi, ua_lo);
   // out += Uᵀ Mqkᵀ, hi·hi + lo·hi + hi·lo
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {

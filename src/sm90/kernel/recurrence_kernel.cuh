@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps>::kThreads, kStat
   auto issue_load = [&](int64_t c) {
     if (c < num_chunks) {
       auto& st = s.stage[c % kRecurrenceStages];
-      load_record_async<Cfg::kThreads>(st.ops, record_ptr(p, w.first_slot + c, w.v_head), tid);
+      load_record_async<Cfg::kThreads>(st.ops, chunk_record(p, w.first_slot + c, w.v_head), tid);
       const int64_t tok0 = w.token_begin + c * kChunk;
       const int64_t rem = w.length - c * kChunk;
       load_token_rows_async<Cfg::kVCta, Cfg::kThreads>(&st.v[0][0], Smem::kLdV, p.v, tok0,

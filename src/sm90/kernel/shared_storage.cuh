@@ -35,34 +35,34 @@ struct alignas(16) ChunkOperands {
   float decay_last[kHeadDim];            // 2^G_last
 };
 static_assert(sizeof(ChunkOperands) % 16 == 0, "copied as 16-byte vectors");
-
-// In global memory a record is stored without the padding (the padding only
-// serves shared-memory banks): its 16-byte vectors, field after field.
-constexpr int kRowVecs = kHeadDim / 8;   // vectors in a [..][128] bf16 row
-constexpr int kTVecs = kChunk / 8;       // vectors in a [..][16] bf16 row
-constexpr int kRecordVectors = 2 * kChunk * kRowVecs      // wneg, qdec
-                             + kHeadDim * kTVecs          // kresT
-                             + 4 * kChunk * kTVecs        // mqk_hi/lo, aw_hi/lo
-                             + kHeadDim * 4 / 16;         // decay_last
-constexpr int64_t kRecordBytes = int64_t{kRecordVectors} * 16;
+constexpr int kOperandVectors = sizeof(ChunkOperands) / 16;
 
 // Prologue kernel (one CTA per chunk and head): raw inputs, intermediates, and
 // the record it writes out (the ChunkOperands base).
+// Arrays in one union are never live at the same time (a barrier separates the
+// last use of one from the first of the other, see prologue_kernel.cuh); the
+// overlap brings the CTA under 56 KB, so four fit on an SM instead of three.
 struct PrologueSmem : ChunkOperands {
-  alignas(16) uint16_t q[kChunk][kHeadDim];  // raw bf16 inputs; rows past the end are zero
-  alignas(16) uint16_t k[kChunk][kHeadDim];
-  alignas(16) uint16_t g[kChunk][kHeadDim];
+  union alignas(16) {
+    uint16_t q[kChunk][kHeadDim];       // raw bf16 q; read up to write_decayed_operands
+    __half aw_f16[kChunk][kLdT];        // A_w in fp16 (A of w); written by build_inverse
+  };
+  alignas(16) uint16_t k[kChunk][kHeadDim];  // raw bf16 k; rows past the end are zero
+  union alignas(16) {
+    uint16_t g[kChunk][kHeadDim];       // raw bf16 g; read by gate_prefix only
+    __half kdecT[kHeadDim][kLdT];       // (k̂·2^G)ᵀ in fp16 (B of w); written by write_decayed_operands
+  };
+  union alignas(16) {
+    float g_part[4][kHeadDim];          // per row group, its column totals of γ; read by finish_gate_prefix
+    __nv_bfloat16 kdec_lo[kChunk][kLdRow];  // written by write_decayed_operands
+  };
   alignas(16) __nv_bfloat16 kdec_hi[kChunk][kLdRow];  // k̂·2^G   (A of L)
-  alignas(16) __nv_bfloat16 kdec_lo[kChunk][kLdRow];
   alignas(16) __nv_bfloat16 kinv_hi[kChunk][kLdRow];  // k̂·2^-G  (B of L and Mqk)
   alignas(16) __nv_bfloat16 kinv_lo[kChunk][kLdRow];
   alignas(16) __nv_bfloat16 qdec_lo[kChunk][kLdRow];  // low part of Q_dec (A of Mqk)
-  alignas(16) __half kdecT[kHeadDim][kLdT];           // (k̂·2^G)ᵀ in fp16 (B of w)
-  alignas(16) __half aw_f16[kChunk][kLdT];            // A_w in fp16 (A of w)
   float rnorm_q[kChunk];   // 1/sqrt(|q|²+1e-6)
   float rnorm_k[kChunk];
   float beta_sig[kChunk];  // sigmoid(beta); 0.5 on pad rows (harmless: their k is 0)
-  float g_part[4][kHeadDim];  // per row group of 4, its column totals of γ (prologue.cuh)
 };
 
 // Recurrence kernel: a ring of chunk records with this CTA's slice of v, and a

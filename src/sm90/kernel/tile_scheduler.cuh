@@ -26,8 +26,8 @@ __device__ __forceinline__ int64_t first_slot(const FwdParams& p, int64_t n) {
   return n + seq_begin(p, n) / kChunk;
 }
 
-__device__ __forceinline__ uint4* record_ptr(const FwdParams& p, int64_t slot, int v_head) {
-  return static_cast<uint4*>(p.chunk_records) + (slot * p.num_v_heads + v_head) * kRecordVectors;
+__device__ __forceinline__ const ChunkOperands* chunk_record(const FwdParams& p, int64_t slot, int v_head) {
+  return static_cast<const ChunkOperands*>(p.chunk_records) + slot * p.num_v_heads + v_head;
 }
 
 struct ChunkTile {
