@@ -211,7 +211,7 @@ void recurrence_step(ChunkScratch& c, float* S) {
 }
 
 void chunked_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv,
-                 ChunkScratch& c, std::vector<float>& S) {
+                 ChunkScratch& c, std::vector<float>& S, float* out_unrounded) {
   const int64_t H = args.num_heads, HV = value_heads(args), K = c.K, V = c.V;
   const int64_t h = hv / (HV / H);
   auto* out = static_cast<uint16_t*>(args.out);
@@ -237,6 +237,8 @@ void chunked_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, i
     for (int i = 0; i < n_c; ++i) {
       uint16_t* ot = out + ((t0 + i) * HV + hv) * V;
       for (int64_t e = 0; e < V; ++e) ot[e] = float_to_bf16(c.o[i * V + e]);
+      if (out_unrounded != nullptr)
+        std::copy_n(c.o.begin() + i * V, V, out_unrounded + ((t0 + i) * HV + hv) * V);
     }
   }
 
@@ -268,7 +270,7 @@ void neumann_inverse_16(const float* L, float* inv) {
   }
 }
 
-Status chunked_forward_f32(const ForwardArgs& args, int num_threads) {
+Status chunked_forward_f32(const ForwardArgs& args, int num_threads, float* out_unrounded) {
   const int64_t H = args.num_heads;
   const int64_t HV = value_heads(args);
   const int64_t K = args.head_dim_k, V = args.head_dim_v;
@@ -295,7 +297,7 @@ Status chunked_forward_f32(const ForwardArgs& args, int num_threads) {
     std::vector<float> S;
     for (size_t i = next.fetch_add(1); i < tasks.size(); i = next.fetch_add(1)) {
       const auto [n, hv] = tasks[i];
-      chunked_one(args, spans[static_cast<size_t>(n)], n, hv, scratch, S);
+      chunked_one(args, spans[static_cast<size_t>(n)], n, hv, scratch, S, out_unrounded);
     }
   };
   std::vector<std::thread> pool;

@@ -14,7 +14,8 @@ Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded = nul
 // The chunk-16 algorithm in fp32 with the kernels' decomposition (base-2 exponents,
 // L and Mqk, the Neumann inverse by three squarings, the WY form), parallel over
 // (sequence, value head). num_threads <= 0: std::thread::hardware_concurrency().
-Status chunked_forward_f32(const ForwardArgs& args, int num_threads = 0);
+// `out_unrounded` as for the oracle: out before its bf16 rounding.
+Status chunked_forward_f32(const ForwardArgs& args, int num_threads = 0, float* out_unrounded = nullptr);
 
 // INV = (I + L)^{-1} for a strictly lower-triangular 16x16 L (row-major), as
 // (I − L)(I + L²)(I + L⁴)(I + L⁸): three squarings and three products.
