@@ -26,6 +26,7 @@
 
 #include "common/bf16.h"
 #include "common/sequences.h"
+#include "cpu/cpu_backends.h"
 #include "flashkda/flashkda.h"
 #include "tests/common/kda_problem.h"
 
@@ -297,6 +298,7 @@ Status check_pair(const HostProblem& p, const flashkda::SequenceSpan& span, int6
   if (!p.init_bf16.empty())
     for (size_t i = 0; i < state_n; ++i) init.push_back(flashkda::bf16_to_float(p.init_bf16[state0 + i]));
   std::vector<uint16_t> ref_out(L * V);
+  std::vector<float> ref_out_unrounded(L * V);
   std::vector<float> ref_final(state_n);
 
   ForwardArgs a;
@@ -306,13 +308,16 @@ Status check_pair(const HostProblem& p, const flashkda::SequenceSpan& span, int6
   a.final_state = ref_final.data(); a.final_state_dtype = DType::kFP32;
   a.batch = 1; a.seqlen = L; a.num_heads = 1; a.num_v_heads = 1; a.head_dim_k = K; a.head_dim_v = V;
   a.scale = p.scale; a.lower_bound = p.spec.lower_bound;
-  const Status s = flashkda::forward(a, Backend::kCpuReference, nullptr, 0, nullptr);
+  // The oracle's out before its bf16 rounding: spec section 2 judges against the
+  // float64 recurrence itself, not a second rounding of it.
+  Status s = flashkda::validate(a, Backend::kCpuReference);
+  if (s.ok()) s = flashkda::cpu::reference_forward_f64(a, ref_out_unrounded.data());
   if (!s.ok()) return s;
 
   for (int64_t t = 0; t < L; ++t)
     for (int64_t j = 0; j < V; ++j)
       out_err->add(flashkda::bf16_to_float(o.out[((span.token_begin + t) * HV + hv) * V + j]),
-                   flashkda::bf16_to_float(ref_out[t * V + j]));
+                   ref_out_unrounded[t * V + j]);
   if (has_final)
     for (size_t i = 0; i < state_n; ++i) {
       const double x = !o.final_f32.empty() ? o.final_f32[state0 + i]
@@ -440,8 +445,9 @@ int main(int argc, char** argv) {
   const double check_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
 
   // Bars: kCuda is held to the spec's bars (section 2). The CPU backends compute in
-  // fp32/f64, so an fp32 state must agree to 1e-4; outputs and bf16 states are
-  // rounded to bf16 by both sides and are held to the spec's bars as well.
+  // fp32/f64, so an fp32 state must agree to 1e-4; out is bf16 (its own rounding is
+  // ~1.6e-3 against the unrounded oracle) and bf16 states are held to the spec's
+  // bars as well.
   const double out_bar = 3.5e-3;
   const double state_bar = (backend != Backend::kCuda && opt.state == DType::kFP32) ? 1e-4 : 2.5e-3;
   const double out_rel = out_err.rel(), state_rel = state_err.rel();
