@@ -1,0 +1,158 @@
+"""flash_kda: Kimi Delta Attention (KDA) forward.
+
+A drop-in for the FlashKDA Python API that fla's ``chunk_kda`` dispatches to
+(``fla/ops/kda/backends/flash_kda.py``): under ``torch.inference_mode()`` fla calls
+``flash_kda.fwd(q, k, v, g, beta, scale, out, A_log=..., dt_bias=..., lower_bound=...,
+initial_state=..., final_state=..., cu_seqlens=...)`` and reads ``out`` and
+``final_state``, which are filled in place.
+
+CUDA tensors run the sm_90a kernels on the current torch stream; CPU tensors run
+the multithreaded chunked fp32 CPU backend. Tensors cross into C++ through DLPack,
+so the extension links no torch: torch is imported only when present (for the
+workspace allocation and the ``kda_forward`` custom op).
+
+    fwd(...)           FlashKDA-compatible, in place, returns None
+    kda_forward(...)   functional form -> (out, final_state); a torch.library custom
+                       op (torch.compile / CUDA-graph friendly)
+    workspace_size(...), cuda_available(), cuda_status()
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from ._loader import load_extension
+
+_C = load_extension()
+
+__version__ = "0.1.0"
+__all__ = ["fwd", "kda_forward", "workspace_size", "cuda_available", "cuda_status", "compiled_with_cuda"]
+
+#: Used when ``lower_bound=None`` is passed (fla passes its own value through,
+#: which may be None): the FlashKDA/fla safe-gate default and the widest bound
+#: the chunked algorithm accepts.
+DEFAULT_LOWER_BOUND = -5.0
+
+compiled_with_cuda: bool = bool(_C.compiled_with_cuda)
+
+
+def cuda_available() -> bool:
+    """Whether CUDA tensors can run here: kernels compiled in and an sm_90 device present."""
+    return bool(_C.cuda_available())
+
+
+def cuda_status() -> tuple[bool, str]:
+    """``(available, reason)`` for the CUDA backend."""
+    ok, why = _C.cuda_status()
+    return bool(ok), str(why)
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and "torch" in sys.modules
+
+
+def _plain(x):
+    # torch refuses to export tensors that require grad through DLPack; fla passes
+    # nn.Parameters (A_log, dt_bias). detach() shares storage, so in-place writes
+    # to out / final_state still land in the caller's tensors.
+    if x is not None and getattr(x, "requires_grad", False):
+        return x.detach()
+    return x
+
+
+def _runtime(q, stream):
+    """(alloc, stream) for q's framework and device."""
+    mod = type(q).__module__
+    if _is_torch(q):
+        import torch
+
+        if q.device.type != "cuda":
+            return None, 0
+        dev = q.device
+
+        def alloc(n: int):
+            # torch's caching allocator: stream-ordered on the current stream, and
+            # served from the graph's private pool while capturing a CUDA graph.
+            return torch.empty(n, dtype=torch.uint8, device=dev)
+
+        if stream is None:
+            stream = torch.cuda.current_stream(dev).cuda_stream
+        return alloc, int(stream)
+    if mod.startswith("cupy"):
+        import cupy
+
+        def alloc(n: int):
+            return cupy.empty(n, dtype=cupy.uint8)
+
+        if stream is None:
+            stream = cupy.cuda.get_current_stream().ptr
+        return alloc, int(stream)
+    return None, int(stream or 0)
+
+
+def _resolve_scalars(q, scale, lower_bound):
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if lower_bound is None:
+        lower_bound = DEFAULT_LOWER_BOUND
+    return float(scale), float(lower_bound)
+
+
+def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
+        initial_state=None, final_state=None, cu_seqlens=None, *,
+        cu_seqlens_host=None, workspace=None, stream=None, backend="auto") -> None:
+    """KDA forward into ``out`` (and ``final_state``), in place. FlashKDA's signature.
+
+    Args (B batch, T tokens, H q/k heads, HV value heads = a multiple of H, K/V head dims,
+    N sequences = ``len(cu_seqlens) - 1`` or B):
+        q, k: bf16 ``[B, T, H, K]``.  v: bf16 ``[B, T, HV, V]``.
+        g: bf16 ``[B, T, HV, K]``, raw gate.  beta: bf16 ``[B, T, HV]``, raw logit.
+        scale: float, or None for ``K ** -0.5``.
+        out: bf16 ``[B, T, HV, V]``, written in place.
+        A_log: fp32 ``[HV]``.  dt_bias: fp32 ``[HV, K]``.
+        lower_bound: float in ``[-5, 0)``, or None for -5.0.
+        initial_state: bf16/fp32 ``[N, HV, V, K]`` or None (zeros).
+        final_state: bf16/fp32 ``[N, HV, V, K]`` written in place, or None; same dtype
+            as initial_state when both are given.
+        cu_seqlens: int64 ``[N+1]`` on the tensors' device (requires B == 1), or None.
+    Keyword-only extensions: ``cu_seqlens_host`` (an int64 CPU copy of cu_seqlens: validated
+    and used to schedule long sequences first; never made implicitly, as a device-to-host
+    copy would synchronise), ``workspace`` (uint8 scratch; default: allocated per call from
+    torch's caching allocator), ``stream`` (cudaStream_t as int; default: torch's current
+    stream), ``backend`` ('auto', 'cuda', 'cpu', 'reference').
+
+    Raises TypeError (wrong dtype / not a tensor) or ValueError (shape, device, strides,
+    invalid values) naming the argument; NotImplementedError for valid input the backend
+    cannot run (e.g. K != 128 on CUDA); RuntimeError for CUDA errors.
+    """
+    scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
+    alloc, stream = _runtime(q, stream)
+    _C.fwd(_plain(q), _plain(k), _plain(v), _plain(g), _plain(beta), scale, out,
+           _plain(A_log), _plain(dt_bias), lower_bound,
+           initial_state=_plain(initial_state), final_state=final_state,
+           cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host,
+           workspace=workspace, alloc=alloc, stream=stream, backend=backend)
+
+
+def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
+                   initial_state=None, final_state=None, cu_seqlens=None, *,
+                   cu_seqlens_host=None, backend="auto") -> int:
+    """Bytes of scratch memory ``fwd`` needs for these arguments (checked as fwd checks them).
+
+    A caller-provided ``workspace`` needs ``workspace_size(...) + 255`` bytes unless its
+    pointer is 256-byte aligned.
+    """
+    scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
+    return int(_C.workspace_size(_plain(q), _plain(k), _plain(v), _plain(g), _plain(beta), scale, out,
+                                 _plain(A_log), _plain(dt_bias), lower_bound,
+                                 initial_state=_plain(initial_state), final_state=final_state,
+                                 cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, backend=backend))
+
+
+# The functional form needs torch (a torch.library custom op). Registered at import
+# when torch is installed; without torch, kda_forward raises ImportError when called.
+if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
+    from ._torch_ops import kda_forward  # noqa: E402
+else:  # pragma: no cover - exercised only without torch
+    def kda_forward(*args, **kwargs):
+        raise ImportError("flash_kda.kda_forward needs torch (>= 2.4); flash_kda.fwd works with any DLPack arrays")

@@ -1,0 +1,96 @@
+"""``flash_kda::kda_forward``: the functional KDA forward as a torch.library custom op.
+
+Being a custom op (with a fake/meta implementation) is what lets torch.compile
+trace through it with ``fullgraph=True`` and what keeps it one opaque node in the
+graph; the real implementation allocates only through torch (capturable in a
+CUDA graph) and launches on torch's current stream.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import DEFAULT_LOWER_BOUND, fwd
+
+_STATE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _num_seqs(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
+    return cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
+
+
+def _new_outputs(q, k, v, cu_seqlens, output_final_state, state_dtype):
+    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if output_final_state:
+        n = _num_seqs(q, cu_seqlens)
+        final_state = torch.empty((n, v.shape[2], v.shape[3], q.shape[3]), dtype=state_dtype, device=q.device)
+    else:
+        # Custom ops return tensors only: an empty one stands for "no final state".
+        final_state = torch.empty((0,), dtype=state_dtype, device=q.device)
+    return out, final_state
+
+
+@torch.library.custom_op("flash_kda::kda_forward", mutates_args=())
+def _kda_forward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    initial_state: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor],
+    scale: float,
+    lower_bound: float,
+    output_final_state: bool,
+    state_dtype: torch.dtype,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    out, final_state = _new_outputs(q, k, v, cu_seqlens, output_final_state, state_dtype)
+    fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+        initial_state=initial_state, final_state=final_state if output_final_state else None,
+        cu_seqlens=cu_seqlens)
+    return out, final_state
+
+
+@_kda_forward_op.register_fake
+def _kda_forward_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, lower_bound,
+                      output_final_state, state_dtype):
+    return _new_outputs(q, k, v, cu_seqlens, output_final_state, state_dtype)
+
+
+def kda_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    scale: Optional[float] = None,
+    lower_bound: Optional[float] = DEFAULT_LOWER_BOUND,
+    initial_state: Optional[torch.Tensor] = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    state_dtype: Optional[torch.dtype] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Functional KDA forward: returns ``(out, final_state)``.
+
+    Same tensors as :func:`flash_kda.fwd` (q, k ``[B,T,H,K]``, v ``[B,T,HV,V]``, g ``[B,T,HV,K]``,
+    beta ``[B,T,HV]`` bf16; A_log ``[HV]``, dt_bias ``[HV,K]`` fp32; initial_state
+    ``[N,HV,V,K]``; cu_seqlens int64 ``[N+1]``). ``out`` is new bf16 ``[B,T,HV,V]``;
+    ``final_state`` is new ``[N,HV,V,K]`` of ``state_dtype`` (default: initial_state's
+    dtype, else fp32) when ``output_final_state``, else None. Forward only (no autograd).
+    """
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if lower_bound is None:
+        lower_bound = DEFAULT_LOWER_BOUND
+    if state_dtype is None:
+        state_dtype = initial_state.dtype if initial_state is not None else torch.float32
+    if state_dtype not in _STATE_DTYPES:
+        raise TypeError(f"state_dtype: expected torch.float32 or torch.bfloat16, got {state_dtype}")
+    out, final_state = _kda_forward_op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                                       float(scale), float(lower_bound), bool(output_final_state), state_dtype)
+    return out, (final_state if output_final_state else None)

@@ -1,0 +1,449 @@
+// flash_kda._C: the Python binding of flashkda::forward (nanobind).
+//
+// Tensors arrive through DLPack (nb::ndarray), so the extension links no
+// framework: torch tensors of any version with __dlpack__, CuPy and NumPy arrays
+// all work. Every tensor is checked here, before anything touches its memory,
+// with errors that name the argument:
+//   TypeError   not an array, or the wrong dtype (incl. states of different dtypes);
+//   ValueError  rank / shape disagreement, non-C-contiguous strides, an
+//               unsupported device, tensors on different devices, bad workspace;
+// and then flashkda::forward validates the rest (lower_bound, alignment,
+// cu_seqlens values on the host, ...). Its Status becomes
+//   kInvalidArgument -> ValueError, kNotSupported -> NotImplementedError,
+//   kCudaError / kInternal -> RuntimeError, with the C++ message verbatim.
+//
+// CUDA tensors run on Backend::kCuda on the stream passed as an integer
+// (a cudaStream_t; 0 = the legacy default stream), CPU tensors on
+// Backend::kCpuChunked. Nothing is synchronised and no device memory is
+// allocated here: the scratch workspace comes from the caller (`workspace`),
+// or from the `alloc(nbytes)` callable (python/flash_kda uses torch's caching
+// allocator), so a call can be captured in a CUDA graph.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "flashkda/flashkda.h"
+
+#ifdef FLASHKDA_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using Array = nb::ndarray<>;  // any dtype, any device, any shape: checked by hand below
+
+constexpr int32_t kDLCPU = 1;
+constexpr int32_t kDLCUDA = 2;
+constexpr int32_t kDLCUDAHost = 3;  // pinned host memory: readable by the CPU backends
+constexpr size_t kWorkspaceAlign = 256;
+
+template <typename... Ts>
+std::string cat(const Ts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+[[noreturn]] void raise_type(const std::string& msg) { throw nb::type_error(msg.c_str()); }
+[[noreturn]] void raise_value(const std::string& msg) { throw nb::value_error(msg.c_str()); }
+
+[[noreturn]] void raise_status(const flashkda::Status& st) {
+  PyObject* type = PyExc_RuntimeError;
+  switch (st.code) {
+    case flashkda::StatusCode::kInvalidArgument: type = PyExc_ValueError; break;
+    case flashkda::StatusCode::kNotSupported: type = PyExc_NotImplementedError; break;
+    default: type = PyExc_RuntimeError; break;
+  }
+  PyErr_SetString(type, st.message.c_str());
+  throw nb::python_error();
+}
+
+// ---- dtypes -----------------------------------------------------------------
+enum class DT { kBF16, kF16, kF32, kF64, kI32, kI64, kU8, kOther };
+
+DT dtype_of(const Array& a) {
+  const nb::dlpack::dtype d = a.dtype();
+  if (d.lanes != 1) return DT::kOther;
+  using C = nb::dlpack::dtype_code;
+  if (d.code == uint8_t(C::Bfloat) && d.bits == 16) return DT::kBF16;
+  if (d.code == uint8_t(C::Float) && d.bits == 16) return DT::kF16;
+  if (d.code == uint8_t(C::Float) && d.bits == 32) return DT::kF32;
+  if (d.code == uint8_t(C::Float) && d.bits == 64) return DT::kF64;
+  if (d.code == uint8_t(C::Int) && d.bits == 32) return DT::kI32;
+  if (d.code == uint8_t(C::Int) && d.bits == 64) return DT::kI64;
+  if (d.code == uint8_t(C::UInt) && d.bits == 8) return DT::kU8;
+  return DT::kOther;
+}
+
+const char* name_of(DT t) {
+  switch (t) {
+    case DT::kBF16: return "bfloat16";
+    case DT::kF16: return "float16";
+    case DT::kF32: return "float32";
+    case DT::kF64: return "float64";
+    case DT::kI32: return "int32";
+    case DT::kI64: return "int64";
+    case DT::kU8: return "uint8";
+    default: return "?";
+  }
+}
+
+std::string dtype_string(const Array& a) {
+  const DT t = dtype_of(a);
+  if (t != DT::kOther) return name_of(t);
+  const nb::dlpack::dtype d = a.dtype();
+  static const char* codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  const char* c = d.code < 7 ? codes[d.code] : "code?";
+  return cat(c, int(d.bits), d.lanes != 1 ? cat("x", d.lanes) : std::string());
+}
+
+// ---- devices ----------------------------------------------------------------
+struct Device {
+  int32_t type = kDLCPU;  // kDLCPU or kDLCUDA (pinned host memory counts as CPU)
+  int32_t id = 0;
+  bool operator==(const Device& o) const { return type == o.type && (type != kDLCUDA || id == o.id); }
+  std::string str() const { return type == kDLCUDA ? cat("cuda:", id) : std::string("cpu"); }
+};
+
+Device device_of(const char* name, const Array& a) {
+  const int32_t t = a.device_type();
+  if (t == kDLCPU || t == kDLCUDAHost) return {kDLCPU, 0};
+  if (t == kDLCUDA) return {kDLCUDA, a.device_id()};
+  raise_value(cat(name, ": expected a CPU or CUDA tensor, got DLPack device type ", t, " (id ", a.device_id(), ")"));
+}
+
+std::string shape_string(const Array& a) {
+  std::string s = "[";
+  for (size_t i = 0; i < a.ndim(); ++i) s += cat(i ? ", " : "", a.shape(i));
+  return s + "]";
+}
+
+std::string strides_string(const Array& a) {
+  std::string s = "[";
+  for (size_t i = 0; i < a.ndim(); ++i) s += cat(i ? ", " : "", a.stride(i));
+  return s + "]";
+}
+
+// Dense row-major: stride of every dimension of extent > 1 equals the product of
+// the extents to its right (the same rule as torch's is_contiguous()).
+bool c_contiguous(const Array& a) {
+  int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    const int64_t n = static_cast<int64_t>(a.shape(i));
+    if (n != 1 && a.stride(i) != expect) return false;
+    expect *= n;
+  }
+  return true;
+}
+
+// ---- one tensor argument ----------------------------------------------------
+struct Arg {
+  const char* name = "";
+  bool present = false;
+  Array arr;
+  Device dev;
+
+  const void* cdata() const { return present ? arr.data() : nullptr; }
+  void* data() const { return present ? const_cast<void*>(arr.data()) : nullptr; }
+  int64_t dim(size_t i) const { return static_cast<int64_t>(arr.shape(i)); }
+};
+
+// Converts `obj` (None allowed when `optional`) into an Arg with the dtype in
+// `allowed`, C-contiguous, on a CPU or CUDA device.
+Arg take(const char* name, nb::handle obj, std::initializer_list<DT> allowed, bool optional) {
+  Arg a;
+  a.name = name;
+  if (obj.is_none()) {
+    if (optional) return a;
+    raise_type(cat(name, ": expected a tensor, got None"));
+  }
+  if (!nb::try_cast<Array>(obj, a.arr, /*convert=*/false)) {
+    std::string tname = nb::cast<std::string>(nb::str(obj.type().attr("__name__")));
+    raise_type(cat(name, ": expected a tensor supporting DLPack (torch.Tensor, CuPy or NumPy array), got ", tname,
+                   " (torch tensors that require grad must be detached)"));
+  }
+  a.present = true;
+  const DT t = dtype_of(a.arr);
+  bool ok = false;
+  for (DT d : allowed) ok |= (d == t);
+  if (!ok) {
+    std::string want;
+    size_t i = 0;
+    for (DT d : allowed) want += cat(i++ ? " or " : "", name_of(d));
+    raise_type(cat(name, ": expected dtype ", want, ", got ", dtype_string(a.arr)));
+  }
+  a.dev = device_of(name, a.arr);
+  return a;
+}
+
+void expect_shape(const Arg& a, std::initializer_list<int64_t> dims, const char* what) {
+  bool ok = a.arr.ndim() == dims.size();
+  size_t i = 0;
+  for (int64_t d : dims) {
+    if (!ok) break;
+    ok = a.dim(i++) == d;
+  }
+  if (!ok) {
+    std::string want = "[";
+    i = 0;
+    for (int64_t d : dims) want += cat(i++ ? ", " : "", d);
+    raise_value(cat(a.name, ": expected shape ", what, " = ", want, "], got ", shape_string(a.arr)));
+  }
+}
+
+void expect_contiguous(const Arg& a) {
+  if (a.present && !c_contiguous(a.arr))
+    raise_value(cat(a.name, ": expected a C-contiguous (dense row-major) tensor, got shape ", shape_string(a.arr),
+                    " with strides ", strides_string(a.arr), " (call .contiguous())"));
+}
+
+void expect_device(const Arg& a, const Arg& ref) {
+  if (a.present && !(a.dev == ref.dev))
+    raise_value(cat(a.name, ": expected a tensor on the same device as ", ref.name, " (", ref.dev.str(), "), got ",
+                    a.dev.str()));
+}
+
+flashkda::DType state_dtype(const Arg& a) {
+  if (!a.present) return flashkda::DType::kNone;
+  return dtype_of(a.arr) == DT::kF32 ? flashkda::DType::kFP32 : flashkda::DType::kBF16;
+}
+
+flashkda::Backend parse_backend(const std::string& s, const Device& dev) {
+  if (s == "auto") return dev.type == kDLCUDA ? flashkda::Backend::kCuda : flashkda::Backend::kCpuChunked;
+  flashkda::Backend b;
+  if (s == "cuda") b = flashkda::Backend::kCuda;
+  else if (s == "cpu") b = flashkda::Backend::kCpuChunked;
+  else if (s == "reference") b = flashkda::Backend::kCpuReference;
+  else raise_value(cat("backend: expected 'auto', 'cuda', 'cpu' or 'reference', got '", s, "'"));
+  const bool cuda = b == flashkda::Backend::kCuda;
+  if (cuda != (dev.type == kDLCUDA))
+    raise_value(cat("backend: '", s, "' runs on ", cuda ? "CUDA" : "CPU", " tensors, got tensors on ", dev.str()));
+  return b;
+}
+
+// Everything of one call, checked, with the ForwardArgs filled in.
+struct Call {
+  Arg q, k, v, g, beta, out, A_log, dt_bias, s0, s1, cu, cu_host;
+  flashkda::ForwardArgs args;
+  flashkda::Backend backend = flashkda::Backend::kCpuChunked;
+};
+
+Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, double scale, nb::handle out,
+             nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle initial_state,
+             nb::handle final_state, nb::handle cu_seqlens, nb::handle cu_seqlens_host, const std::string& backend) {
+  Call c;
+  // dtypes first (TypeError), in argument order.
+  c.q = take("q", q, {DT::kBF16}, false);
+  c.k = take("k", k, {DT::kBF16}, false);
+  c.v = take("v", v, {DT::kBF16}, false);
+  c.g = take("g", g, {DT::kBF16}, false);
+  c.beta = take("beta", beta, {DT::kBF16}, false);
+  c.out = take("out", out, {DT::kBF16}, false);
+  c.A_log = take("A_log", A_log, {DT::kF32}, false);
+  c.dt_bias = take("dt_bias", dt_bias, {DT::kF32}, false);
+  c.s0 = take("initial_state", initial_state, {DT::kBF16, DT::kF32}, true);
+  c.s1 = take("final_state", final_state, {DT::kBF16, DT::kF32}, true);
+  c.cu = take("cu_seqlens", cu_seqlens, {DT::kI64}, true);
+  c.cu_host = take("cu_seqlens_host", cu_seqlens_host, {DT::kI64}, true);
+  if (c.s0.present && c.s1.present && dtype_of(c.s0.arr) != dtype_of(c.s1.arr))
+    raise_type(cat("final_state: expected the same dtype as initial_state (", dtype_string(c.s0.arr),
+                   ") when both are given, got ", dtype_string(c.s1.arr)));
+
+  // Shapes (ValueError): q defines B, T, H, K; v defines HV, V.
+  if (c.q.arr.ndim() != 4) raise_value(cat("q: expected a 4-d tensor [B, T, H, K], got shape ", shape_string(c.q.arr)));
+  if (c.v.arr.ndim() != 4)
+    raise_value(cat("v: expected a 4-d tensor [B, T, HV, V], got shape ", shape_string(c.v.arr)));
+  const int64_t B = c.q.dim(0), T = c.q.dim(1), H = c.q.dim(2), K = c.q.dim(3);
+  const int64_t HV = c.v.dim(2), V = c.v.dim(3);
+  expect_shape(c.k, {B, T, H, K}, "[B, T, H, K] (the shape of q)");
+  expect_shape(c.v, {B, T, HV, V}, "[B, T, HV, V] (B, T from q)");
+  expect_shape(c.g, {B, T, HV, K}, "[B, T, HV, K]");
+  expect_shape(c.beta, {B, T, HV}, "[B, T, HV]");
+  expect_shape(c.out, {B, T, HV, V}, "[B, T, HV, V] (the shape of v)");
+  expect_shape(c.A_log, {HV}, "[HV]");
+  expect_shape(c.dt_bias, {HV, K}, "[HV, K]");
+  int64_t N = B;
+  if (c.cu.present) {
+    if (c.cu.arr.ndim() != 1 || c.cu.dim(0) < 2)
+      raise_value(cat("cu_seqlens: expected a 1-d tensor [N+1] with N >= 1, got shape ", shape_string(c.cu.arr)));
+    N = c.cu.dim(0) - 1;
+    if (B != 1) raise_value(cat("cu_seqlens: requires B == 1 (flattened sequences), got q of shape ",
+                                shape_string(c.q.arr)));
+  }
+  if (c.cu_host.present) {
+    if (!c.cu.present) raise_value("cu_seqlens_host: given without cu_seqlens");
+    expect_shape(c.cu_host, {N + 1}, "[N+1] (the shape of cu_seqlens)");
+  }
+  if (c.s0.present) expect_shape(c.s0, {N, HV, V, K}, "[N, HV, V, K]");
+  if (c.s1.present) expect_shape(c.s1, {N, HV, V, K}, "[N, HV, V, K]");
+
+  // Strides (ValueError).
+  for (const Arg* a : {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.out, &c.A_log, &c.dt_bias, &c.s0, &c.s1, &c.cu,
+                       &c.cu_host})
+    expect_contiguous(*a);
+
+  // Devices (ValueError): everything where q is, except the host copy of cu_seqlens.
+  for (const Arg* a : {&c.k, &c.v, &c.g, &c.beta, &c.out, &c.A_log, &c.dt_bias, &c.s0, &c.s1, &c.cu})
+    expect_device(*a, c.q);
+  if (c.cu_host.present && c.cu_host.dev.type != kDLCPU)
+    raise_value(cat("cu_seqlens_host: expected a CPU tensor, got ", c.cu_host.dev.str()));
+
+  c.backend = parse_backend(backend, c.q.dev);
+
+  flashkda::ForwardArgs& a = c.args;
+  a.q = c.q.cdata(); a.k = c.k.cdata(); a.v = c.v.cdata(); a.g = c.g.cdata(); a.beta = c.beta.cdata();
+  a.A_log = static_cast<const float*>(c.A_log.cdata());
+  a.dt_bias = static_cast<const float*>(c.dt_bias.cdata());
+  a.out = c.out.data();
+  a.initial_state = c.s0.cdata(); a.initial_state_dtype = state_dtype(c.s0);
+  a.final_state = c.s1.data();    a.final_state_dtype = state_dtype(c.s1);
+  if (c.cu.present) {
+    a.cu_seqlens = static_cast<const int64_t*>(c.cu.cdata());
+    a.num_seqs = N;
+    // For kCuda the device boundaries are never copied back (that would sync the
+    // stream); only an explicitly given host copy is used (validated, scheduling).
+    a.cu_seqlens_host = static_cast<const int64_t*>(c.cu_host.cdata());
+  }
+  a.batch = B; a.seqlen = T; a.num_heads = H; a.num_v_heads = HV;
+  a.head_dim_k = K; a.head_dim_v = V;
+  a.scale = static_cast<float>(scale);
+  a.lower_bound = static_cast<float>(lower_bound);
+  return c;
+}
+
+#ifdef FLASHKDA_WITH_CUDA
+// Makes the tensors' device current for the call (the kernels launch on the
+// current device), and restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(const Device& d) {
+    if (d.type != kDLCUDA) return;
+    int cur = 0;
+    if (cudaGetDevice(&cur) != cudaSuccess) { cudaGetLastError(); return; }
+    if (cur != d.id && cudaSetDevice(d.id) == cudaSuccess) prev_ = cur;
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+#else
+struct DeviceGuard {
+  explicit DeviceGuard(const Device&) {}
+};
+#endif
+
+size_t required_workspace(const Call& c) {
+  size_t bytes = 0;
+  DeviceGuard guard(c.q.dev);
+  const flashkda::Status st = flashkda::workspace_size(c.args, c.backend, &bytes);
+  if (!st.ok()) raise_status(st);
+  return bytes;
+}
+
+size_t workspace_size_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, double scale,
+                         nb::handle out, nb::handle A_log, nb::handle dt_bias, double lower_bound,
+                         nb::handle initial_state, nb::handle final_state, nb::handle cu_seqlens,
+                         nb::handle cu_seqlens_host, const std::string& backend) {
+  Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+                   cu_seqlens_host, backend);
+  return required_workspace(c);
+}
+
+// Returns the workspace size that was needed (0 for the CPU backends).
+size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, double scale, nb::handle out,
+              nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle initial_state,
+              nb::handle final_state, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle workspace,
+              nb::handle alloc, uintptr_t stream, const std::string& backend) {
+  Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+                   cu_seqlens_host, backend);
+  const size_t need = required_workspace(c);
+
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+  nb::object allocated;  // keeps an alloc()ated workspace alive until the launch is queued
+  if (need > 0) {
+    nb::handle src = workspace;
+    const char* what = "workspace";
+    if (src.is_none()) {
+      if (alloc.is_none())
+        raise_value(cat("workspace: this call needs ", need, " bytes of scratch memory on ", c.q.dev.str(),
+                        "; pass workspace= (uint8, at least ", need + kWorkspaceAlign - 1,
+                        " bytes) or alloc=callable(nbytes)"));
+      allocated = alloc(need + kWorkspaceAlign - 1);
+      src = allocated;
+      what = "workspace (returned by alloc)";
+    }
+    Arg w = take(what, src, {DT::kU8}, false);
+    if (w.arr.ndim() != 1) raise_value(cat(what, ": expected a 1-d uint8 tensor, got shape ", shape_string(w.arr)));
+    expect_contiguous(w);
+    expect_device(w, c.q);
+    // The backend wants a 256-byte aligned pointer: align inside the buffer.
+    const uintptr_t p = reinterpret_cast<uintptr_t>(w.data());
+    const size_t pad = (kWorkspaceAlign - p % kWorkspaceAlign) % kWorkspaceAlign;
+    const size_t have = static_cast<size_t>(w.dim(0));
+    if (w.data() == nullptr || have < need + pad)
+      raise_value(cat(what, ": expected at least ", need + pad, " bytes (", need, " + ", pad,
+                      " to reach 256-byte alignment; ", need + kWorkspaceAlign - 1, " always suffice), got ", have));
+    ws = reinterpret_cast<void*>(p + pad);
+    ws_bytes = have - pad;
+  }
+
+  flashkda::Status st;
+  {
+    nb::gil_scoped_release release;
+    DeviceGuard guard(c.q.dev);
+    st = flashkda::forward(c.args, c.backend, ws, ws_bytes, reinterpret_cast<void*>(stream));
+  }
+  if (!st.ok()) raise_status(st);
+  return need;
+}
+
+nb::tuple cuda_status() {
+  std::string why;
+  const bool ok = flashkda::cuda_backend_available(&why);
+  return nb::make_tuple(ok, why);
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "flash-kda: Kimi Delta Attention forward (C++/CUDA), DLPack binding";
+
+  m.def("fwd", &fwd_py, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "scale"_a, "out"_a, "A_log"_a, "dt_bias"_a,
+        "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
+        "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "workspace"_a = nb::none(),
+        "alloc"_a = nb::none(), "stream"_a = 0, "backend"_a = "auto",
+        "Runs the KDA forward into `out` (and `final_state`), in place. Tensors: see flash_kda.fwd. "
+        "`workspace`: uint8 scratch on the tensors' device, or `alloc(nbytes)` returning one. "
+        "`stream`: cudaStream_t as an int (CUDA tensors). `backend`: 'auto' (CUDA tensors -> 'cuda', "
+        "CPU tensors -> 'cpu'), 'cuda', 'cpu' (chunked fp32) or 'reference' (float64 oracle). "
+        "Returns the workspace bytes the call needed.");
+  m.def("workspace_size", &workspace_size_py, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "scale"_a, "out"_a, "A_log"_a,
+        "dt_bias"_a, "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
+        "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "backend"_a = "auto",
+        "Bytes of scratch memory fwd needs for these arguments (0 on the CPU backends). "
+        "Checks the arguments exactly as fwd does.");
+  m.def("cuda_status", &cuda_status,
+        "(available, reason): whether the CUDA backend can run in this process, and why not.");
+  m.def("cuda_available", []() { return flashkda::cuda_backend_available(nullptr); },
+        "Whether the CUDA backend can run here: kernels compiled in and a compute-capability-9.0 device present.");
+#ifdef FLASHKDA_WITH_CUDA
+  m.attr("compiled_with_cuda") = true;
+#else
+  m.attr("compiled_with_cuda") = false;
+#endif
+  m.attr("workspace_alignment") = kWorkspaceAlign;
+}
