@@ -56,6 +56,9 @@ if [ $bench -eq 1 ]; then
   echo "== benchmark"
   "$BUILD/flashkda-bench" --json "$OUT/bench.json" $bench_args 2>"$OUT/bench_progress.log" | tee "$OUT/bench.md"
   [ ${PIPESTATUS[0]} -eq 0 ] || status=1
+  echo "== decode benchmark (CUDA graph, H=32)"
+  "$BUILD/flashkda-bench-decode" --json "$OUT/bench_decode.json" | tee "$OUT/bench_decode.md"
+  [ ${PIPESTATUS[0]} -eq 0 ] || status=1
 fi
 echo "== device round exit status $status"
 exit $status

@@ -111,9 +111,71 @@ Status validate(const ForwardArgs& args, Backend backend);
 // device of compute capability 9.0 is present. On false, *why says which.
 bool cuda_backend_available(std::string* why = nullptr);
 
+// ---------------------------------------------------------------------------
+// Decode: a few new tokens per running sequence, states in an engine's pool.
+// ---------------------------------------------------------------------------
+
+enum class IndexType : int32_t { kInt32 = 0, kInt64 = 1 };
+
+// Arguments of one decode step. Sequence n has t_n >= 1 new tokens: t_n =
+// tokens_per_seq for every n, or cu_seqlens[n+1] − cu_seqlens[n] when cu_seqlens
+// is given. Tokens are laid out sequence after sequence (T = Σ t_n):
+//   q, k        bf16 [T, H,  K]
+//   v, out      bf16 [T, HV, V]
+//   g           bf16 [T, HV, K]
+//   beta        bf16 [T, HV]
+//   A_log, dt_bias  fp32 [HV], [HV, K]
+// Sequence n's state is slot state_indices[n] of the pool: element (hv, i, j) of
+// slot s lives at state_pool[s·pool_stride + (hv·V + i)·K + j] ([V, K] layout per
+// head, pool_stride >= HV·V·K elements between slots). A negative index marks a
+// padding entry: its tokens are skipped and nothing of it is written.
+// The recurrence of the contract runs token by token; the final state goes back
+// to the same slot in place, or to state_out_pool (same index, own stride).
+struct DecodeArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* g = nullptr;
+  const void* beta = nullptr;
+  const float* A_log = nullptr;
+  const float* dt_bias = nullptr;
+  void* out = nullptr;
+
+  int64_t num_seqs = 0;        // N
+  int64_t tokens_per_seq = 1;  // t, when cu_seqlens is null
+  const int64_t* cu_seqlens = nullptr;       // [N+1], backend memory; optional
+  const int64_t* cu_seqlens_host = nullptr;  // optional host copy, validated when given
+  int64_t total_tokens = 0;    // T (= N·t without cu_seqlens)
+
+  void* state_pool = nullptr;
+  DType state_dtype = DType::kFP32;  // kFP32 or kBF16
+  int64_t pool_size = 0;             // slots
+  int64_t pool_stride = 0;           // elements between slots; 0 means HV·V·K
+  void* state_out_pool = nullptr;    // null: in place
+  int64_t state_out_stride = 0;      // 0 means pool_stride
+  const void* state_indices = nullptr;  // [N], int32 or int64
+  IndexType index_type = IndexType::kInt32;
+
+  // Speculative verify: when non-null, also the state after every token, in the
+  // state dtype, [T, HV, V, K] (token-major, dense).
+  void* per_token_states = nullptr;
+
+  int64_t num_heads = 0;
+  int64_t num_v_heads = 0;  // 0 means HV = H
+  int64_t head_dim_k = 0;
+  int64_t head_dim_v = 0;
+  float scale = 0.f;
+  float lower_bound = -5.f;
+};
+
+Status validate_decode(const DecodeArgs& args, Backend backend);
+// No workspace. `stream` as for forward(); safe to capture in a CUDA graph.
+Status decode(const DecodeArgs& args, Backend backend, void* stream);
+
 // Human-readable names, for messages and tools.
 const char* to_string(DType dtype);
 const char* to_string(Backend backend);
 const char* to_string(StatusCode code);
+const char* to_string(IndexType type);
 
 }  // namespace flashkda

@@ -6,28 +6,13 @@
 #include <new>
 #include <string>
 
+#include "api/guarded.h"
 #include "cpu/cpu_backends.h"
 #include "flashkda/flashkda.h"
 #include "sm90/sm90_forward.h"
 
 namespace flashkda {
-namespace {
-
-// Runs `fn` (returning Status) and turns any exception into kInternal.
-template <typename Fn>
-Status guarded(Backend backend, const char* what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::bad_alloc&) {
-    return {StatusCode::kInternal, std::string(what) + " (" + to_string(backend) + "): out of host memory"};
-  } catch (const std::exception& e) {
-    return {StatusCode::kInternal, std::string(what) + " (" + to_string(backend) + "): " + e.what()};
-  } catch (...) {
-    return {StatusCode::kInternal, std::string(what) + " (" + to_string(backend) + "): unknown exception"};
-  }
-}
-
-}  // namespace
+using api::guarded;
 
 Status workspace_size(const ForwardArgs& args, Backend backend, size_t* bytes) {
   if (bytes == nullptr) return Status::Invalid("bytes: null pointer");

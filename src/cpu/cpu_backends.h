@@ -17,6 +17,10 @@ Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded = nul
 // `out_unrounded` as for the oracle: out before its bf16 rounding.
 Status chunked_forward_f32(const ForwardArgs& args, int num_threads = 0, float* out_unrounded = nullptr);
 
+// Decode (flashkda::decode on the CPU backends): the token recurrence in float64
+// on each sequence's pooled state, written back in place or to the out pool.
+Status decode_f64(const DecodeArgs& args);
+
 // INV = (I + L)^{-1} for a strictly lower-triangular 16x16 L (row-major), as
 // (I − L)(I + L²)(I + L⁴)(I + L⁸): three squarings and three products.
 void neumann_inverse_16(const float* L, float* inv);

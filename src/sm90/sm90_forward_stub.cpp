@@ -1,10 +1,11 @@
 // Built instead of the kernels when FLASHKDA_ENABLE_CUDA=OFF: every entry says so.
+#include "sm90/sm90_decode.h"
 #include "sm90/sm90_forward.h"
 
 namespace flashkda::sm90 {
 
 namespace {
-const char* kNotBuilt =
+constexpr const char* kNotBuilt =
     "backend kCuda: this build of flash-kda has no CUDA kernels (configured with "
     "FLASHKDA_ENABLE_CUDA=OFF or without nvcc); use Backend::kCpuChunked";
 }
@@ -17,5 +18,7 @@ bool device_supported(std::string* why) {
 Status check_supported(const ForwardArgs&) { return Status::NotSupported(kNotBuilt); }
 Status workspace_size(const ForwardArgs&, size_t*) { return Status::NotSupported(kNotBuilt); }
 Status forward(const ForwardArgs&, void*, size_t, void*) { return Status::NotSupported(kNotBuilt); }
+Status check_decode_supported(const DecodeArgs&) { return Status::NotSupported(kNotBuilt); }
+Status decode(const DecodeArgs&, void*) { return Status::NotSupported(kNotBuilt); }
 
 }  // namespace flashkda::sm90

@@ -1,0 +1,166 @@
+// flashkda::validate_decode / decode: the decode step's argument rules, then
+// dispatch. Messages name the argument and what was expected.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "api/guarded.h"
+#include "api/validation_util.h"
+#include "cpu/cpu_backends.h"
+#include "flashkda/flashkda.h"
+#include "sm90/sm90_decode.h"
+
+namespace flashkda {
+using namespace validation;
+
+namespace {
+
+int64_t decode_value_heads(const DecodeArgs& a) { return a.num_v_heads > 0 ? a.num_v_heads : a.num_heads; }
+
+}  // namespace
+
+Status validate_decode(const DecodeArgs& a, Backend backend) {
+  if (!known_backend(backend))
+    return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
+                               " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
+  const bool cuda = backend == Backend::kCuda;
+
+  // ---- shapes --------------------------------------------------------------
+  if (a.num_seqs < 0) return Status::Invalid(cat("num_seqs: expected a value >= 0, got ", a.num_seqs));
+  if (a.num_heads < 1) return Status::Invalid(cat("num_heads: expected a value >= 1, got ", a.num_heads));
+  if (a.num_v_heads < 0 || (a.num_v_heads > 0 && a.num_v_heads % a.num_heads != 0))
+    return Status::Invalid(cat("num_v_heads: expected 0 (= num_heads) or a positive multiple of num_heads=",
+                               a.num_heads, ", got ", a.num_v_heads));
+  if (a.head_dim_k < 1 || a.head_dim_k > kCpuMaxHeadDim)
+    return Status::Invalid(cat("head_dim_k: expected a value in [1, ", kCpuMaxHeadDim, "], got ", a.head_dim_k));
+  if (a.head_dim_v < 1 || a.head_dim_v > kCpuMaxHeadDim)
+    return Status::Invalid(cat("head_dim_v: expected a value in [1, ", kCpuMaxHeadDim, "], got ", a.head_dim_v));
+  const int64_t N = a.num_seqs, H = a.num_heads, HV = decode_value_heads(a);
+  const int64_t K = a.head_dim_k, V = a.head_dim_v, T = a.total_tokens;
+  if (T < 0) return Status::Invalid(cat("total_tokens: expected a value >= 0, got ", T));
+  if (a.cu_seqlens == nullptr) {
+    if (a.tokens_per_seq < 1)
+      return Status::Invalid(cat("tokens_per_seq: expected a value >= 1, got ", a.tokens_per_seq));
+    int64_t nt = 0;
+    if (!mul_ok(N, a.tokens_per_seq, &nt) || nt != T)
+      return Status::Invalid(cat("total_tokens: expected num_seqs * tokens_per_seq = ", N, " * ",
+                                 a.tokens_per_seq, ", got ", T));
+  }
+  int64_t per_slot = 0, n_qk = 0, n_v = 0, n_g = 0, n_tok_states = 0;
+  if (!tensor_fits({HV, V, K}, 4, &per_slot) || !tensor_fits({T, H, K}, 2, &n_qk) ||
+      !tensor_fits({T, HV, V}, 2, &n_v) || !tensor_fits({T, HV, K}, 2, &n_g) ||
+      (a.per_token_states != nullptr && !tensor_fits({T, HV, V, K}, 4, &n_tok_states)))
+    return Status::Invalid(cat("total_tokens: tensor sizes overflow int64 (total_tokens=", T, ", num_v_heads=", HV,
+                               ", head_dim_k=", K, ", head_dim_v=", V, ")"));
+
+  // ---- state pool ------------------------------------------------------------
+  if (a.state_dtype != DType::kFP32 && a.state_dtype != DType::kBF16)
+    return Status::Invalid(cat("state_dtype: expected kFP32 or kBF16, got ", to_string(a.state_dtype)));
+  if (a.pool_size < 1) return Status::Invalid(cat("pool_size: expected a value >= 1, got ", a.pool_size));
+  const int64_t stride = a.pool_stride == 0 ? per_slot : a.pool_stride;
+  const int64_t out_stride = a.state_out_stride == 0 ? stride : a.state_out_stride;
+  if (stride < per_slot)
+    return Status::Invalid(cat("pool_stride: expected 0 or at least num_v_heads*head_dim_v*head_dim_k = ", per_slot,
+                               " elements, got ", a.pool_stride));
+  if (out_stride < per_slot)
+    return Status::Invalid(cat("state_out_stride: expected 0 or at least ", per_slot, " elements, got ",
+                               a.state_out_stride));
+  int64_t pool_elems = 0;
+  if (!mul_ok(a.pool_size, stride, &pool_elems) || !mul_ok(a.pool_size, out_stride, &pool_elems))
+    return Status::Invalid(cat("pool_size: pool_size * pool_stride overflows int64"));
+  if (a.index_type != IndexType::kInt32 && a.index_type != IndexType::kInt64)
+    return Status::Invalid(cat("index_type: unknown value ", static_cast<int32_t>(a.index_type)));
+
+  // ---- pointers ----------------------------------------------------------------
+  struct Req {
+    const char* name;
+    const void* ptr;
+    bool needed;
+  };
+  const Req required[] = {
+      {"q", a.q, n_qk > 0},        {"k", a.k, n_qk > 0},         {"v", a.v, n_v > 0},
+      {"g", a.g, n_g > 0},         {"beta", a.beta, T > 0},       {"out", a.out, n_v > 0},
+      {"A_log", a.A_log, true},    {"dt_bias", a.dt_bias, true},  {"state_pool", a.state_pool, true},
+      {"state_indices", a.state_indices, N > 0},
+  };
+  for (const Req& r : required)
+    if (r.needed && r.ptr == nullptr) return Status::Invalid(cat(r.name, ": null pointer"));
+
+  if (!std::isfinite(a.scale)) return Status::Invalid(cat("scale: expected a finite value, got ", a.scale));
+  // The same rule as the forward: the chunked prefill and this decode share states.
+  if (!std::isfinite(a.lower_bound) || !(a.lower_bound >= -5.f && a.lower_bound < 0.f))
+    return Status::Invalid(cat("lower_bound: expected a finite value in [-5, 0), got ", a.lower_bound));
+
+  // ---- alignment ---------------------------------------------------------------
+  // The GPU kernel moves states in 16-byte vectors: pool base and strides must allow it.
+  const int64_t vec_elems = cuda ? 16 / dtype_bytes(a.state_dtype) : 1;
+  const uintptr_t state_align = cuda ? 16 : static_cast<uintptr_t>(dtype_bytes(a.state_dtype));
+  if (!aligned(a.state_pool, state_align))
+    return Status::Invalid(cat("state_pool: expected ", state_align, "-byte alignment"));
+  if (a.state_out_pool != nullptr && !aligned(a.state_out_pool, state_align))
+    return Status::Invalid(cat("state_out_pool: expected ", state_align, "-byte alignment"));
+  if (a.per_token_states != nullptr && !aligned(a.per_token_states, state_align))
+    return Status::Invalid(cat("per_token_states: expected ", state_align, "-byte alignment"));
+  if (stride % vec_elems != 0 || out_stride % vec_elems != 0)
+    return Status::Invalid(cat("pool_stride: expected a multiple of ", vec_elems, " elements for backend kCuda, got ",
+                               stride, " / ", out_stride));
+  const struct {
+    const char* name;
+    const void* ptr;
+    uintptr_t align;
+  } aligns[] = {{"q", a.q, 2},          {"k", a.k, 2},         {"v", a.v, 2},
+                {"g", a.g, 2},          {"beta", a.beta, 2},   {"out", a.out, 2},
+                {"A_log", a.A_log, 4},  {"dt_bias", a.dt_bias, 4},
+                {"state_indices", a.state_indices, a.index_type == IndexType::kInt64 ? 8u : 4u},
+                {"cu_seqlens", a.cu_seqlens, 8}};
+  for (const auto& r : aligns)
+    if (r.ptr != nullptr && !aligned(r.ptr, r.align))
+      return Status::Invalid(cat(r.name, ": expected ", r.align, "-byte alignment"));
+
+  // ---- host-visible values ------------------------------------------------------
+  // On the CPU every pointer is host memory; for kCuda only the optional host copy.
+  const int64_t* cu_host = cuda ? a.cu_seqlens_host : a.cu_seqlens;
+  if (a.cu_seqlens == nullptr && a.cu_seqlens_host != nullptr)
+    return Status::Invalid("cu_seqlens_host: given without cu_seqlens");
+  if (cu_host != nullptr) {
+    if (cu_host[0] != 0) return Status::Invalid(cat("cu_seqlens: expected cu_seqlens[0] == 0, got ", cu_host[0]));
+    for (int64_t n = 0; n < N; ++n)
+      if (cu_host[n + 1] < cu_host[n])
+        return Status::Invalid(cat("cu_seqlens: expected non-decreasing values, but cu_seqlens[", n + 1,
+                                   "]=", cu_host[n + 1], " < cu_seqlens[", n, "]=", cu_host[n]));
+    if (cu_host[N] != T)
+      return Status::Invalid(cat("cu_seqlens: expected cu_seqlens[num_seqs] == total_tokens=", T, ", got ",
+                                 cu_host[N]));
+  }
+  if (!cuda && N > 0) {
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t idx = a.index_type == IndexType::kInt64 ? static_cast<const int64_t*>(a.state_indices)[n]
+                                                            : static_cast<const int32_t*>(a.state_indices)[n];
+      if (idx >= a.pool_size)
+        return Status::Invalid(cat("state_indices: entry ", n, " is ", idx, ", expected < pool_size=", a.pool_size,
+                                   " (or negative for a padding entry)"));
+    }
+  }
+  if (cuda) return sm90::check_decode_supported(a);
+  return Status::Ok();
+}
+
+Status decode(const DecodeArgs& args, Backend backend, void* stream) {
+  return api::guarded(backend, "decode", [&]() -> Status {
+    Status s = validate_decode(args, backend);
+    if (!s.ok()) return s;
+    if (args.num_seqs == 0) return Status::Ok();
+    if (backend == Backend::kCuda) return sm90::decode(args, stream);
+    return cpu::decode_f64(args);  // the token recurrence is already the decode algorithm
+  });
+}
+
+const char* to_string(IndexType type) {
+  switch (type) {
+    case IndexType::kInt32: return "kInt32";
+    case IndexType::kInt64: return "kInt64";
+  }
+  return "unknown";
+}
+
+}  // namespace flashkda

@@ -1,0 +1,53 @@
+// Helpers shared by the argument validators (validate.cpp, validate_decode.cpp).
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "flashkda/flashkda.h"
+
+namespace flashkda::validation {
+
+
+inline constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+// Head dimensions the CPU backends accept (any value in this range).
+inline constexpr int64_t kCpuMaxHeadDim = 256;
+
+template <typename... Ts>
+std::string cat(const Ts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+inline bool known_backend(Backend b) {
+  return b == Backend::kCpuReference || b == Backend::kCpuChunked || b == Backend::kCuda;
+}
+inline bool known_dtype(DType d) { return d == DType::kNone || d == DType::kBF16 || d == DType::kFP32; }
+
+// a*b for non-negative a, b; false on int64 overflow.
+inline bool mul_ok(int64_t a, int64_t b, int64_t* r) {
+  if (a != 0 && b > kInt64Max / a) return false;
+  *r = a * b;
+  return true;
+}
+
+// Element count and byte count of one tensor; false when either overflows int64.
+inline bool tensor_fits(std::initializer_list<int64_t> dims, int64_t elem_bytes, int64_t* elems) {
+  int64_t n = 1;
+  for (int64_t d : dims)
+    if (!mul_ok(n, d, &n)) return false;
+  int64_t bytes;
+  if (!mul_ok(n, elem_bytes, &bytes)) return false;
+  *elems = n;
+  return true;
+}
+
+inline bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
+
+inline int64_t dtype_bytes(DType d) { return d == DType::kFP32 ? 4 : 2; }
+
+
+}  // namespace flashkda::validation

@@ -1,0 +1,105 @@
+// CPU decode: for each sequence with a non-negative pool index, the contract's
+// token recurrence (spec section 1) in float64 on its pooled state; out and the
+// state written back in the state dtype. It is also the oracle of the GPU decode.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "common/bf16.h"
+#include "cpu/cpu_backends.h"
+
+namespace flashkda::cpu {
+namespace {
+
+double load_state(const void* pool, DType t, int64_t i) {
+  return t == DType::kFP32 ? static_cast<const float*>(pool)[i] : bf16_to_float(static_cast<const uint16_t*>(pool)[i]);
+}
+void store_state(void* pool, DType t, int64_t i, double x) {
+  if (t == DType::kFP32) static_cast<float*>(pool)[i] = static_cast<float>(x);
+  else static_cast<uint16_t*>(pool)[i] = float_to_bf16(static_cast<float>(x));
+}
+
+void decode_one(const DecodeArgs& a, int64_t n, int64_t hv) {
+  const int64_t H = a.num_heads, HV = a.num_v_heads > 0 ? a.num_v_heads : H;
+  const int64_t K = a.head_dim_k, V = a.head_dim_v, h = hv / (HV / H);
+  const int64_t slot = a.index_type == IndexType::kInt64 ? static_cast<const int64_t*>(a.state_indices)[n]
+                                                         : static_cast<const int32_t*>(a.state_indices)[n];
+  if (slot < 0) return;  // padding entry: nothing is read or written
+  const int64_t stride = a.pool_stride > 0 ? a.pool_stride : HV * V * K;
+  const int64_t out_stride = a.state_out_stride > 0 ? a.state_out_stride : stride;
+  const int64_t t0 = a.cu_seqlens != nullptr ? a.cu_seqlens[n] : n * a.tokens_per_seq;
+  const int64_t t1 = a.cu_seqlens != nullptr ? a.cu_seqlens[n + 1] : t0 + a.tokens_per_seq;
+
+  const auto* q = static_cast<const uint16_t*>(a.q);
+  const auto* k = static_cast<const uint16_t*>(a.k);
+  const auto* v = static_cast<const uint16_t*>(a.v);
+  const auto* g = static_cast<const uint16_t*>(a.g);
+  const auto* beta = static_cast<const uint16_t*>(a.beta);
+  auto* out = static_cast<uint16_t*>(a.out);
+
+  std::vector<double> S(static_cast<size_t>(V * K));
+  const int64_t base = slot * stride + hv * V * K;
+  for (int64_t i = 0; i < V * K; ++i) S[i] = load_state(a.state_pool, a.state_dtype, base + i);
+
+  std::vector<double> qn(K), kn(K), decay(K);
+  const double exp_A = std::exp(static_cast<double>(a.A_log[hv]));
+  for (int64_t t = t0; t < t1; ++t) {
+    double qss = 0, kss = 0;
+    for (int64_t d = 0; d < K; ++d) {
+      qn[d] = bf16_to_float(q[(t * H + h) * K + d]);
+      kn[d] = bf16_to_float(k[(t * H + h) * K + d]);
+      qss += qn[d] * qn[d];
+      kss += kn[d] * kn[d];
+    }
+    const double qi = 1.0 / std::sqrt(qss + 1e-6), ki = 1.0 / std::sqrt(kss + 1e-6);
+    for (int64_t d = 0; d < K; ++d) {
+      qn[d] *= qi;
+      kn[d] *= ki;
+      const double x = exp_A * (bf16_to_float(g[(t * HV + hv) * K + d]) + a.dt_bias[hv * K + d]);
+      decay[d] = std::exp(a.lower_bound / (1.0 + std::exp(-x)));
+    }
+    const double b = 1.0 / (1.0 + std::exp(-static_cast<double>(bf16_to_float(beta[t * HV + hv]))));
+    for (int64_t e = 0; e < V; ++e) {
+      double* row = S.data() + e * K;
+      double sk = 0;
+      for (int64_t d = 0; d < K; ++d) {
+        row[d] *= decay[d];
+        sk += row[d] * kn[d];
+      }
+      const double coef = b * (bf16_to_float(v[(t * HV + hv) * V + e]) - sk);
+      double o = 0;
+      for (int64_t d = 0; d < K; ++d) {
+        row[d] += coef * kn[d];
+        o += row[d] * qn[d];
+      }
+      out[(t * HV + hv) * V + e] = float_to_bf16(static_cast<float>(a.scale * o));
+    }
+    if (a.per_token_states != nullptr)
+      for (int64_t i = 0; i < V * K; ++i) store_state(a.per_token_states, a.state_dtype, (t * HV + hv) * V * K + i, S[i]);
+  }
+  void* dst = a.state_out_pool != nullptr ? a.state_out_pool : a.state_pool;
+  const int64_t dst_base = slot * out_stride + hv * V * K;
+  for (int64_t i = 0; i < V * K; ++i) store_state(dst, a.state_dtype, dst_base + i, S[i]);
+}
+
+}  // namespace
+
+Status decode_f64(const DecodeArgs& a) {
+  const int64_t HV = a.num_v_heads > 0 ? a.num_v_heads : a.num_heads;
+  const int64_t tasks = a.num_seqs * HV;
+  std::atomic<int64_t> next{0};
+  auto worker = [&]() {
+    for (int64_t i = next.fetch_add(1); i < tasks; i = next.fetch_add(1)) decode_one(a, i / HV, i % HV);
+  };
+  const int64_t nthreads = std::min<int64_t>(std::max<unsigned>(1, std::thread::hardware_concurrency()), tasks);
+  std::vector<std::thread> pool;
+  for (int64_t i = 1; i < nthreads; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+  return Status::Ok();
+}
+
+}  // namespace flashkda::cpu

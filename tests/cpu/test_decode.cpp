@@ -1,0 +1,167 @@
+// The CPU decode: equal to the forward oracle run from the pooled state, padding
+// and unused slots untouched, per-token states, the out pool, validation.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_backends.h"
+#include "tests/common/decode_problem.h"
+#include "tests/common/kda_problem.h"
+
+namespace flashkda::testing {
+namespace {
+
+// The forward oracle on sequence n's tokens, starting from its pooled state.
+void forward_from_pool(const DecodeProblem& p, int64_t n, std::vector<float>* out, std::vector<float>* final_state) {
+  const int64_t t0 = p.cu_seqlens.empty() ? n * p.spec.tokens_per_seq : p.cu_seqlens[n];
+  const int64_t t1 = p.cu_seqlens.empty() ? t0 + p.spec.tokens_per_seq : p.cu_seqlens[n + 1];
+  const int64_t L = t1 - t0;
+  auto slice = [&](const std::vector<uint16_t>& x, int64_t width) {
+    return std::vector<uint16_t>(x.begin() + t0 * width, x.begin() + t1 * width);
+  };
+  const auto q = slice(p.q, p.H * p.K), k = slice(p.k, p.H * p.K), v = slice(p.v, p.HV * p.V),
+             g = slice(p.g, p.HV * p.K), beta = slice(p.beta, p.HV);
+  std::vector<float> init(p.pool_f32.begin() + p.index(n) * p.per_slot,
+                          p.pool_f32.begin() + (p.index(n) + 1) * p.per_slot);
+  std::vector<uint16_t> out_bits(static_cast<size_t>(L * p.HV * p.V));
+  final_state->assign(static_cast<size_t>(p.per_slot), 0.f);
+  out->assign(out_bits.size(), 0.f);
+  ForwardArgs a;
+  a.q = q.data(); a.k = k.data(); a.v = v.data(); a.g = g.data(); a.beta = beta.data();
+  a.A_log = p.A_log.data(); a.dt_bias = p.dt_bias.data(); a.out = out_bits.data();
+  a.initial_state = init.data(); a.initial_state_dtype = DType::kFP32;
+  a.final_state = final_state->data(); a.final_state_dtype = DType::kFP32;
+  a.batch = 1; a.seqlen = L; a.num_heads = p.H; a.num_v_heads = p.HV; a.head_dim_k = p.K; a.head_dim_v = p.V;
+  a.scale = p.scale; a.lower_bound = -5.f;
+  ASSERT_TRUE(cpu::reference_forward_f64(a, out->data()).ok());
+}
+
+std::vector<float> pool_as_float(const std::vector<uint8_t>& bytes, DType t) {
+  std::vector<float> f(bytes.size() / (t == DType::kFP32 ? 4 : 2));
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (t == DType::kFP32) {
+      std::memcpy(&f[i], &bytes[4 * i], 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, &bytes[2 * i], 2);
+      f[i] = bf16_to_float(h);
+    }
+  }
+  return f;
+}
+
+TEST(Decode, MatchesForwardOracleFromPooledState) {
+  DecodeSpec spec;
+  spec.seq_tokens = {1, 3, 2, 1, 4};
+  spec.heads = 2;
+  spec.v_heads = 4;
+  spec.head_dim = 32;
+  spec.padding_entries = 1;
+  const DecodeProblem p = make_decode_problem(spec, 11);
+  std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V), 0x7fc0);
+  std::vector<uint8_t> pool = p.pool_bytes();
+  const std::vector<uint8_t> before = pool;
+  ASSERT_TRUE(decode(p.args(out.data(), pool.data(), nullptr), Backend::kCpuReference, nullptr).ok());
+  const std::vector<float> after = pool_as_float(pool, DType::kFP32);
+
+  std::vector<bool> used(static_cast<size_t>(p.pool_size), false);
+  for (int64_t n = 0; n < p.N; ++n) {
+    if (p.index(n) < 0) continue;
+    used[static_cast<size_t>(p.index(n))] = true;
+    std::vector<float> ref_out, ref_state;
+    forward_from_pool(p, n, &ref_out, &ref_state);
+    const float* got_state = after.data() + p.index(n) * p.per_slot;
+    EXPECT_LE(rel_rms(got_state, ref_state.data(), ref_state.size()), 1e-6) << "sequence " << n;
+    const int64_t t0 = p.cu_seqlens[n];
+    std::vector<float> got_out;
+    for (size_t i = 0; i < ref_out.size(); ++i) got_out.push_back(bf16_to_float(out[t0 * p.HV * p.V + i]));
+    // out is bf16 (its own rounding, ~1.6e-3 against the unrounded oracle).
+    EXPECT_LE(rel_rms(got_out.data(), ref_out.data(), ref_out.size()), 3e-3) << "sequence " << n;
+  }
+  // Unused slots and the padding sequence's tokens are untouched.
+  for (int64_t s = 0; s < p.pool_size; ++s)
+    if (!used[static_cast<size_t>(s)])
+      EXPECT_EQ(0, std::memcmp(pool.data() + s * p.per_slot * 4, before.data() + s * p.per_slot * 4, p.per_slot * 4))
+          << "slot " << s;
+  for (int64_t i = 0; i < p.cu_seqlens[1] * p.HV * p.V; ++i) ASSERT_EQ(out[i], 0x7fc0) << "padding output " << i;
+}
+
+TEST(Decode, PerTokenStatesAndOutPool) {
+  DecodeSpec spec;
+  spec.num_seqs = 3;
+  spec.tokens_per_seq = 3;
+  spec.heads = 2;
+  spec.head_dim = 16;
+  spec.per_token_states = true;
+  spec.state_dtype = DType::kBF16;
+  spec.int64_indices = true;
+  const DecodeProblem p = make_decode_problem(spec, 12);
+  std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
+  const std::vector<uint8_t> pool = p.pool_bytes();
+  std::vector<uint8_t> pool_in = pool, pool_out(pool.size(), 0xAB);
+  std::vector<uint16_t> per_token(static_cast<size_t>(p.T * p.per_slot));
+  DecodeArgs a = p.args(out.data(), pool_in.data(), per_token.data());
+  a.state_out_pool = pool_out.data();
+  ASSERT_TRUE(decode(a, Backend::kCpuChunked, nullptr).ok());
+  EXPECT_EQ(pool_in, pool) << "with an out pool the input pool is read only";
+  for (int64_t n = 0; n < p.N; ++n) {
+    const int64_t slot = p.index(n), last = (n + 1) * spec.tokens_per_seq - 1;
+    // The state after the sequence's last token is its final state, bitwise.
+    EXPECT_EQ(0, std::memcmp(per_token.data() + last * p.per_slot, pool_out.data() + slot * p.per_slot * 2,
+                             p.per_slot * 2));
+  }
+  // The state after the first token equals a one-token decode.
+  DecodeSpec one = spec;
+  one.tokens_per_seq = 1;
+  DecodeProblem q1 = p;
+  q1.spec = one;
+  q1.T = p.N;
+  auto take_first = [&](const std::vector<uint16_t>& x, int64_t width) {
+    std::vector<uint16_t> y;
+    for (int64_t n = 0; n < p.N; ++n)
+      y.insert(y.end(), x.begin() + n * 3 * width, x.begin() + (n * 3 + 1) * width);
+    return y;
+  };
+  q1.q = take_first(p.q, p.H * p.K); q1.k = take_first(p.k, p.H * p.K); q1.v = take_first(p.v, p.HV * p.V);
+  q1.g = take_first(p.g, p.HV * p.K); q1.beta = take_first(p.beta, p.HV);
+  std::vector<uint16_t> out1(static_cast<size_t>(p.N * p.HV * p.V));
+  std::vector<uint8_t> pool1 = pool;
+  ASSERT_TRUE(decode(q1.args(out1.data(), pool1.data(), nullptr), Backend::kCpuChunked, nullptr).ok());
+  for (int64_t n = 0; n < p.N; ++n)
+    EXPECT_EQ(0, std::memcmp(per_token.data() + n * 3 * p.per_slot, pool1.data() + p.index(n) * p.per_slot * 2,
+                             p.per_slot * 2))
+        << "sequence " << n;
+}
+
+Status decode_with(const DecodeProblem& p, void (*edit)(DecodeArgs&)) {
+  std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
+  std::vector<uint8_t> pool = p.pool_bytes();
+  DecodeArgs a = p.args(out.data(), pool.data(), nullptr);
+  edit(a);
+  return decode(a, Backend::kCpuChunked, nullptr);
+}
+
+void expect_invalid(const Status& s, const char* name) {
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+  EXPECT_NE(s.message.find(name), std::string::npos) << s.message;
+}
+
+TEST(DecodeValidation, MessagesNameTheArgument) {
+  DecodeSpec spec;
+  spec.num_seqs = 2;
+  spec.head_dim = 16;
+  const DecodeProblem p = make_decode_problem(spec, 13);
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.lower_bound = 0.f; }), "lower_bound");
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.state_dtype = DType::kNone; }), "state_dtype");
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.pool_stride = 5; }), "pool_stride");
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.total_tokens += 1; }), "total_tokens");
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.state_indices = nullptr; }), "state_indices");
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.pool_size = 1; }), "state_indices");
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.num_v_heads = 3; }), "num_v_heads");
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.tokens_per_seq = 0; }), "tokens_per_seq");
+}
+
+}  // namespace
+}  // namespace flashkda::testing

@@ -1,0 +1,229 @@
+// GPU decode vs the CPU decode (the float64 token recurrence) — label "gpu".
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "flashkda/flashkda.h"
+
+#ifdef FLASHKDA_WITH_CUDA
+#include "tests/common/decode_problem.h"
+#include "tests/gpu/gpu_harness.h"
+#endif
+
+namespace flashkda::testing {
+namespace {
+
+#ifdef FLASHKDA_WITH_CUDA
+
+struct DecodeResult {
+  Status status;
+  std::vector<uint16_t> out;
+  std::vector<uint8_t> pool;
+  std::vector<uint8_t> per_token;
+};
+
+size_t state_elem_bytes(const DecodeProblem& p) { return p.spec.state_dtype == DType::kFP32 ? 4 : 2; }
+
+// Runs one decode on the GPU; out and per-token states poisoned with NaN first.
+// With `graph`, the decode is captured into a CUDA graph and the graph replayed.
+DecodeResult run_decode_cuda(const DecodeProblem& p, bool graph = false) {
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
+  DeviceBuffer<int64_t> cu(p.cu_seqlens), idx64(p.idx64);
+  DeviceBuffer<int32_t> idx32(p.idx32);
+  DeviceBuffer<uint8_t> pool(p.pool_bytes());
+  DeviceBuffer<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
+  const size_t pt_bytes = p.spec.per_token_states ? static_cast<size_t>(p.T * p.per_slot) * state_elem_bytes(p) : 0;
+  DeviceBuffer<uint8_t> per_token(pt_bytes);
+  FKDA_CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.n * 2));
+  if (pt_bytes) FKDA_CUDA_CHECK(cudaMemset(per_token.ptr, 0xFF, pt_bytes));
+
+  DecodeArgs a = p.args(out.ptr, pool.ptr, pt_bytes ? per_token.ptr : nullptr);
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr; a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
+  a.state_indices = p.spec.int64_indices ? static_cast<const void*>(idx64.ptr) : idx32.ptr;
+  if (!p.cu_seqlens.empty()) a.cu_seqlens = cu.ptr;
+  DecodeResult r;
+  if (graph) {
+    cudaStream_t s;
+    FKDA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t gr;
+    cudaGraphExec_t ge;
+    FKDA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    r.status = decode(a, Backend::kCuda, s);
+    FKDA_CUDA_CHECK(cudaStreamEndCapture(s, &gr));
+    if (r.status.ok()) {
+      FKDA_CUDA_CHECK(cudaGraphInstantiate(&ge, gr, 0));
+      FKDA_CUDA_CHECK(cudaGraphLaunch(ge, s));
+      FKDA_CUDA_CHECK(cudaStreamSynchronize(s));
+      FKDA_CUDA_CHECK(cudaGraphExecDestroy(ge));
+    }
+    FKDA_CUDA_CHECK(cudaGraphDestroy(gr));
+    FKDA_CUDA_CHECK(cudaStreamDestroy(s));
+  } else {
+    r.status = decode(a, Backend::kCuda, nullptr);
+  }
+  if (!r.status.ok()) return r;
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+  r.out = out.to_host();
+  r.pool = pool.to_host();
+  r.per_token = per_token.to_host();
+  return r;
+}
+
+DecodeResult run_decode_cpu(const DecodeProblem& p) {
+  DecodeResult r;
+  r.out.assign(static_cast<size_t>(p.T * p.HV * p.V), 0xFFFF);
+  r.pool = p.pool_bytes();
+  r.per_token.assign(p.spec.per_token_states ? static_cast<size_t>(p.T * p.per_slot) * state_elem_bytes(p) : 0, 0xFF);
+  r.status = decode(p.args(r.out.data(), r.pool.data(), r.per_token.empty() ? nullptr : r.per_token.data()),
+                    Backend::kCpuReference, nullptr);
+  return r;
+}
+
+std::vector<float> as_float(const std::vector<uint8_t>& bytes, DType t) {
+  std::vector<float> f(bytes.size() / (t == DType::kFP32 ? 4 : 2));
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (t == DType::kFP32) {
+      std::memcpy(&f[i], &bytes[4 * i], 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, &bytes[2 * i], 2);
+      f[i] = bf16_to_float(h);
+    }
+  }
+  return f;
+}
+
+// GPU vs CPU: the state (fp32 pool) to `state_bar`; out is bf16 on both sides, so
+// it is held to one bf16 ulp element-wise and its relative RMS is reported.
+void compare(const DecodeProblem& p, const DecodeResult& gpu, const DecodeResult& cpu, double state_bar,
+             const char* label) {
+  ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
+  ASSERT_TRUE(cpu.status.ok()) << cpu.status.message;
+  const auto gs = as_float(gpu.pool, p.spec.state_dtype), cs = as_float(cpu.pool, p.spec.state_dtype);
+  const double es = rel_rms(gs.data(), cs.data(), cs.size());
+  size_t beyond_ulp = 0, differ = 0, written_mismatch = 0;
+  std::vector<float> go, co;
+  for (size_t i = 0; i < cpu.out.size(); ++i) {
+    if ((cpu.out[i] == 0xFFFF) != (gpu.out[i] == 0xFFFF)) ++written_mismatch;  // padding rows stay poisoned
+    if (cpu.out[i] == 0xFFFF) continue;
+    const float a = bf16_to_float(gpu.out[i]), b = bf16_to_float(cpu.out[i]);
+    go.push_back(a);
+    co.push_back(b);
+    if (gpu.out[i] != cpu.out[i]) ++differ;
+    if (!(std::abs(a - b) <= std::abs(b) / 128 + 1e-6f)) ++beyond_ulp;
+  }
+  const double eo = co.empty() ? 0 : rel_rms(go.data(), co.data(), co.size());
+  double et = 0;
+  if (!cpu.per_token.empty()) {
+    const auto gt = as_float(gpu.per_token, p.spec.state_dtype), ct = as_float(cpu.per_token, p.spec.state_dtype);
+    et = rel_rms(gt.data(), ct.data(), ct.size());
+    EXPECT_LE(et, state_bar) << label << ": per-token states";
+  }
+  std::printf("[ errors ] decode %-34s state %.2e  out %.2e (%zu/%zu bf16 differ)  per-token %.2e\n", label, es, eo,
+              differ, co.size(), et);
+  EXPECT_LE(es, state_bar) << label;
+  EXPECT_EQ(beyond_ulp, 0u) << label << ": outputs more than one bf16 ulp apart";
+  EXPECT_EQ(written_mismatch, 0u) << label << ": padding outputs written, or real ones not";
+  // Slots no real sequence uses are bitwise untouched (the CPU decode leaves them so).
+  EXPECT_EQ(gpu.pool.size(), cpu.pool.size());
+  const size_t slot_bytes = static_cast<size_t>(p.per_slot) * state_elem_bytes(p);
+  std::vector<bool> used(static_cast<size_t>(p.pool_size), false);
+  for (int64_t n = 0; n < p.N; ++n)
+    if (p.index(n) >= 0) used[static_cast<size_t>(p.index(n))] = true;
+  const std::vector<uint8_t> initial = p.pool_bytes();
+  for (int64_t s = 0; s < p.pool_size; ++s)
+    if (!used[static_cast<size_t>(s)])
+      EXPECT_EQ(0, std::memcmp(gpu.pool.data() + s * slot_bytes, initial.data() + s * slot_bytes, slot_bytes))
+          << label << ": unused slot " << s << " written";
+}
+
+class GpuDecode : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_backend_available(&why)) GTEST_SKIP() << "no GPU run: " << why;
+  }
+};
+
+struct Case {
+  int64_t N, H, tokens;
+  DType dtype;
+};
+
+class GpuDecodeCases : public GpuDecode, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuDecodeCases, MatchesFloat64Recurrence) {
+  const Case c = GetParam();
+  DecodeSpec spec;
+  spec.num_seqs = c.N;
+  spec.tokens_per_seq = c.tokens;
+  spec.heads = c.H;
+  spec.state_dtype = c.dtype;
+  spec.padding_entries = c.N > 2 ? 2 : 0;
+  spec.int64_indices = c.N % 2 == 0;
+  spec.per_token_states = c.tokens > 1;
+  const DecodeProblem p = make_decode_problem(spec, 100 + c.N + c.H + c.tokens);
+  char label[96];
+  std::snprintf(label, sizeof label, "N=%lld H=%lld t=%lld %s", static_cast<long long>(c.N),
+                static_cast<long long>(c.H), static_cast<long long>(c.tokens), to_string(c.dtype));
+  // fp32 pool: the spec's 1e-5 (both sides run the recurrence at >= fp32).
+  // bf16 pool: both round the new state to bf16; a few elements straddle a
+  // rounding boundary and differ by one bf16 ulp, ~1e-3 relative RMS at most.
+  compare(p, run_decode_cuda(p), run_decode_cpu(p), c.dtype == DType::kFP32 ? 1e-5 : 2e-3, label);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuDecodeCases,
+                         ::testing::Values(Case{1, 32, 1, DType::kFP32}, Case{7, 1, 1, DType::kFP32},
+                                           Case{7, 64, 1, DType::kFP32}, Case{256, 32, 1, DType::kFP32},
+                                           Case{1024, 1, 1, DType::kFP32}, Case{256, 32, 1, DType::kBF16},
+                                           Case{5, 4, 4, DType::kFP32}, Case{5, 4, 3, DType::kBF16}));
+
+TEST_F(GpuDecode, VariableTokensPerSequence) {
+  DecodeSpec spec;
+  spec.seq_tokens = {1, 4, 2, 1, 3};
+  spec.heads = 2;
+  spec.v_heads = 4;
+  spec.padding_entries = 1;
+  spec.per_token_states = true;
+  const DecodeProblem p = make_decode_problem(spec, 7);
+  compare(p, run_decode_cuda(p), run_decode_cpu(p), 1e-5, "varlen tokens, GVA");
+}
+
+TEST_F(GpuDecode, CudaGraphReplayEqualsDirectCall) {
+  DecodeSpec spec;
+  spec.num_seqs = 9;
+  spec.heads = 8;
+  spec.padding_entries = 2;
+  const DecodeProblem p = make_decode_problem(spec, 8);
+  const DecodeResult direct = run_decode_cuda(p), graph = run_decode_cuda(p, /*graph=*/true);
+  ASSERT_TRUE(direct.status.ok()) << direct.status.message;
+  ASSERT_TRUE(graph.status.ok()) << graph.status.message;
+  EXPECT_EQ(direct.out, graph.out);
+  EXPECT_EQ(direct.pool, graph.pool);
+}
+
+TEST_F(GpuDecode, UnsupportedHeadDimIsRejectedWithMessage) {
+  DecodeSpec spec;
+  spec.head_dim = 64;
+  const DecodeProblem p = make_decode_problem(spec, 9);
+  const DecodeResult r = run_decode_cuda(p);
+  EXPECT_EQ(r.status.code, StatusCode::kNotSupported);
+  EXPECT_NE(r.status.message.find("head_dim"), std::string::npos) << r.status.message;
+}
+
+#else
+
+TEST(GpuDecode, SkippedWithoutCudaBuild) {
+  std::string why;
+  if (!cuda_backend_available(&why)) GTEST_SKIP() << "no GPU run: " << why;
+  FAIL() << "cuda_backend_available() is true in a build without CUDA";
+}
+
+#endif
+
+}  // namespace
+}  // namespace flashkda::testing
