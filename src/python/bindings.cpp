@@ -135,6 +135,8 @@ std::string strides_string(const Array& a) {
 // Dense row-major: stride of every dimension of extent > 1 equals the product of
 // the extents to its right (the same rule as torch's is_contiguous()).
 bool c_contiguous(const Array& a) {
+  for (size_t i = 0; i < a.ndim(); ++i)
+    if (a.shape(i) == 0) return true;  // no elements: any strides (as torch's is_contiguous)
   int64_t expect = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
     const int64_t n = static_cast<int64_t>(a.shape(i));
@@ -422,8 +424,9 @@ nb::tuple cuda_status() {
 NB_MODULE(_C, m) {
   m.doc() = "flash-kda: Kimi Delta Attention forward (C++/CUDA), DLPack binding";
 
-  m.def("fwd", &fwd_py, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "scale"_a, "out"_a, "A_log"_a, "dt_bias"_a,
-        "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
+  // .none(): a None tensor reaches take(), which names the argument in its TypeError.
+  m.def("fwd", &fwd_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(), "scale"_a,
+        "out"_a.none(), "A_log"_a.none(), "dt_bias"_a.none(), "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
         "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "workspace"_a = nb::none(),
         "alloc"_a = nb::none(), "stream"_a = 0, "backend"_a = "auto",
         "Runs the KDA forward into `out` (and `final_state`), in place. Tensors: see flash_kda.fwd. "
@@ -431,8 +434,8 @@ NB_MODULE(_C, m) {
         "`stream`: cudaStream_t as an int (CUDA tensors). `backend`: 'auto' (CUDA tensors -> 'cuda', "
         "CPU tensors -> 'cpu'), 'cuda', 'cpu' (chunked fp32) or 'reference' (float64 oracle). "
         "Returns the workspace bytes the call needed.");
-  m.def("workspace_size", &workspace_size_py, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "scale"_a, "out"_a, "A_log"_a,
-        "dt_bias"_a, "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
+  m.def("workspace_size", &workspace_size_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(),
+        "beta"_a.none(), "scale"_a, "out"_a.none(), "A_log"_a.none(), "dt_bias"_a.none(), "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
         "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "backend"_a = "auto",
         "Bytes of scratch memory fwd needs for these arguments (0 on the CPU backends). "
         "Checks the arguments exactly as fwd does.");

@@ -1,0 +1,429 @@
+"""flash_kda on CPU tensors (the chunked fp32 CPU backend): API, every error
+case, accuracy against the float64 reference of kda_reference.py, varlen,
+in-place semantics, and the kda_forward custom op.
+
+Bars (relative RMS against the float64 reference on the spec's distribution):
+  out           <= 2e-3. `out` is bf16: rounding a value to bf16 alone costs
+                ~1.66e-3 relative RMS (kda_reference.bf16_rounding_floor), while
+                the fp32 chunked computation before the rounding agrees with
+                float64 to ~1e-6 (the C++ suite checks 1e-4 on the unrounded
+                out). 2e-3 is the rounding floor plus ~20% margin for the
+                statistical spread on small problems; a real bug (a wrong decay,
+                a missing token) is off by orders of magnitude more.
+  fp32 state    <= 1e-4 (fp32 arithmetic end to end; measured ~1e-7).
+  bf16 state    <= 2e-3 (the same rounding floor as out).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flash_kda
+from dlpack_fake import DL_CUDA, DL_VULKAN, FakeDeviceTensor
+from kda_reference import bf16_rounding_floor, fwd_kwargs, make_problem, new_outputs, reference, rel_rms
+
+OUT_BAR = 2e-3
+STATE_BAR_FP32 = 1e-4
+STATE_BAR_BF16 = 2e-3
+
+
+def run(p, **extra):
+    out, fs = new_outputs(p)
+    kw = fwd_kwargs(p)
+    kw.update(extra)
+    ret = flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, final_state=fs, **kw)
+    assert ret is None
+    return out, fs
+
+
+def check(p, out, fs):
+    ref_out, ref_fs = reference(p)
+    e_out = rel_rms(out, ref_out)
+    assert e_out <= OUT_BAR, f"out rel RMS {e_out:.3e} > {OUT_BAR}"
+    if fs is not None:
+        bar = STATE_BAR_FP32 if fs.dtype == torch.float32 else STATE_BAR_BF16
+        e_fs = rel_rms(fs, ref_fs)
+        assert e_fs <= bar, f"final_state ({fs.dtype}) rel RMS {e_fs:.3e} > {bar}"
+    return ref_out, ref_fs
+
+
+def test_bar_is_above_the_bf16_rounding_floor():
+    floor = bf16_rounding_floor()
+    assert 1.5e-3 < floor < 1.8e-3
+    assert OUT_BAR >= 1.15 * floor
+
+
+# ---- accuracy ------------------------------------------------------------------
+
+@pytest.mark.parametrize("B,T,H,K", [(1, 1, 1, 128), (2, 50, 2, 64), (1, 100, 2, 128), (1, 37, 3, 32)])
+def test_matches_reference(B, T, H, K):
+    p = make_problem(B=B, T=T, H=H, K=K, seed=T + K)
+    check(p, *run(p))
+
+
+@pytest.mark.parametrize("state", [torch.float32, torch.bfloat16, None])
+def test_state_dtypes(state):
+    p = make_problem(B=2, T=40, H=2, K=64, state_dtype=state, seed=3)
+    out, fs = run(p)
+    assert fs.dtype == (state or torch.float32)
+    check(p, out, fs)
+
+
+def test_no_final_state():
+    p = make_problem(T=33, H=2, K=64, final_dtype=None, seed=4)
+    out, fs = run(p)
+    assert fs is None
+    check(p, out, None)
+
+
+def test_gva_more_value_heads():
+    p = make_problem(T=40, H=2, HV=4, K=64, V=32, seed=5)
+    check(p, *run(p))
+
+
+def test_varlen_with_zero_length_sequence():
+    p = make_problem(seqlens=[13, 0, 40, 1], H=2, K=64, seed=6)
+    out, fs = run(p)
+    check(p, out, fs)
+    # A zero-length sequence leaves its state unchanged, bit for bit.
+    assert torch.equal(fs[1], p["initial_state"][1])
+
+
+def test_varlen_zero_length_without_initial_state_gives_zero():
+    p = make_problem(seqlens=[0, 20], H=1, K=32, state_dtype=None, seed=7)
+    out, fs = run(p)
+    check(p, out, fs)
+    assert torch.count_nonzero(fs[0]) == 0
+
+
+def test_varlen_equals_separate_calls():
+    seqlens = [9, 30, 16]
+    p = make_problem(seqlens=seqlens, H=2, K=64, seed=8)
+    out, fs = run(p)
+    cu = p["cu_seqlens"].tolist()
+    for n in range(len(seqlens)):
+        s, e = cu[n], cu[n + 1]
+        sub = dict(p)
+        for name in ("q", "k", "v", "g", "beta"):
+            sub[name] = p[name][:, s:e].contiguous()
+        sub["initial_state"] = p["initial_state"][n:n + 1].contiguous()
+        sub["cu_seqlens"] = None
+        sub["N"] = 1
+        o1, f1 = run(sub)
+        torch.testing.assert_close(o1, out[:, s:e], rtol=0, atol=0)
+        torch.testing.assert_close(f1[0], fs[n], rtol=1e-6, atol=1e-7)
+
+
+def test_reference_backend_agrees():
+    p = make_problem(T=30, H=2, K=32, seed=9)
+    out, fs = run(p, backend="reference")
+    check(p, out, fs)
+
+
+def test_scale_and_lower_bound_defaults():
+    p = make_problem(T=24, H=2, K=64, seed=10)
+    out_a, fs_a = run(p)
+    out_b, fs_b = new_outputs(p)
+    kw = fwd_kwargs(p)
+    kw["lower_bound"] = None  # -> -5.0
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], None, out_b, final_state=fs_b, **kw)  # scale -> K^-0.5
+    assert torch.equal(out_a, out_b) and torch.equal(fs_a, fs_b)
+
+
+def test_positional_flashkda_signature():
+    # FlashKDA's order: q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
+    # initial_state, final_state, cu_seqlens.
+    p = make_problem(T=20, H=2, K=32, seed=11)
+    out, fs = new_outputs(p)
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, p["A_log"], p["dt_bias"],
+                  p["lower_bound"], p["initial_state"], fs, None)
+    check(p, out, fs)
+
+
+def test_fla_style_call_under_inference_mode_with_parameters():
+    # What fla's backend does: keywords, nn.Parameters for A_log / dt_bias (requires_grad,
+    # which DLPack refuses unless detached), inference_mode.
+    p = make_problem(T=20, H=2, K=64, seed=12)
+    A_log = torch.nn.Parameter(p["A_log"].clone())
+    dt_bias = torch.nn.Parameter(p["dt_bias"].clone())
+    with torch.inference_mode():
+        out = torch.empty_like(p["v"])
+        fs = torch.empty(1, 2, 64, 64, dtype=torch.float32)
+        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, A_log=A_log, dt_bias=dt_bias,
+                      lower_bound=-5.0, initial_state=p["initial_state"], final_state=fs, cu_seqlens=None)
+    check(p, out, fs)
+
+
+# ---- in place -------------------------------------------------------------------
+
+def test_in_place_writes_the_callers_storage():
+    p = make_problem(B=2, T=20, H=2, K=32, seed=13)
+    out_big = torch.full((4,) + tuple(p["v"].shape[1:]), 7.0, dtype=torch.bfloat16)
+    out = out_big[1:3]  # a contiguous view into a bigger buffer
+    fs_big = torch.full((3, 2, 32, 32), 7.0)
+    fs = fs_big[1:]
+    ptr_out, ptr_fs = out.data_ptr(), fs.data_ptr()
+    kw = fwd_kwargs(p)
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, final_state=fs, **kw)
+    assert out.data_ptr() == ptr_out and fs.data_ptr() == ptr_fs
+    check(p, out_big[1:3], fs_big[1:])
+    # Untouched around the views.
+    assert torch.all(out_big[0] == 7) and torch.all(out_big[3] == 7) and torch.all(fs_big[0] == 7)
+
+
+def test_final_state_may_alias_initial_state():
+    # In-place state update (decode-style): same buffer as initial and final state.
+    p = make_problem(T=16, H=2, K=32, seed=14)
+    ref_out, ref_fs = reference(p)
+    s = p["initial_state"].clone()
+    out = torch.empty_like(p["v"])
+    kw = fwd_kwargs(p)
+    kw["initial_state"] = s
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, final_state=s, **kw)
+    assert rel_rms(out, ref_out) <= OUT_BAR and rel_rms(s, ref_fs) <= STATE_BAR_FP32
+
+
+def test_workspace_size_is_zero_on_cpu():
+    p = make_problem(T=20, H=2, K=32, seed=15)
+    out, fs = new_outputs(p)
+    assert flash_kda.workspace_size(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out,
+                                    final_state=fs, **fwd_kwargs(p)) == 0
+
+
+def test_cuda_status_reports_a_reason():
+    ok, why = flash_kda.cuda_status()
+    assert ok == flash_kda.cuda_available()
+    if not ok:
+        assert why.startswith("backend kCuda")
+
+
+def test_t_zero_is_a_no_op_on_state():
+    p = make_problem(B=2, T=0, H=2, K=32, seed=16)
+    out, fs = run(p)
+    assert out.numel() == 0
+    assert torch.equal(fs, p["initial_state"])
+
+
+# ---- errors: TypeError for dtypes ---------------------------------------------
+
+ARG_ORDER = ["q", "k", "v", "g", "beta", "scale", "out"]
+
+
+def call_with(p, out=None, fs="new", **override):
+    """Calls fwd with problem p and some arguments replaced."""
+    o, f = new_outputs(p)
+    args = dict(q=p["q"], k=p["k"], v=p["v"], g=p["g"], beta=p["beta"], scale=p["scale"],
+                out=o if out is None else out)
+    kw = fwd_kwargs(p)
+    kw["final_state"] = f if isinstance(fs, str) else fs
+    for name, val in override.items():
+        if name in args:
+            args[name] = val
+        else:
+            kw[name] = val
+    return flash_kda.fwd(*[args[n] for n in ARG_ORDER], **kw)
+
+
+@pytest.fixture(scope="module")
+def small():
+    return make_problem(B=1, T=8, H=2, K=32, seed=17)
+
+
+@pytest.mark.parametrize("name,dtype", [
+    ("q", torch.float32), ("k", torch.float16), ("v", torch.float32), ("g", torch.float32),
+    ("beta", torch.float32), ("out", torch.float32), ("A_log", torch.bfloat16), ("dt_bias", torch.float64),
+    ("initial_state", torch.float16), ("final_state", torch.float64), ("cu_seqlens", torch.int32),
+])
+def test_wrong_dtype_is_type_error_naming_the_argument(small, name, dtype):
+    p = dict(small)
+    if name == "cu_seqlens":
+        val = torch.tensor([0, 8], dtype=dtype)
+    elif name == "final_state":
+        val = torch.zeros(1, 2, 32, 32, dtype=dtype)
+    elif name == "out":
+        val = torch.zeros_like(p["v"], dtype=dtype)
+    else:
+        val = p[name].to(dtype)
+    with pytest.raises(TypeError, match=rf"^{name}: expected dtype"):
+        call_with(p, **{name: val})
+
+
+def test_state_dtype_mismatch_is_type_error(small):
+    with pytest.raises(TypeError, match=r"^final_state: expected the same dtype as initial_state \(float32\)"):
+        call_with(small, fs=torch.zeros(1, 2, 32, 32, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("bad", [[1, 2, 3], None, 3.0])
+def test_not_a_tensor_is_type_error(small, bad):
+    with pytest.raises(TypeError, match=r"^k: expected a tensor"):
+        call_with(small, k=bad)
+
+
+def test_missing_A_log_is_type_error(small):
+    with pytest.raises(TypeError, match=r"^A_log: expected a tensor, got None"):
+        call_with(small, A_log=None)
+
+
+# ---- errors: ValueError for shapes / strides / devices ---------------------------
+
+@pytest.mark.parametrize("name,shape", [
+    ("k", (1, 8, 2, 16)), ("k", (1, 8, 3, 32)), ("v", (1, 7, 2, 32)), ("g", (1, 8, 2, 16)),
+    ("beta", (1, 8, 3)), ("beta", (1, 8, 2, 1)), ("out", (1, 8, 2, 16)), ("A_log", (3,)), ("dt_bias", (2, 16)),
+    ("dt_bias", (64,)), ("initial_state", (2, 2, 32, 32)), ("final_state", (1, 2, 32, 16)),
+])
+def test_wrong_shape_is_value_error_naming_the_argument(small, name, shape):
+    dtype = {"A_log": torch.float32, "dt_bias": torch.float32, "initial_state": torch.float32,
+             "final_state": torch.float32}.get(name, torch.bfloat16)
+    val = torch.zeros(shape, dtype=dtype)
+    kw = {"fs": val} if name == "final_state" else {name: val}
+    with pytest.raises(ValueError, match=rf"^{name}: expected shape"):
+        call_with(small, **kw)
+
+
+def test_wrong_rank_of_q_is_value_error(small):
+    with pytest.raises(ValueError, match=r"^q: expected a 4-d tensor"):
+        call_with(small, q=small["q"][0])
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta", "out", "dt_bias", "initial_state"])
+def test_non_contiguous_is_value_error(small, name):
+    t = small[name] if name != "out" else torch.empty_like(small["v"])
+    # Same shape, transposed memory layout.
+    nc = t.transpose(0, -1).contiguous().transpose(0, -1)
+    assert nc.shape == t.shape and not nc.is_contiguous()
+    kw = {name: nc}
+    with pytest.raises(ValueError, match=rf"^{name}: expected a C-contiguous"):
+        call_with(small, **kw)
+
+
+def test_non_contiguous_final_state_is_value_error(small):
+    fs = torch.zeros(1, 2, 32, 32).transpose(2, 3)
+    with pytest.raises(ValueError, match=r"^final_state: expected a C-contiguous"):
+        call_with(small, fs=fs)
+
+
+@pytest.mark.parametrize("name", ["k", "v", "g", "beta", "out", "A_log", "dt_bias"])
+def test_mixed_devices_is_value_error(small, name):
+    # A DLPack tensor that claims to live on cuda:0 (never dereferenced).
+    shape = small["v"].shape if name == "out" else small[name].shape
+    dtype = "float32" if name in ("A_log", "dt_bias") else "bfloat16"
+    fake = FakeDeviceTensor(shape, dtype, DL_CUDA, 0)
+    with pytest.raises(ValueError, match=rf"^{name}: expected a tensor on the same device as q \(cpu\), got cuda:0"):
+        call_with(small, **{name: fake})
+
+
+def test_unsupported_device_is_value_error(small):
+    fake = FakeDeviceTensor(small["q"].shape, "bfloat16", DL_VULKAN, 0)
+    with pytest.raises(ValueError, match=r"^q: expected a CPU or CUDA tensor, got DLPack device type 7"):
+        call_with(small, q=fake)
+
+
+@pytest.mark.skipif(flash_kda.cuda_available(), reason="checks the no-GPU path")
+def test_cuda_tensors_without_usable_cuda_backend_raise_not_implemented(small):
+    fakes = {n: FakeDeviceTensor(small[n].shape, "bfloat16") for n in ("q", "k", "v", "g", "beta")}
+    fakes["out"] = FakeDeviceTensor(small["v"].shape, "bfloat16")
+    fakes["A_log"] = FakeDeviceTensor((2,), "float32")
+    fakes["dt_bias"] = FakeDeviceTensor((2, 32), "float32")
+    with pytest.raises(NotImplementedError, match=r"^backend kCuda"):
+        flash_kda.fwd(fakes["q"], fakes["k"], fakes["v"], fakes["g"], fakes["beta"], 1.0, fakes["out"],
+                      fakes["A_log"], fakes["dt_bias"], -5.0, stream=0)
+
+
+# ---- errors: ValueError from the C++ validation (message verbatim) --------------
+
+@pytest.mark.parametrize("lb", [0.5, 0.0, -5.5, float("nan"), float("inf")])
+def test_bad_lower_bound_is_value_error_with_the_cpp_message(small, lb):
+    with pytest.raises(ValueError, match=r"^lower_bound: expected a finite value in \[-5, 0\), got "):
+        call_with(small, lower_bound=lb)
+
+
+def test_bad_scale_is_value_error(small):
+    with pytest.raises(ValueError, match=r"^scale: expected a finite value"):
+        call_with(small, scale=float("nan"))
+
+
+def test_cu_seqlens_values_are_validated(small):
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected non-decreasing values"):
+        call_with(small, cu_seqlens=torch.tensor([0, 6, 3, 8]), fs=None, initial_state=None)
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected cu_seqlens\[num_seqs=1\] == seqlen=8, got 7"):
+        call_with(small, cu_seqlens=torch.tensor([0, 7]), fs=None)
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected cu_seqlens\[0\] == 0"):
+        call_with(small, cu_seqlens=torch.tensor([1, 8]), fs=None)
+
+
+def test_cu_seqlens_shape_and_batch(small):
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected a 1-d tensor \[N\+1\] with N >= 1"):
+        call_with(small, cu_seqlens=torch.tensor([0]), fs=None, initial_state=None)
+    p = make_problem(B=2, T=8, H=2, K=32, seed=18)
+    with pytest.raises(ValueError, match=r"^cu_seqlens: requires B == 1"):
+        call_with(p, cu_seqlens=torch.tensor([0, 8]), fs=None, initial_state=None)
+
+
+def test_head_dim_over_cpu_limit_is_value_error():
+    p = make_problem(T=2, H=1, K=300, V=8, seed=19)
+    with pytest.raises(ValueError, match=r"^head_dim_k: expected a value in \[1, 256\]"):
+        run(p)
+
+
+def test_backend_argument(small):
+    with pytest.raises(ValueError, match=r"^backend: 'cuda' runs on CUDA tensors, got tensors on cpu"):
+        call_with(small, backend="cuda")
+    with pytest.raises(ValueError, match=r"^backend: expected 'auto'"):
+        call_with(small, backend="gpu")
+
+
+def test_gva_head_count_must_divide(small):
+    p = make_problem(T=8, H=2, HV=3, K=32, seed=20)
+    with pytest.raises(ValueError, match=r"^num_v_heads: expected 0 \(= num_heads\) or a positive multiple"):
+        run(p)
+
+
+# ---- kda_forward: the torch.library custom op ---------------------------------
+
+def test_kda_forward_matches_fwd():
+    p = make_problem(B=2, T=30, H=2, K=64, seed=21)
+    out, fs = run(p)
+    o2, f2 = flash_kda.kda_forward(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"],
+                                   scale=p["scale"], lower_bound=p["lower_bound"],
+                                   initial_state=p["initial_state"], output_final_state=True)
+    assert torch.equal(o2, out) and torch.equal(f2, fs)
+    o3, f3 = flash_kda.kda_forward(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"])
+    assert f3 is None and o3.shape == out.shape
+
+
+def test_kda_forward_varlen_and_state_dtype():
+    p = make_problem(seqlens=[5, 0, 19], H=2, K=32, state_dtype=None, seed=22)
+    o, f = flash_kda.kda_forward(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"],
+                                 cu_seqlens=p["cu_seqlens"], output_final_state=True, state_dtype=torch.bfloat16)
+    assert f.dtype == torch.bfloat16 and f.shape == (3, 2, 32, 32)
+    check(p, o, f)
+
+
+def test_kda_forward_is_a_registered_custom_op():
+    op = torch.ops.flash_kda.kda_forward
+    assert op.default._schema.name == "flash_kda::kda_forward"
+
+
+def _op_args(p, output_final_state=True):
+    return (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], p["initial_state"],
+            p["cu_seqlens"], float(p["scale"]), float(p["lower_bound"]), output_final_state, torch.float32)
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs torch >= 2.4")
+@pytest.mark.parametrize("varlen", [False, True])
+def test_opcheck(varlen):
+    p = make_problem(seqlens=[5, 11] if varlen else None, T=12, H=2, K=32, seed=23)
+    torch.library.opcheck(torch.ops.flash_kda.kda_forward.default, _op_args(p))
+
+
+def test_torch_compile_fullgraph_cpu():
+    p = make_problem(T=20, H=2, K=32, seed=24)
+
+    def f(q, k, v, g, beta, A_log, dt_bias, s0):
+        o, s = flash_kda.kda_forward(q, k, v, g, beta, A_log, dt_bias, initial_state=s0, output_final_state=True)
+        return o.float() * 2, s
+
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], p["initial_state"])
+    eager = f(*args)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(*args)
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
