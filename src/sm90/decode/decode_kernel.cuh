@@ -86,8 +86,24 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float2* scratch) 
   return s;
 }
 
+// One token's inputs for thread tid (column tid of q, k, g; row `row` of v).
+struct TokenInputs {
+  float q, k, g, beta, v;
+};
+__device__ __forceinline__ TokenInputs load_token_inputs(const DecodeParams& p, int64_t t, int h, int hv, int tid,
+                                                         int row) {
+  const int64_t qk_off = (t * p.num_heads + h) * kDecodeDim + tid;
+  const int64_t vh = t * p.num_v_heads + hv;
+  return {bf16_at(p.q, qk_off), bf16_at(p.k, qk_off), bf16_at(p.g, vh * kDecodeDim + tid), bf16_at(p.beta, vh),
+          bf16_at(p.v, vh * kDecodeDim + row)};
+}
+
+// bf16 pools move half the bytes per thread: eight CTAs an SM (64 registers a
+// thread) keep enough of them in flight (measured 182 against 219 µs at N = 256,
+// H = 32). fp32 pools reach ~92 % of copy bandwidth either way and lose ~0.2 µs
+// at N = 1 under the register cap, so they go without it (docs/perf-log.md).
 template <bool kFp32>
-__global__ void __launch_bounds__(kDecodeThreads) kda_decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kDecodeThreads, kFp32 ? 1 : 8) kda_decode_kernel(const __grid_constant__ DecodeParams p) {
   using IO = StateIO<kFp32>;
   __shared__ __align__(16) float khat[kDecodeDim];
   __shared__ __align__(16) float qhat[kDecodeDim];  // scale folded in
@@ -100,15 +116,22 @@ __global__ void __launch_bounds__(kDecodeThreads) kda_decode_kernel(const __grid
   const int hv = static_cast<int>(sh % p.num_v_heads);
   const int64_t n = sh / p.num_v_heads;
   const int h = hv / (p.num_v_heads / p.num_heads);
-  const int64_t slot =
+  const int tid = threadIdx.x;
+  // Everything that does not depend on the pool slot is requested before the
+  // slot is known: at one sequence the step is a chain of memory latencies.
+  const int64_t slot_raw =
       p.index_is_64 ? static_cast<const int64_t*>(p.indices)[n] : static_cast<const int32_t*>(p.indices)[n];
-  // Padding entries (negative), and indices past the pool, which only the host
-  // could report and cannot see here: nothing is read or written.
-  if (slot < 0 || slot >= p.pool_size) return;
   const int64_t t0 = p.cu_seqlens != nullptr ? p.cu_seqlens[n] : n * p.tokens_per_seq;
   const int64_t t1 = p.cu_seqlens != nullptr ? p.cu_seqlens[n + 1] : t0 + p.tokens_per_seq;
+  const float exp_a = expf(p.A_log[hv]);
+  const float dt_bias = p.dt_bias[static_cast<int64_t>(hv) * kDecodeDim + tid];  // thread tid: column tid
+  TokenInputs next{};
+  if (t0 < t1) next = load_token_inputs(p, t0, h, hv, tid, slice * kDecodeRows + tid / 4);
+  // Padding entries (negative), and indices past the pool, which only the host
+  // could report and cannot see here: nothing is read or written.
+  const int64_t slot = slot_raw;
+  if (slot < 0 || slot >= p.pool_size) return;
 
-  const int tid = threadIdx.x;
   const int row = slice * kDecodeRows + tid / 4, part = tid & 3;
   const int64_t head_off = (static_cast<int64_t>(hv) * kDecodeDim + row) * kDecodeDim;
 
@@ -121,18 +144,16 @@ __global__ void __launch_bounds__(kDecodeThreads) kda_decode_kernel(const __grid
       s[4 * jj] = x.x; s[4 * jj + 1] = x.y; s[4 * jj + 2] = x.z; s[4 * jj + 3] = x.w;
     }
   }
-  const float exp_a = expf(p.A_log[hv]);
-  const float dt_bias = p.dt_bias[static_cast<int64_t>(hv) * kDecodeDim + tid];  // thread tid: column tid
-
   for (int64_t t = t0; t < t1; ++t) {
-    // Per-column quantities of this token: thread tid computes column tid.
-    const int64_t qk_off = (t * p.num_heads + h) * kDecodeDim + tid;
+    // Per-column quantities of this token: thread tid computes column tid. The
+    // next token's inputs are requested now, so their latency hides behind this one.
+    const TokenInputs in = next;
+    if (t + 1 < t1) next = load_token_inputs(p, t + 1, h, hv, tid, row);
     const int64_t vh = t * p.num_v_heads + hv;
-    const float qd = bf16_at(p.q, qk_off), kd = bf16_at(p.k, qk_off);
-    const float x = exp_a * (bf16_at(p.g, vh * kDecodeDim + tid) + dt_bias);
+    const float qd = in.q, kd = in.k, vr = in.v;
+    const float x = exp_a * (in.g + dt_bias);
     const float dec = expf(p.lower_bound / (1.f + expf(-x)));  // exp(lower_bound·sigmoid(x))
-    const float b = 1.f / (1.f + expf(-bf16_at(p.beta, vh)));
-    const float vr = bf16_at(p.v, vh * kDecodeDim + row);
+    const float b = 1.f / (1.f + expf(-in.beta));
     const float2 ss = block_sum2(qd * qd, kd * kd, scratch);
     khat[tid] = kd / sqrtf(ss.y + 1e-6f);
     qhat[tid] = qd / sqrtf(ss.x + 1e-6f) * p.scale;
