@@ -100,8 +100,8 @@ __device__ __forceinline__ TokenInputs load_token_inputs(const DecodeParams& p, 
 
 // bf16 pools move half the bytes per thread: eight CTAs an SM (64 registers a
 // thread) keep enough of them in flight (measured 182 against 219 µs at N = 256,
-// H = 32). fp32 pools reach ~92 % of copy bandwidth either way and lose ~0.2 µs
-// at N = 1 under the register cap, so they go without it (docs/perf-log.md).
+// H = 32). fp32 pools reached ~92 % of copy bandwidth with and without the cap,
+// and 3.36 against 3.14 µs at N = 1 with it, so they go without (docs/perf-log.md).
 template <bool kFp32>
 __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? 1 : 8) kda_decode_kernel(const __grid_constant__ DecodeParams p) {
   using IO = StateIO<kFp32>;
