@@ -312,6 +312,18 @@ def test_mixed_devices_is_value_error(small, name):
         call_with(small, **{name: fake})
 
 
+def test_different_cuda_devices_is_value_error(small):
+    # All "CUDA" (fake, never dereferenced): q on cuda:0, v on cuda:1.
+    fakes = {n: FakeDeviceTensor(small[n].shape, "bfloat16", DL_CUDA, 0) for n in ("q", "k", "g", "beta")}
+    fakes["v"] = FakeDeviceTensor(small["v"].shape, "bfloat16", DL_CUDA, 1)
+    out = FakeDeviceTensor(small["v"].shape, "bfloat16", DL_CUDA, 0)
+    A_log = FakeDeviceTensor((2,), "float32", DL_CUDA, 0)
+    dt_bias = FakeDeviceTensor((2, 32), "float32", DL_CUDA, 0)
+    with pytest.raises(ValueError, match=r"^v: expected a tensor on the same device as q \(cuda:0\), got cuda:1"):
+        flash_kda._C.fwd(fakes["q"], fakes["k"], fakes["v"], fakes["g"], fakes["beta"], 1.0, out, A_log, dt_bias,
+                         -5.0)
+
+
 def test_unsupported_device_is_value_error(small):
     fake = FakeDeviceTensor(small["q"].shape, "bfloat16", DL_VULKAN, 0)
     with pytest.raises(ValueError, match=r"^q: expected a CPU or CUDA tensor, got DLPack device type 7"):

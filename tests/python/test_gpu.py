@@ -182,6 +182,14 @@ def test_kda_forward_equals_fwd():
     assert torch.equal(o, out) and torch.equal(f, fs)
 
 
+@pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs torch >= 2.4")
+def test_opcheck_cuda():
+    p = gpu_problem(seqlens=[40, 24], H=2, seed=116)
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], p["initial_state"],
+            p["cu_seqlens"], float(p["scale"]), float(p["lower_bound"]), True, torch.float32)
+    torch.library.opcheck(torch.ops.flash_kda.kda_forward.default, args)
+
+
 def test_torch_compile_fullgraph():
     p = gpu_problem(T=256, H=2, seed=112)
 
