@@ -5,8 +5,8 @@ trace through it with ``fullgraph=True`` and what keeps it one opaque node in th
 graph; the real implementation allocates only through torch (capturable in a
 CUDA graph) and launches on torch's current stream.
 """
-from __future__ import annotations
-
+# No `from __future__ import annotations`: torch.library.custom_op reads the real
+# annotations to build the op schema (string annotations need a newer torch).
 from typing import Optional, Tuple
 
 import torch
