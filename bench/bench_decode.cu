@@ -16,27 +16,17 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_common.cuh"
 #include "flashkda/flashkda.h"
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                                 \
-  do {                                                                                   \
-    cudaError_t _e = (expr);                                                             \
-    if (_e != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(_e));            \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
+using namespace flashkda::bench;
+
 
 constexpr int kDim = 128;
 constexpr int kStepsPerGraph = 20;  // amortises the graph launch itself
-constexpr double kCopyBandwidth = 4.25e12;
 
-__device__ uint32_t hash32(uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
-  return static_cast<uint32_t>(x);
-}
 __global__ void fill_bf16(uint16_t* x, int64_t n, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float f = (hash32(seed + i) * 2.3283064e-10f - 0.5f) * 3.4641016f;  // uniform, unit variance
@@ -49,10 +39,6 @@ __global__ void fill_state(void* x, int64_t n, uint64_t seed, bool fp32) {
     if (fp32) static_cast<float*>(x)[i] = f;
     else static_cast<uint16_t*>(x)[i] = static_cast<uint16_t>(__float_as_uint(f) >> 16);
   }
-}
-__global__ void fill_f32(float* x, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = hash32(seed + i) * 2.3283064e-10f;
 }
 __global__ void iota_i32(int32_t* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -118,7 +104,7 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&idx, N * 4));
       fill_bf16<<<256, 256>>>(q, tok, 1); fill_bf16<<<256, 256>>>(k, tok, 2); fill_bf16<<<256, 256>>>(v, tok, 3);
       fill_bf16<<<256, 256>>>(g, tok, 4); fill_bf16<<<256, 256>>>(beta, int64_t{N} * H, 5);
-      fill_f32<<<8, 256>>>(A_log, H, 6); fill_f32<<<8, 256>>>(dt_bias, H * kDim, 7);
+      fill_uniform_f32<<<8, 256>>>(A_log, H, 6, 1.f); fill_uniform_f32<<<8, 256>>>(dt_bias, H * kDim, 7, 1.f);
       fill_state<<<1024, 256>>>(pool, state_elems, 8, fp32);
       iota_i32<<<8, 256>>>(idx, N);
       CHECK_CUDA(cudaGetLastError());

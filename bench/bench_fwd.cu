@@ -17,28 +17,17 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_common.cuh"
 #include "flashkda/flashkda.h"
 #include "sm90/sm90_forward.h"
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                                 \
-  do {                                                                                   \
-    cudaError_t _e = (expr);                                                             \
-    if (_e != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(_e));            \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
+using namespace flashkda::bench;
 
-// The copy bandwidth measured on the H200 (read + write), spec section 5.
-constexpr double kCopyBandwidth = 4.25e12;
+
 constexpr int kDim = 128;
 
-__device__ uint32_t hash32(uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
-  return static_cast<uint32_t>(x);
-}
 
 // Approximately standard-normal bf16 values (sum of four uniforms, rescaled).
 __global__ void fill_normal_bf16(uint16_t* x, int64_t n, uint64_t seed, float stddev) {
@@ -50,10 +39,6 @@ __global__ void fill_normal_bf16(uint16_t* x, int64_t n, uint64_t seed, float st
     u += 0x7fffu + ((u >> 16) & 1u);
     x[i] = static_cast<uint16_t>(u >> 16);
   }
-}
-__global__ void fill_uniform_f32(float* x, int64_t n, uint64_t seed, float scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = hash32(seed + i) * 2.3283064e-10f * scale;
 }
 
 struct Case {

@@ -83,6 +83,21 @@ struct DecodeProblem {
   }
 };
 
+// A pool (or per-token states) given as raw bytes of dtype t, as floats.
+inline std::vector<float> state_bytes_to_float(const std::vector<uint8_t>& bytes, DType t) {
+  std::vector<float> f(bytes.size() / (t == DType::kFP32 ? 4 : 2));
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (t == DType::kFP32) {
+      std::memcpy(&f[i], &bytes[4 * i], 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, &bytes[2 * i], 2);
+      f[i] = bf16_to_float(h);
+    }
+  }
+  return f;
+}
+
 inline DecodeProblem make_decode_problem(const DecodeSpec& spec, uint64_t seed) {
   DecodeProblem p;
   p.spec = spec;

@@ -38,20 +38,6 @@ void forward_from_pool(const DecodeProblem& p, int64_t n, std::vector<float>* ou
   ASSERT_TRUE(cpu::reference_forward_f64(a, out->data()).ok());
 }
 
-std::vector<float> pool_as_float(const std::vector<uint8_t>& bytes, DType t) {
-  std::vector<float> f(bytes.size() / (t == DType::kFP32 ? 4 : 2));
-  for (size_t i = 0; i < f.size(); ++i) {
-    if (t == DType::kFP32) {
-      std::memcpy(&f[i], &bytes[4 * i], 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, &bytes[2 * i], 2);
-      f[i] = bf16_to_float(h);
-    }
-  }
-  return f;
-}
-
 TEST(Decode, MatchesForwardOracleFromPooledState) {
   DecodeSpec spec;
   spec.seq_tokens = {1, 3, 2, 1, 4};
@@ -64,7 +50,7 @@ TEST(Decode, MatchesForwardOracleFromPooledState) {
   std::vector<uint8_t> pool = p.pool_bytes();
   const std::vector<uint8_t> before = pool;
   ASSERT_TRUE(decode(p.args(out.data(), pool.data(), nullptr), Backend::kCpuReference, nullptr).ok());
-  const std::vector<float> after = pool_as_float(pool, DType::kFP32);
+  const std::vector<float> after = state_bytes_to_float(pool, DType::kFP32);
 
   std::vector<bool> used(static_cast<size_t>(p.pool_size), false);
   for (int64_t n = 0; n < p.N; ++n) {

@@ -84,27 +84,13 @@ DecodeResult run_decode_cpu(const DecodeProblem& p) {
   return r;
 }
 
-std::vector<float> as_float(const std::vector<uint8_t>& bytes, DType t) {
-  std::vector<float> f(bytes.size() / (t == DType::kFP32 ? 4 : 2));
-  for (size_t i = 0; i < f.size(); ++i) {
-    if (t == DType::kFP32) {
-      std::memcpy(&f[i], &bytes[4 * i], 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, &bytes[2 * i], 2);
-      f[i] = bf16_to_float(h);
-    }
-  }
-  return f;
-}
-
 // GPU vs CPU: the state (fp32 pool) to `state_bar`; out is bf16 on both sides, so
 // it is held to one bf16 ulp element-wise and its relative RMS is reported.
 void compare(const DecodeProblem& p, const DecodeResult& gpu, const DecodeResult& cpu, double state_bar,
              const char* label) {
   ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
   ASSERT_TRUE(cpu.status.ok()) << cpu.status.message;
-  const auto gs = as_float(gpu.pool, p.spec.state_dtype), cs = as_float(cpu.pool, p.spec.state_dtype);
+  const auto gs = state_bytes_to_float(gpu.pool, p.spec.state_dtype), cs = state_bytes_to_float(cpu.pool, p.spec.state_dtype);
   const double es = rel_rms(gs.data(), cs.data(), cs.size());
   size_t beyond_ulp = 0, differ = 0, written_mismatch = 0;
   std::vector<float> go, co;
@@ -121,7 +107,7 @@ void compare(const DecodeProblem& p, const DecodeResult& gpu, const DecodeResult
   double et = 0;
   if (!cpu.per_token.empty()) {
     // Tokens of padding entries keep the poison (NaN) on both sides; compare the rest.
-    const auto gt = as_float(gpu.per_token, p.spec.state_dtype), ct = as_float(cpu.per_token, p.spec.state_dtype);
+    const auto gt = state_bytes_to_float(gpu.per_token, p.spec.state_dtype), ct = state_bytes_to_float(cpu.per_token, p.spec.state_dtype);
     std::vector<float> gw, cw;
     size_t poison_mismatch = 0;
     for (size_t i = 0; i < ct.size(); ++i) {

@@ -1,0 +1,35 @@
+// Shared by the benchmark tools: CUDA error checks, the bandwidth ceiling, and
+// device-side random fills (inputs are never zeros).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#define CHECK_CUDA(expr)                                                                 \
+  do {                                                                                   \
+    cudaError_t _e = (expr);                                                             \
+    if (_e != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(_e));            \
+      std::exit(2);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+namespace flashkda::bench {
+
+// The copy bandwidth measured on the H200 (read + write), spec section 5.
+constexpr double kCopyBandwidth = 4.25e12;
+
+__device__ inline uint32_t hash32(uint64_t x) {
+  x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
+
+// Uniform [0, scale) fp32 values.
+__global__ inline void fill_uniform_f32(float* x, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = hash32(seed + i) * 2.3283064e-10f * scale;
+}
+
+}  // namespace flashkda::bench
