@@ -75,9 +75,9 @@ struct ForwardArgs {
   // Sequence boundaries, in the backend's memory (device memory for kCuda).
   const int64_t* cu_seqlens = nullptr;
   // Optional host copy of the same boundaries. When given, it is validated
-  // (starts at 0, non-decreasing, ends at T) and the GPU path uses it to
-  // schedule long sequences first. For the CPU backends cu_seqlens is already
-  // a host pointer and is validated directly.
+  // (starts at 0, non-decreasing, ends at T); the kernels read only the device
+  // copy (a longest-first schedule that would use it is future work). For the
+  // CPU backends cu_seqlens is already a host pointer and is validated directly.
   const int64_t* cu_seqlens_host = nullptr;
   int64_t num_seqs = 0;  // N when cu_seqlens is given; ignored otherwise
 
