@@ -16,15 +16,14 @@
 // so they add nothing to L, Mqk, w, u, U or S; their `out` rows are not stored.
 // Parallel over (sequence, value head) pairs with a small std::thread pool.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <thread>
 #include <vector>
 
 #include "common/bf16.h"
 #include "common/sequences.h"
 #include "cpu/cpu_backends.h"
+#include "cpu/parallel.h"
 
 namespace flashkda::cpu {
 namespace {
@@ -287,23 +286,13 @@ Status chunked_forward_f32(const ForwardArgs& args, int num_threads, float* out_
     return spans[a.first].length > spans[b.first].length;
   });
 
-  int64_t nthreads = num_threads > 0 ? num_threads
-                                     : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  nthreads = std::max<int64_t>(1, std::min<int64_t>(nthreads, static_cast<int64_t>(tasks.size())));
-
-  std::atomic<size_t> next{0};
-  auto worker = [&]() {
-    ChunkScratch scratch(K, V);
-    std::vector<float> S;
-    for (size_t i = next.fetch_add(1); i < tasks.size(); i = next.fetch_add(1)) {
-      const auto [n, hv] = tasks[i];
-      chunked_one(args, spans[static_cast<size_t>(n)], n, hv, scratch, S, out_unrounded);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int64_t i = 1; i < nthreads; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
+  parallel_for(
+      static_cast<int64_t>(tasks.size()), num_threads,
+      [&] { return std::make_pair(ChunkScratch(K, V), std::vector<float>()); },
+      [&](auto& local, int64_t i) {
+        const auto [n, hv] = tasks[static_cast<size_t>(i)];
+        chunked_one(args, spans[static_cast<size_t>(n)], n, hv, local.first, local.second, out_unrounded);
+      });
   return Status::Ok();
 }
 

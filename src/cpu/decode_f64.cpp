@@ -2,14 +2,13 @@
 // token recurrence (spec section 1) in float64 on its pooled state; out and the
 // state written back in the state dtype. It is also the oracle of the GPU decode.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <thread>
 #include <vector>
 
 #include "common/bf16.h"
 #include "cpu/cpu_backends.h"
+#include "cpu/parallel.h"
 
 namespace flashkda::cpu {
 namespace {
@@ -90,15 +89,7 @@ void decode_one(const DecodeArgs& a, int64_t n, int64_t hv) {
 Status decode_f64(const DecodeArgs& a) {
   const int64_t HV = a.num_v_heads > 0 ? a.num_v_heads : a.num_heads;
   const int64_t tasks = a.num_seqs * HV;
-  std::atomic<int64_t> next{0};
-  auto worker = [&]() {
-    for (int64_t i = next.fetch_add(1); i < tasks; i = next.fetch_add(1)) decode_one(a, i / HV, i % HV);
-  };
-  const int64_t nthreads = std::min<int64_t>(std::max<unsigned>(1, std::thread::hardware_concurrency()), tasks);
-  std::vector<std::thread> pool;
-  for (int64_t i = 1; i < nthreads; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
+  parallel_for(tasks, 0, [&](int64_t i) { decode_one(a, i / HV, i % HV); });
   return Status::Ok();
 }
 

@@ -5,15 +5,14 @@
 // Parallel over (sequence, value head) pairs; every pair is independent and owns
 // disjoint slices of `out` and `final_state`.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <thread>
 #include <vector>
 
 #include "common/bf16.h"
 #include "common/sequences.h"
 #include "cpu/cpu_backends.h"
+#include "cpu/parallel.h"
 
 namespace flashkda::cpu {
 namespace {
@@ -120,17 +119,9 @@ Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded) {
 
   // Longest sequences are not reordered: the oracle is about clarity, and the
   // (n, hv) pairs are handed out one at a time, which balances well enough.
-  std::atomic<int64_t> next{0};
-  auto worker = [&]() {
-    for (int64_t i = next.fetch_add(1); i < tasks; i = next.fetch_add(1))
-      reference_one(args, spans[static_cast<size_t>(i / HV)], i / HV, i % HV, out_unrounded);
-  };
-  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  const int64_t nthreads = std::min<int64_t>(hw, tasks);
-  std::vector<std::thread> pool;
-  for (int64_t i = 1; i < nthreads; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
+  parallel_for(tasks, 0, [&](int64_t i) {
+    reference_one(args, spans[static_cast<size_t>(i / HV)], i / HV, i % HV, out_unrounded);
+  });
   return Status::Ok();
 }
 

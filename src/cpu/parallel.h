@@ -1,0 +1,37 @@
+// The CPU backends' one threading pattern: independent tasks 0..n-1 handed out
+// one at a time (an atomic counter) to a few threads, the calling one included.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace flashkda::cpu {
+
+// body(local, i) for every task i; each thread first makes its own scratch with
+// make_local(). requested_threads <= 0: std::thread::hardware_concurrency().
+template <typename MakeLocal, typename Body>
+void parallel_for(int64_t tasks, int requested_threads, MakeLocal make_local, Body body) {
+  if (tasks <= 0) return;
+  int64_t threads = requested_threads > 0 ? requested_threads
+                                          : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  threads = std::min(threads, tasks);
+  std::atomic<int64_t> next{0};
+  auto worker = [&]() {
+    auto local = make_local();
+    for (int64_t i = next.fetch_add(1); i < tasks; i = next.fetch_add(1)) body(local, i);
+  };
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+}
+
+// The same without per-thread scratch: body(i).
+template <typename Body>
+void parallel_for(int64_t tasks, int requested_threads, Body body) {
+  parallel_for(tasks, requested_threads, [] { return 0; }, [&](int, int64_t i) { body(i); });
+}
+
+}  // namespace flashkda::cpu
