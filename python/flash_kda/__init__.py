@@ -1,4 +1,4 @@
-"""flash_kda: Kimi Delta Attention (KDA) forward.
+"""flash_kda: Kimi Delta Attention (KDA) forward and decode.
 
 A drop-in for the FlashKDA Python API that fla's ``chunk_kda`` dispatches to
 (``fla/ops/kda/backends/flash_kda.py``): under ``torch.inference_mode()`` fla calls
@@ -12,6 +12,8 @@ so the extension links no torch: torch is imported only when present (for the
 workspace allocation and the ``kda_forward`` custom op).
 
     fwd(...)           FlashKDA-compatible, in place, returns None
+    decode(...)        one decode step on states in an engine's pool, in place on
+                       the pool; returns out
     kda_forward(...)   functional form -> (out, final_state); a torch.library custom
                        op (torch.compile / CUDA-graph friendly)
     workspace_size(...), cuda_available(), cuda_status()
@@ -26,7 +28,7 @@ from ._loader import load_extension
 _C = load_extension()
 
 __version__ = "0.1.0"
-__all__ = ["fwd", "kda_forward", "workspace_size", "cuda_available", "cuda_status", "compiled_with_cuda"]
+__all__ = ["fwd", "decode", "kda_forward", "workspace_size", "cuda_available", "cuda_status", "compiled_with_cuda"]
 
 #: Used when ``lower_bound=None`` is passed (fla passes its own value through,
 #: which may be None): the FlashKDA/fla safe-gate default and the widest bound
@@ -147,6 +149,56 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
                                  _plain(A_log), _plain(dt_bias), lower_bound,
                                  initial_state=_plain(initial_state), final_state=final_state,
                                  cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, backend=backend))
+
+
+def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,
+           lower_bound=None, cu_seqlens=None, state_out_pool=None, per_token_states=None,
+           cu_seqlens_host=None, stream=None):
+    """One KDA decode step: a few new tokens per running sequence, states in a pool.
+
+    Sequence n's tokens run the recurrence (the same math as :func:`fwd`) starting from
+    slot ``state_indices[n]`` of ``state_pool``; its final state is written back to that
+    slot in place (or to the same slot of ``state_out_pool``, leaving ``state_pool``
+    untouched). A negative index is a padding entry: its ``out`` rows, its slot and its
+    ``per_token_states`` rows are neither read nor written.
+
+    Args (T tokens in all, N = ``len(state_indices)`` sequences, P pool slots):
+        q, k: bf16 ``[T, H, K]``, or ``[N, t, H, K]`` (read as the flattened ``[N*t, H, K]``;
+            every token tensor then has the same two leading dims).
+        v: bf16 ``[T, HV, V]``.  g: bf16 ``[T, HV, K]``.  beta: bf16 ``[T, HV]``.
+        A_log: fp32 ``[HV]``.  dt_bias: fp32 ``[HV, K]``.
+        state_pool: fp32 or bf16 ``[P, HV, V, K]``; each slot dense, any stride >= HV*V*K
+            elements between slots (e.g. a slice of a bigger buffer). Updated in place.
+        state_indices: int32 or int64 ``[N]``, each < P (negative: padding).
+        out: bf16 ``[T, HV, V]`` written in place, or None to allocate one (torch only).
+        scale: float, or None for ``K ** -0.5``.  lower_bound: float in ``[-5, 0)``, or None for -5.0.
+        cu_seqlens: int64 ``[N+1]`` token offsets of the sequences, or None: then every
+            sequence has T / N tokens (T must be a multiple of N).
+        state_out_pool: like state_pool (same shape and dtype, own slot stride), or None.
+        per_token_states: ``[T, HV, V, K]`` in the state dtype, or None: also the state
+            after every token (speculative verify).
+        cu_seqlens_host: optional int64 CPU copy of cu_seqlens (validated; CUDA only).
+        stream: cudaStream_t as int; default torch's current stream on q's device.
+
+    Returns ``out``. CPU tensors run the float64 CPU decode; CUDA tensors the sm_90a
+    kernel (K = V = 128), asynchronously, capturable in a CUDA graph. Errors as for
+    :func:`fwd`: TypeError / ValueError naming the argument, NotImplementedError for what
+    the backend cannot run, RuntimeError for CUDA errors.
+    """
+    if out is None:
+        if not _is_torch(v):
+            raise TypeError("out: pass an output array (bf16, the shape of v) for non-torch inputs; "
+                            "only torch tensors are allocated automatically")
+        import torch
+
+        out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
+    _, stream = _runtime(q, stream)
+    _C.decode(_plain(q), _plain(k), _plain(v), _plain(g), _plain(beta), _plain(A_log), _plain(dt_bias), out,
+              state_pool, _plain(state_indices), scale, lower_bound,
+              cu_seqlens=_plain(cu_seqlens), cu_seqlens_host=_plain(cu_seqlens_host),
+              state_out_pool=state_out_pool, per_token_states=per_token_states, stream=stream)
+    return out
 
 
 # The functional form needs torch (a torch.library custom op). Registered at import

@@ -1,4 +1,4 @@
-// flash_kda._C: the Python binding of flashkda::forward (nanobind).
+// flash_kda._C: the Python binding of flashkda::forward and flashkda::decode (nanobind).
 //
 // Tensors arrive through DLPack (nb::ndarray), so the extension links no
 // framework: torch tensors of any version with __dlpack__, CuPy and NumPy arrays
@@ -14,10 +14,12 @@
 //
 // CUDA tensors run on Backend::kCuda on the stream passed as an integer
 // (a cudaStream_t; 0 = the legacy default stream), CPU tensors on
-// Backend::kCpuChunked. Nothing is synchronised and no device memory is
-// allocated here: the scratch workspace comes from the caller (`workspace`),
-// or from the `alloc(nbytes)` callable (python/flash_kda uses torch's caching
-// allocator), so a call can be captured in a CUDA graph.
+// Backend::kCpuChunked (fwd) or the float64 CPU decode (decode: kCpuReference).
+// Nothing is synchronised and no device memory is allocated here: fwd's scratch
+// workspace comes from the caller (`workspace`), or from the `alloc(nbytes)`
+// callable (python/flash_kda uses torch's caching allocator), and decode needs
+// none, so a call can be captured in a CUDA graph. flashkda::decode validates
+// its own rest (lower_bound, alignment, index values on the CPU, ...) the same way.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -133,12 +135,14 @@ std::string strides_string(const Array& a) {
 }
 
 // Dense row-major: stride of every dimension of extent > 1 equals the product of
-// the extents to its right (the same rule as torch's is_contiguous()).
-bool c_contiguous(const Array& a) {
+// the extents to its right (the same rule as torch's is_contiguous()). With
+// `first` > 0 only dimensions first.. are checked (a decode state pool: dense
+// slots, any spacing between them).
+bool c_contiguous(const Array& a, size_t first = 0) {
   for (size_t i = 0; i < a.ndim(); ++i)
     if (a.shape(i) == 0) return true;  // no elements: any strides (as torch's is_contiguous)
   int64_t expect = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
+  for (size_t i = a.ndim(); i-- > first;) {
     const int64_t n = static_cast<int64_t>(a.shape(i));
     if (n != 1 && a.stride(i) != expect) return false;
     expect *= n;
@@ -186,7 +190,7 @@ Arg take(const char* name, nb::handle obj, std::initializer_list<DT> allowed, bo
   return a;
 }
 
-void expect_shape(const Arg& a, std::initializer_list<int64_t> dims, const char* what) {
+void expect_shape(const Arg& a, const std::vector<int64_t>& dims, const std::string& what) {
   bool ok = a.arr.ndim() == dims.size();
   size_t i = 0;
   for (int64_t d : dims) {
@@ -211,6 +215,33 @@ void expect_device(const Arg& a, const Arg& ref) {
   if (a.present && !(a.dev == ref.dev))
     raise_value(cat(a.name, ": expected a tensor on the same device as ", ref.name, " (", ref.dev.str(), "), got ",
                     a.dev.str()));
+}
+
+// A decode state pool [P, HV, V, K] with P >= 1 slots (P given: a second pool
+// must match the first): each slot dense row-major, any spacing >= one slot
+// between slots (e.g. a slice of a bigger buffer). Returns the slot stride in
+// elements, 0 when it is one dense slot (or when P == 1 makes it irrelevant).
+int64_t expect_pool(const Arg& a, int64_t P, int64_t HV, int64_t V, int64_t K) {
+  if (a.arr.ndim() != 4)
+    raise_value(cat(a.name, ": expected a 4-d tensor [P, HV, V, K], got shape ", shape_string(a.arr)));
+  if (P < 0) {
+    P = a.dim(0);
+    expect_shape(a, {P, HV, V, K}, "[P, HV, V, K] (HV, V from v; K from q)");
+  } else {
+    expect_shape(a, {P, HV, V, K}, "[P, HV, V, K] (the shape of state_pool)");
+  }
+  if (P < 1) raise_value(cat(a.name, ": expected at least one slot, got shape ", shape_string(a.arr)));
+  if (!c_contiguous(a.arr, 1))
+    raise_value(cat(a.name, ": expected dense row-major slots (strides of the [HV, V, K] dims ", V * K, ", ", K,
+                    ", 1; any stride between slots), got shape ", shape_string(a.arr), " with strides ",
+                    strides_string(a.arr)));
+  const int64_t per_slot = HV * V * K;
+  if (P == 1 || per_slot == 0) return 0;
+  const int64_t s = static_cast<int64_t>(a.arr.stride(0));
+  if (s < per_slot)
+    raise_value(cat(a.name, ": expected a stride between slots (stride(0)) of at least HV*V*K = ", per_slot,
+                    " elements, got ", s, " (shape ", shape_string(a.arr), ", strides ", strides_string(a.arr), ")"));
+  return s == per_slot ? 0 : s;
 }
 
 flashkda::DType state_dtype(const Arg& a) {
@@ -413,6 +444,148 @@ size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
   return need;
 }
 
+// ---- decode ------------------------------------------------------------------
+// Token tensors are rank 3 ([T, ...]) or rank 4 ([N, t, ...], read as the
+// flattened [N*t, ...]); q decides which and every token tensor follows it.
+struct DecodeCall {
+  Arg q, k, v, g, beta, A_log, dt_bias, out, pool, idx, cu, cu_host, pool_out, per_tok;
+  flashkda::DecodeArgs args;
+  flashkda::Backend backend = flashkda::Backend::kCpuReference;
+};
+
+DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle A_log,
+                          nb::handle dt_bias, nb::handle out, nb::handle state_pool, nb::handle state_indices,
+                          double scale, double lower_bound, nb::handle cu_seqlens, nb::handle cu_seqlens_host,
+                          nb::handle state_out_pool, nb::handle per_token_states) {
+  DecodeCall c;
+  // dtypes first (TypeError), in argument order.
+  c.q = take("q", q, {DT::kBF16}, false);
+  c.k = take("k", k, {DT::kBF16}, false);
+  c.v = take("v", v, {DT::kBF16}, false);
+  c.g = take("g", g, {DT::kBF16}, false);
+  c.beta = take("beta", beta, {DT::kBF16}, false);
+  c.A_log = take("A_log", A_log, {DT::kF32}, false);
+  c.dt_bias = take("dt_bias", dt_bias, {DT::kF32}, false);
+  c.out = take("out", out, {DT::kBF16}, false);
+  c.pool = take("state_pool", state_pool, {DT::kF32, DT::kBF16}, false);
+  c.idx = take("state_indices", state_indices, {DT::kI32, DT::kI64}, false);
+  c.cu = take("cu_seqlens", cu_seqlens, {DT::kI64}, true);
+  c.cu_host = take("cu_seqlens_host", cu_seqlens_host, {DT::kI64}, true);
+  c.pool_out = take("state_out_pool", state_out_pool, {DT::kF32, DT::kBF16}, true);
+  c.per_tok = take("per_token_states", per_token_states, {DT::kF32, DT::kBF16}, true);
+  const DT sdt = dtype_of(c.pool.arr);
+  for (const Arg* a : {&c.pool_out, &c.per_tok})
+    if (a->present && dtype_of(a->arr) != sdt)
+      raise_type(cat(a->name, ": expected the dtype of state_pool (", name_of(sdt), "), got ",
+                     dtype_string(a->arr)));
+
+  // Shapes (ValueError): q defines the token layout, H and K; v defines HV and V.
+  const size_t rank = c.q.arr.ndim();
+  if (rank != 3 && rank != 4)
+    raise_value(cat("q: expected a 3-d tensor [T, H, K] or a 4-d tensor [N, t, H, K], got shape ",
+                    shape_string(c.q.arr)));
+  std::vector<int64_t> lead;
+  for (size_t i = 0; i + 2 < rank; ++i) lead.push_back(c.q.dim(i));
+  const std::string L = rank == 3 ? "T" : "N, t";
+  auto with = [&](std::initializer_list<int64_t> tail) {
+    std::vector<int64_t> d = lead;
+    d.insert(d.end(), tail);
+    return d;
+  };
+  const int64_t H = c.q.dim(rank - 2), K = c.q.dim(rank - 1);
+  const int64_t T = rank == 3 ? lead[0] : lead[0] * lead[1];
+  if (c.v.arr.ndim() != rank)
+    raise_value(cat("v: expected a ", rank, "-d tensor [", L, ", HV, V] (the rank of q), got shape ",
+                    shape_string(c.v.arr)));
+  const int64_t HV = c.v.dim(rank - 2), V = c.v.dim(rank - 1);
+  expect_shape(c.k, with({H, K}), cat("[", L, ", H, K] (the shape of q)"));
+  expect_shape(c.v, with({HV, V}), cat("[", L, ", HV, V] (", L, " from q)"));
+  expect_shape(c.g, with({HV, K}), cat("[", L, ", HV, K]"));
+  expect_shape(c.beta, with({HV}), cat("[", L, ", HV]"));
+  expect_shape(c.A_log, {HV}, "[HV]");
+  expect_shape(c.dt_bias, {HV, K}, "[HV, K]");
+  expect_shape(c.out, with({HV, V}), cat("[", L, ", HV, V] (the shape of v)"));
+  const int64_t pool_stride = expect_pool(c.pool, -1, HV, V, K);
+  const int64_t P = c.pool.dim(0);
+  const int64_t out_stride = c.pool_out.present ? expect_pool(c.pool_out, P, HV, V, K) : 0;
+  if (c.idx.arr.ndim() != 1)
+    raise_value(cat("state_indices: expected a 1-d tensor [N], got shape ", shape_string(c.idx.arr)));
+  const int64_t N = c.idx.dim(0);
+  int64_t tokens_per_seq = 1;
+  if (c.cu.present) {
+    expect_shape(c.cu, {N + 1}, "[N+1] (N = len(state_indices))");
+  } else if (N == 0) {
+    if (T != 0) raise_value(cat("q: expected no tokens with an empty state_indices, got shape ", shape_string(c.q.arr)));
+  } else {
+    if (T == 0 || T % N != 0)
+      raise_value(cat("q: expected a token count T = ", T, " that is a positive multiple of N = len(state_indices) = ",
+                      N, " (t = T / N tokens per sequence; pass cu_seqlens for uneven counts), got shape ",
+                      shape_string(c.q.arr)));
+    tokens_per_seq = T / N;
+  }
+  if (c.cu_host.present) {
+    if (!c.cu.present) raise_value("cu_seqlens_host: given without cu_seqlens");
+    expect_shape(c.cu_host, {N + 1}, "[N+1] (the shape of cu_seqlens)");
+  }
+  if (c.per_tok.present) expect_shape(c.per_tok, with({HV, V, K}), cat("[", L, ", HV, V, K]"));
+
+  // Strides (ValueError); the pools were checked above.
+  for (const Arg* a : {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.A_log, &c.dt_bias, &c.out, &c.idx, &c.cu, &c.cu_host,
+                       &c.per_tok})
+    expect_contiguous(*a);
+
+  // Devices (ValueError): everything where q is, except the host copy of cu_seqlens.
+  for (const Arg* a : {&c.k, &c.v, &c.g, &c.beta, &c.A_log, &c.dt_bias, &c.out, &c.pool, &c.idx, &c.cu,
+                       &c.pool_out, &c.per_tok})
+    expect_device(*a, c.q);
+  if (c.cu_host.present && c.cu_host.dev.type != kDLCPU)
+    raise_value(cat("cu_seqlens_host: expected a CPU tensor, got ", c.cu_host.dev.str()));
+
+  // The CPU decode is the float64 recurrence (kCpuReference); CUDA tensors run kCuda.
+  c.backend = c.q.dev.type == kDLCUDA ? flashkda::Backend::kCuda : flashkda::Backend::kCpuReference;
+
+  flashkda::DecodeArgs& a = c.args;
+  a.q = c.q.cdata(); a.k = c.k.cdata(); a.v = c.v.cdata(); a.g = c.g.cdata(); a.beta = c.beta.cdata();
+  a.A_log = static_cast<const float*>(c.A_log.cdata());
+  a.dt_bias = static_cast<const float*>(c.dt_bias.cdata());
+  a.out = c.out.data();
+  a.num_seqs = N;
+  a.tokens_per_seq = tokens_per_seq;
+  a.cu_seqlens = static_cast<const int64_t*>(c.cu.cdata());
+  a.cu_seqlens_host = static_cast<const int64_t*>(c.cu_host.cdata());
+  a.total_tokens = T;
+  a.state_pool = c.pool.data();
+  a.state_dtype = state_dtype(c.pool);
+  a.pool_size = P;
+  a.pool_stride = pool_stride;
+  a.state_out_pool = c.pool_out.data();
+  // 0 would mean "pool_stride": give the out pool's own spacing (one dense slot when 0).
+  a.state_out_stride = c.pool_out.present ? (out_stride != 0 ? out_stride : HV * V * K) : 0;
+  a.state_indices = c.idx.cdata();
+  a.index_type = dtype_of(c.idx.arr) == DT::kI64 ? flashkda::IndexType::kInt64 : flashkda::IndexType::kInt32;
+  a.per_token_states = c.per_tok.data();
+  a.num_heads = H; a.num_v_heads = HV;
+  a.head_dim_k = K; a.head_dim_v = V;
+  a.scale = static_cast<float>(scale);
+  a.lower_bound = static_cast<float>(lower_bound);
+  return c;
+}
+
+void decode_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle A_log,
+               nb::handle dt_bias, nb::handle out, nb::handle state_pool, nb::handle state_indices, double scale,
+               double lower_bound, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle state_out_pool,
+               nb::handle per_token_states, uintptr_t stream) {
+  DecodeCall c = prepare_decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound,
+                                cu_seqlens, cu_seqlens_host, state_out_pool, per_token_states);
+  flashkda::Status st;
+  {
+    nb::gil_scoped_release release;
+    DeviceGuard guard(c.q.dev);
+    st = flashkda::decode(c.args, c.backend, reinterpret_cast<void*>(stream));
+  }
+  if (!st.ok()) raise_status(st);
+}
+
 nb::tuple cuda_status() {
   std::string why;
   const bool ok = flashkda::cuda_backend_available(&why);
@@ -422,7 +595,7 @@ nb::tuple cuda_status() {
 }  // namespace
 
 NB_MODULE(_C, m) {
-  m.doc() = "flash-kda: Kimi Delta Attention forward (C++/CUDA), DLPack binding";
+  m.doc() = "flash-kda: Kimi Delta Attention forward and decode (C++/CUDA), DLPack binding";
 
   // .none(): a None tensor reaches take(), which names the argument in its TypeError.
   m.def("fwd", &fwd_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(), "scale"_a,
@@ -439,6 +612,14 @@ NB_MODULE(_C, m) {
         "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "backend"_a = "auto",
         "Bytes of scratch memory fwd needs for these arguments (0 on the CPU backends). "
         "Checks the arguments exactly as fwd does.");
+  m.def("decode", &decode_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),
+        "A_log"_a.none(), "dt_bias"_a.none(), "out"_a.none(), "state_pool"_a.none(), "state_indices"_a.none(),
+        "scale"_a, "lower_bound"_a, "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(),
+        "state_out_pool"_a = nb::none(), "per_token_states"_a = nb::none(), "stream"_a = 0,
+        "One decode step: each sequence n's new tokens run the recurrence on slot state_indices[n] of "
+        "state_pool (in place, or into state_out_pool), writing `out` in place. Tensors: see flash_kda.decode. "
+        "CPU tensors run the float64 CPU decode, CUDA tensors the kCuda kernel on `stream` "
+        "(cudaStream_t as an int).");
   m.def("cuda_status", &cuda_status,
         "(available, reason): whether the CUDA backend can run in this process, and why not.");
   m.def("cuda_available", []() { return flashkda::cuda_backend_available(nullptr); },
