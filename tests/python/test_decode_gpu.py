@@ -1,0 +1,241 @@
+"""flash_kda.decode on CUDA tensors (the sm_90a decode kernel, K = V = 128)
+against the CPU decode (float64 recurrence) on the same inputs: single and
+multi-token steps, padding, permuted int32 / int64 indices, per_token_states, a
+separate out pool, strided pools, streams, and CUDA-graph capture + replay.
+
+Skipped, with the reason, without a CUDA device or when the CUDA backend of
+flash_kda cannot run (no kernels compiled in, or not a compute-capability-9.0 GPU).
+
+Bars against the CPU result:
+  fp32 pool state   <= 1e-5 relative RMS (fp32 arithmetic vs float64: ~1e-7).
+  bf16 pool state   <= 3e-3 relative RMS (the bf16 rounding floor, ~1.7e-3, plus margin).
+  out (bf16)        within one bf16 ulp of the CPU's out, plus 1e-6 * max|out| for
+                    the few elements whose value cancels (a tiny out from O(1) terms:
+                    fp32 rounding of the terms can exceed the ulp of the result).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flash_kda
+from kda_reference import rel_rms
+from test_decode_cpu import make_decode
+
+K = 128
+FP32_STATE_BAR = 1e-5
+BF16_STATE_BAR = 3e-3
+
+
+def _skip_reason():
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    ok, why = flash_kda.cuda_status()
+    if not ok:
+        return f"flash_kda CUDA backend unavailable: {why}"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+
+
+def to(p, device):
+    return {n: (x.to(device) if isinstance(x, torch.Tensor) else x) for n, x in p.items()}
+
+
+def call(p, pool, out=None, **kw):
+    if out is None:
+        out = torch.full_like(p["v"], 7.0)
+    kw.setdefault("cu_seqlens", p["cu_seqlens"])
+    return flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool, p["indices"],
+                            out=out, scale=p["scale"], lower_bound=p["lower_bound"], **kw)
+
+
+def cpu_and_gpu(p, per_token=False, **kw):
+    """Runs the CPU and the CUDA decode on the same inputs. Returns dicts with out,
+    pool (and per_tok) for each; the GPU results copied back to the CPU."""
+    res = {}
+    for dev in ("cpu", "cuda"):
+        pd = to(p, dev)
+        pool = p["pool"].clone().to(dev)
+        extra = dict(kw)
+        if per_token:
+            T, HV, V = p["v"].shape
+            extra["per_token_states"] = torch.full((T, HV, V, K), 7.0, dtype=p["pool"].dtype, device=dev)
+        out = call(pd, pool, **extra)
+        torch.cuda.synchronize()
+        res[dev] = dict(out=out.cpu(), pool=pool.cpu())
+        if per_token:
+            res[dev]["per_tok"] = extra["per_token_states"].cpu()
+    return res["cpu"], res["cuda"]
+
+
+def assert_out_within_one_ulp(out, ref, rows=None):
+    if rows is not None:
+        out, ref = out[rows], ref[rows]
+    a, b = out.double(), ref.double()
+    _, e = torch.frexp(b)
+    ulp = torch.ldexp(torch.ones_like(b), e - 8)  # bf16: 8 significant bits, mantissa in [0.5, 1)
+    slack = 1e-6 * b.abs().max().item()
+    bad = (a - b).abs() > ulp + slack
+    assert not bad.any(), f"{int(bad.sum())} out elements more than one bf16 ulp from the CPU's"
+
+
+def assert_state(s, ref):
+    bar = FP32_STATE_BAR if s.dtype == torch.float32 else BF16_STATE_BAR
+    e = rel_rms(s, ref)
+    assert e <= bar, f"state ({s.dtype}) rel RMS {e:.3e} > {bar}"
+
+
+# ---- accuracy against the CPU decode ------------------------------------------------
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_single_token_matches_cpu(state_dtype, index_dtype):
+    p = make_decode(N=16, H=4, K=K, P=40, state_dtype=state_dtype, index_dtype=index_dtype, seed=101)
+    c, g = cpu_and_gpu(p)
+    assert_out_within_one_ulp(g["out"], c["out"])
+    assert_state(g["pool"], c["pool"])
+    unused = sorted(set(range(40)) - set(p["indices"].tolist()))
+    assert torch.equal(g["pool"][unused], p["pool"][unused])
+
+
+def test_gva_matches_cpu():
+    p = make_decode(N=8, H=2, HV=8, K=K, P=10, seed=102)
+    c, g = cpu_and_gpu(p)
+    assert_out_within_one_ulp(g["out"], c["out"])
+    assert_state(g["pool"], c["pool"])
+
+
+def test_permuted_indices_and_padding():
+    idx = [17, -1, 3, 9, -1, 0, 30, 12]
+    p = make_decode(N=8, H=4, K=K, P=32, indices=idx, index_dtype=torch.int64, seed=103)
+    c, g = cpu_and_gpu(p)
+    live = [n for n, s in enumerate(idx) if s >= 0]
+    assert_out_within_one_ulp(g["out"], c["out"], rows=live)
+    assert torch.all(g["out"][[1, 4]] == 7)  # padding rows: not written
+    assert_state(g["pool"], c["pool"])
+    unused = sorted(set(range(32)) - {s for s in idx if s >= 0})
+    assert torch.equal(g["pool"][unused], p["pool"][unused])
+
+
+def test_index_past_the_pool_is_skipped_like_padding():
+    # The indices stay on the device (no read-back): the kernel skips an entry >= P.
+    p = to(make_decode(N=3, H=2, K=K, P=4, indices=[2, 4, 0], seed=112), "cuda")
+    pool = p["pool"].clone()
+    out = call(p, pool)
+    torch.cuda.synchronize()
+    assert torch.all(out[1] == 7)
+    assert torch.equal(pool[[1, 3]], p["pool"][[1, 3]])
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_multi_token_cu_seqlens_and_per_token_states(state_dtype):
+    p = make_decode(seqlens=[3, 1, 4, 2, 5], H=2, K=K, P=12, indices=[7, -1, 2, 11, 0], state_dtype=state_dtype,
+                    seed=104)
+    c, g = cpu_and_gpu(p, per_token=True)
+    cu = p["cu_seqlens"].tolist()
+    live = [t for n, s in enumerate(p["indices"].tolist()) if s >= 0 for t in range(cu[n], cu[n + 1])]
+    assert_out_within_one_ulp(g["out"], c["out"], rows=live)
+    assert_state(g["per_tok"][live], c["per_tok"][live])
+    assert_state(g["pool"], c["pool"])
+    assert torch.all(g["per_tok"][3] == 7) and torch.all(g["out"][3] == 7)
+    for n, slot in enumerate(p["indices"].tolist()):
+        if slot >= 0:
+            assert torch.equal(g["per_tok"][cu[n + 1] - 1], g["pool"][slot])
+
+
+def test_uniform_tokens_per_seq():
+    p = make_decode(N=6, t=3, H=2, K=K, P=8, seed=105)
+    c, g = cpu_and_gpu(p)
+    assert_out_within_one_ulp(g["out"], c["out"])
+    assert_state(g["pool"], c["pool"])
+
+
+def test_state_out_pool_and_strided_pools():
+    p = make_decode(N=4, H=2, K=K, P=6, indices=[5, 0, -1, 3], seed=106)
+    pd = to(p, "cuda")
+    ref_pool = pd["pool"].clone()
+    ref_out = call(pd, ref_pool)
+    per_slot = 2 * K * K
+    # Input pool: slots 3 * per_slot apart; out pool: slots 2 * per_slot apart.
+    big_in = torch.full((6, 3 * per_slot), 7.0, device="cuda")
+    pool_in = big_in[:, per_slot:2 * per_slot].view(6, 2, K, K)
+    pool_in.copy_(pd["pool"])
+    big_out = torch.full((6, 2 * per_slot), 7.0, device="cuda")
+    pool_out = big_out[:, :per_slot].view(6, 2, K, K)
+    out = call(pd, pool_in, state_out_pool=pool_out)
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref_out)
+    assert torch.equal(pool_in, pd["pool"])  # the input pool is untouched
+    live = [5, 0, 3]
+    assert torch.equal(pool_out[live], ref_pool[live])
+    assert torch.all(pool_out[[1, 2, 4]] == 7) and torch.all(big_out[:, per_slot:] == 7)
+    assert torch.all(big_in[:, :per_slot] == 7) and torch.all(big_in[:, 2 * per_slot:] == 7)
+
+
+def test_functional_form_and_side_stream():
+    p = to(make_decode(N=8, H=2, K=K, P=8, seed=107), "cuda")
+    pool_a = p["pool"].clone()
+    out_a = call(p, pool_a)
+    pool_b = p["pool"].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out_b = flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool_b,
+                                 p["indices"])
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert out_b.device == p["v"].device and out_b.dtype == torch.bfloat16
+    assert torch.equal(out_a, out_b) and torch.equal(pool_a, pool_b)
+
+
+# ---- CUDA graphs ----------------------------------------------------------------------
+
+def test_cuda_graph_capture_and_replay_equals_a_direct_call():
+    static = to(make_decode(N=16, H=4, K=K, P=24, index_dtype=torch.int64, seed=108), "cuda")
+    fresh = to(make_decode(N=16, H=4, K=K, P=24, index_dtype=torch.int64, seed=109), "cuda")
+    pool = static["pool"].clone()
+    out = torch.empty_like(static["v"])
+
+    def step():
+        call(static, pool, out=out)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    # New inputs, new indices and a new pool in the same buffers: the graph reads them at replay.
+    for name in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "indices"):
+        static[name].copy_(fresh[name])
+    pool.copy_(fresh["pool"])
+    graph.replay()
+    torch.cuda.synchronize()
+    exp_pool = fresh["pool"].clone()
+    exp_out = call(fresh, exp_pool, out=torch.empty_like(fresh["v"]))
+    torch.cuda.synchronize()
+    assert torch.equal(out, exp_out) and torch.equal(pool, exp_pool)
+
+
+# ---- errors on CUDA -----------------------------------------------------------------
+
+def test_errors_on_cuda():
+    p = to(make_decode(N=2, H=2, K=K, P=4, seed=110), "cuda")
+    pool = p["pool"].clone()
+    with pytest.raises(ValueError, match=r"^k: expected a tensor on the same device as q \(cuda:0\), got cpu"):
+        flash_kda.decode(p["q"], p["k"].cpu(), p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
+                         p["indices"])
+    with pytest.raises(ValueError, match=r"^lower_bound: expected a finite value in \[-5, 0\), got 0"):
+        call(p, pool, lower_bound=0.0)
+    with pytest.raises(TypeError, match=r"^state_pool: expected dtype"):
+        call(p, pool.double())
+
+
+def test_unsupported_head_dim_is_not_implemented():
+    p = to(make_decode(N=2, H=2, K=64, P=4, seed=111), "cuda")
+    with pytest.raises(NotImplementedError, match=r"head_dim_k/head_dim_v: the CUDA decode supports K = V = 128"):
+        call(p, p["pool"].clone())
