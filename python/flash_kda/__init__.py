@@ -117,9 +117,8 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
         final_state: bf16/fp32 ``[N, HV, V, K]`` written in place, or None; same dtype
             as initial_state when both are given.
         cu_seqlens: int64 ``[N+1]`` on the tensors' device (requires B == 1), or None.
-    Keyword-only extensions: ``cu_seqlens_host`` (an int64 CPU copy of cu_seqlens: validated
-    and used to schedule long sequences first; never made implicitly, as a device-to-host
-    copy would synchronise), ``workspace`` (uint8 scratch; default: allocated per call from
+    Keyword-only extensions: ``cu_seqlens_host`` (an int64 CPU copy of cu_seqlens: validated;
+    never made implicitly, as a device-to-host copy would synchronise), ``workspace`` (uint8 scratch; default: allocated per call from
     torch's caching allocator), ``stream`` (cudaStream_t as int; default: torch's current
     stream), ``backend`` ('auto', 'cuda', 'cpu', 'reference').
 

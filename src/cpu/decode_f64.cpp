@@ -57,7 +57,7 @@ void decode_one(const DecodeArgs& a, int64_t n, int64_t hv) {
     for (int64_t d = 0; d < K; ++d) {
       qn[d] *= qi;
       kn[d] *= ki;
-      const double x = exp_A * (bf16_to_float(g[(t * HV + hv) * K + d]) + a.dt_bias[hv * K + d]);
+      const double x = exp_A * (static_cast<double>(bf16_to_float(g[(t * HV + hv) * K + d])) + a.dt_bias[hv * K + d]);
       decay[d] = std::exp(a.lower_bound / (1.0 + std::exp(-x)));
     }
     const double b = 1.0 / (1.0 + std::exp(-static_cast<double>(bf16_to_float(beta[t * HV + hv]))));

@@ -342,7 +342,7 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
     a.cu_seqlens = static_cast<const int64_t*>(c.cu.cdata());
     a.num_seqs = N;
     // For kCuda the device boundaries are never copied back (that would sync the
-    // stream); only an explicitly given host copy is used (validated, scheduling).
+    // stream); only an explicitly given host copy is used (validated).
     a.cu_seqlens_host = static_cast<const int64_t*>(c.cu_host.cdata());
   }
   a.batch = B; a.seqlen = T; a.num_heads = H; a.num_v_heads = HV;
