@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import flash_kda
+from gpu_skip import requires_cuda_backend
 from kda_reference import rel_rms
 from test_decode_cpu import make_decode
 
@@ -27,16 +28,7 @@ FP32_STATE_BAR = 1e-5
 BF16_STATE_BAR = 3e-3
 
 
-def _skip_reason():
-    if not torch.cuda.is_available():
-        return "no CUDA device (torch.cuda.is_available() is False)"
-    ok, why = flash_kda.cuda_status()
-    if not ok:
-        return f"flash_kda CUDA backend unavailable: {why}"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+pytestmark = requires_cuda_backend
 
 
 def to(p, device):

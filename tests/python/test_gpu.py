@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import flash_kda
+from gpu_skip import requires_cuda_backend
 from kda_reference import fwd_kwargs, make_problem, new_outputs, reference, rel_rms
 
 OUT_BAR = 3.5e-3
@@ -25,16 +26,7 @@ STATE_BAR_FP32 = 2.5e-3
 STATE_BAR_BF16 = 3.5e-3
 
 
-def _skip_reason():
-    if not torch.cuda.is_available():
-        return "no CUDA device (torch.cuda.is_available() is False)"
-    ok, why = flash_kda.cuda_status()
-    if not ok:
-        return f"flash_kda CUDA backend unavailable: {why}"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+pytestmark = requires_cuda_backend
 
 
 def gpu_problem(**kw):
