@@ -31,13 +31,14 @@ fi
 
 status=0
 echo "== GPU tests"
-"$BUILD/tests/flashkda_gpu_tests" --gtest_color=no >"$OUT/gpu_tests.log" 2>&1 || status=1
+# A hang must not eat the whole device call: the suite takes well under a minute.
+timeout 300 "$BUILD/tests/flashkda_gpu_tests" --gtest_color=no >"$OUT/gpu_tests.log" 2>&1 || status=1
 grep -E "^\[ errors \]|FAILED|PASSED|SKIPPED|Failure|error:" "$OUT/gpu_tests.log" | head -80
 
 echo "== compute-sanitizer (memcheck, racecheck) on a small varlen case"
 filter='GpuForward.VarlenSpecCase'
 for tool in memcheck racecheck; do
-  compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD/tests/flashkda_gpu_tests" \
+  timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD/tests/flashkda_gpu_tests" \
     --gtest_filter="$filter" --gtest_color=no >"$OUT/sanitizer_$tool.log" 2>&1
   rc=$?
   echo "$tool: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
