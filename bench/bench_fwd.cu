@@ -2,7 +2,13 @@
 // and prints median ms, achieved GB/s and the ratio to the IO floor.
 //
 //   flashkda-bench [--heads 96,64] [--states fp32,bf16,none] [--iters 100] [--warmup 10]
-//                  [--v-split 0|1|2|4] [--sweep-v-split] [--json FILE]
+//                  [--v-split 0|1|2|4] [--stages 0|3|4] [--sweep-v-split] [--sweep-plan]
+//                  [--json FILE]
+//
+// --v-split / --stages force one part of the launch plan (sm90::LaunchOverride);
+// unset parts keep the heuristic's choice. --sweep-plan times the plans worth
+// comparing (V split 1; V split 2 with 4 or 3 stages) one after the other on
+// the same inputs.
 //
 // Timing: CUDA events around each launch, median of --iters launches after
 // --warmup. Inputs are random (never zeros), generated on the device; one
@@ -76,6 +82,7 @@ struct Row {
   int heads;
   std::string name, state;
   int v_split;
+  std::string plan;
   double ms, gbps, floor_ms, published;
 };
 
@@ -84,8 +91,9 @@ struct Row {
 int main(int argc, char** argv) {
   std::vector<int> heads = {96, 64};
   std::vector<std::string> states = {"fp32", "bf16", "none"};
-  int iters = 100, warmup = 10, v_split = 0;
-  bool sweep = false;
+  int iters = 100, warmup = 10;
+  flashkda::sm90::LaunchOverride forced;
+  bool sweep = false, sweep_plan = false;
   std::string json;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -97,8 +105,10 @@ int main(int argc, char** argv) {
     else if (a == "--states") states = split(next());
     else if (a == "--iters") iters = std::atoi(next().c_str());
     else if (a == "--warmup") warmup = std::atoi(next().c_str());
-    else if (a == "--v-split") v_split = std::atoi(next().c_str());
+    else if (a == "--v-split") forced.v_split = std::atoi(next().c_str());
+    else if (a == "--stages") forced.stages = std::atoi(next().c_str());
     else if (a == "--sweep-v-split") sweep = true;
+    else if (a == "--sweep-plan") sweep_plan = true;
     else if (a == "--json") json = next();
     else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
   }
@@ -110,7 +120,17 @@ int main(int argc, char** argv) {
   const Case cases[] = {{"8192", {8192}},
                         {"varlen6", {1300, 547, 2048, 963, 271, 3063}},
                         {"8x1024", {1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024}}};
-  std::vector<int> splits = sweep ? std::vector<int>{1, 2, 4} : std::vector<int>{v_split};
+  // Launch plans to time, each on the same inputs one after the other.
+  std::vector<flashkda::sm90::LaunchOverride> plans = {forced};
+  if (sweep) {
+    plans.clear();
+    for (int vs : {1, 2, 4}) {
+      flashkda::sm90::LaunchOverride o = forced;
+      o.v_split = vs;
+      plans.push_back(o);
+    }
+  }
+  if (sweep_plan) plans = {{1, 4}, {2, 4}, {2, 3}};
   std::vector<Row> rows;
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
@@ -175,8 +195,12 @@ int main(int argc, char** argv) {
         if (!wss.ok()) { std::fprintf(stderr, "workspace_size failed: %s\n", wss.message.c_str()); return 1; }
         void* ws = nullptr;
         CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
-        for (int vs : splits) {
-          flashkda::sm90::set_v_split_override(vs);
+        int dev = 0, sms = 0;
+        CHECK_CUDA(cudaGetDevice(&dev));
+        CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        for (const auto& plan_override : plans) {
+          flashkda::sm90::set_launch_override(plan_override);
+          const flashkda::sm90::LaunchPlan used = flashkda::sm90::effective_launch_plan(flashkda::sm90::problem_shape(a), sms);
           for (int i = 0; i < warmup; ++i) {
             flashkda::Status s = flashkda::forward(a, flashkda::Backend::kCuda, ws, ws_bytes, nullptr);
             if (!s.ok()) { std::fprintf(stderr, "forward failed: %s\n", s.message.c_str()); return 1; }
@@ -192,18 +216,14 @@ int main(int argc, char** argv) {
           CHECK_CUDA(cudaGetLastError());
           std::sort(ms.begin(), ms.end());
           const double med = ms[iters / 2];
-          int used = vs;
-          if (used == 0) {
-            int dev, sms;
-            cudaGetDevice(&dev);
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-            used = flashkda::sm90::choose_v_split(N * H, sms);
-          }
-          rows.push_back({H, c.name, st, used, med, bytes / (med * 1e-3) / 1e9, bytes / kCopyBandwidth * 1e3,
-                          st == "fp32" ? published_ms(H, c.name) : 0.0});
-          std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d  %.3f ms\n", H, c.name, st.c_str(), used, med);
+          char plan[64];
+          std::snprintf(plan, sizeof plan, "%d stages", used.stages);
+          rows.push_back({H, c.name, st, used.v_split, plan, med, bytes / (med * 1e-3) / 1e9,
+                          bytes / kCopyBandwidth * 1e3, st == "fp32" ? published_ms(H, c.name) : 0.0});
+          std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d %s  %.3f ms\n", H, c.name, st.c_str(), used.v_split,
+                       plan, med);
         }
-        flashkda::sm90::set_v_split_override(0);
+        flashkda::sm90::set_launch_override({});
         CHECK_CUDA(cudaFree(ws));
       }
       cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(g); cudaFree(out); cudaFree(beta);
@@ -211,16 +231,16 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("\n| H | case | state | v_split | median ms | GB/s | x IO floor | FlashKDA design ms | ratio |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| H | case | state | v_split | launch | median ms | GB/s | x IO floor | FlashKDA design ms | ratio |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
     char pub[64] = "-", ratio[64] = "-";
     if (r.published > 0) {
       std::snprintf(pub, sizeof pub, "%.3f", r.published);
       std::snprintf(ratio, sizeof ratio, "%.2fx", r.ms / r.published);
     }
-    std::printf("| %d | %s | %s | %d | %.3f | %.0f | %.2f | %s | %s |\n", r.heads, r.name.c_str(), r.state.c_str(),
-                r.v_split, r.ms, r.gbps, r.ms / r.floor_ms, pub, ratio);
+    std::printf("| %d | %s | %s | %d | %s | %.3f | %.0f | %.2f | %s | %s |\n", r.heads, r.name.c_str(),
+                r.state.c_str(), r.v_split, r.plan.c_str(), r.ms, r.gbps, r.ms / r.floor_ms, pub, ratio);
   }
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
@@ -229,9 +249,11 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(f,
-                   "  {\"heads\": %d, \"case\": \"%s\", \"state\": \"%s\", \"v_split\": %d, \"median_ms\": %.5f, "
+                   "  {\"heads\": %d, \"case\": \"%s\", \"state\": \"%s\", \"v_split\": %d, \"launch\": \"%s\", "
+                   "\"median_ms\": %.5f, "
                    "\"gbps\": %.1f, \"io_floor_ms\": %.5f, \"flashkda_design_ms\": %.3f}%s\n",
-                   r.heads, r.name.c_str(), r.state.c_str(), r.v_split, r.ms, r.gbps, r.floor_ms, r.published,
+                   r.heads, r.name.c_str(), r.state.c_str(), r.v_split, r.plan.c_str(), r.ms, r.gbps, r.floor_ms,
+                   r.published,
                    i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "]\n");

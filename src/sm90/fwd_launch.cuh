@@ -1,4 +1,4 @@
-// Launch template of the recurrence kernel, instantiated per V-split in
+// Launch template of the recurrence kernel, instantiated per (V split, stages) in
 // src/sm90/instantiations/ (one translation unit each, so the build parallelises).
 #pragma once
 #include <cuda_runtime.h>
@@ -8,11 +8,11 @@
 
 namespace flashkda::sm90 {
 
-template <int kStateWarps>
+template <int kStateWarps, int kStages>
 cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, cudaStream_t stream) {
-  using Cfg = RecurrenceConfig<kStateWarps>;
+  using Cfg = RecurrenceConfig<kStateWarps, kStages>;
   constexpr size_t kSmemBytes = sizeof(typename Cfg::Smem);
-  auto kernel = kda_recurrence_kernel<kStateWarps>;
+  auto kernel = kda_recurrence_kernel<kStateWarps, kStages>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<dim3(static_cast<unsigned>(num_ctas)), dim3(Cfg::kThreads), kSmemBytes, stream>>>(p);

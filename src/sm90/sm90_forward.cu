@@ -16,7 +16,8 @@ namespace flashkda::sm90 {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-std::atomic<int> g_v_split_override{0};
+std::atomic<int> g_force_v_split{0};
+std::atomic<int> g_force_stages{0};
 
 Status cuda_status(cudaError_t err, const char* what) {
   return {StatusCode::kCudaError, std::string("backend kCuda: ") + what + ": " + cudaGetErrorString(err)};
@@ -84,16 +85,62 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   return Status::Ok();
 }
 
-int choose_v_split(int64_t num_tiles, int num_sms) {
-  // Rows of S are independent, so a (sequence, head) can be served by several
-  // CTAs that each own a slice of V and share the chunk records through L2.
-  // Measured on the H200 (docs/perf-log.md): halving the slice pays while the
-  // grid is under two CTAs per SM; a quarter slice never paid (each CTA then
-  // re-reads the whole record for 32 rows of V).
-  return num_tiles < 2 * int64_t{num_sms} ? 2 : 1;
+ProblemShape problem_shape(const ForwardArgs& args) {
+  ProblemShape shape;
+  const int64_t n = num_sequences(args);
+  shape.seqs = n;
+  shape.heads = value_heads(args);
+  auto chunks = [](int64_t len) { return (len + kChunk - 1) / kChunk; };
+  if (args.cu_seqlens == nullptr) {
+    shape.longest_chunks = chunks(args.seqlen);
+    shape.total_chunks = n * shape.longest_chunks;
+  } else if (args.cu_seqlens_host != nullptr) {
+    shape.longest_chunks = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t c = chunks(args.cu_seqlens_host[i + 1] - args.cu_seqlens_host[i]);
+      shape.total_chunks += c;
+      shape.longest_chunks = std::max(shape.longest_chunks, c);
+    }
+  }
+  return shape;
 }
 
-void set_v_split_override(int v_split) { g_v_split_override.store(v_split); }
+LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
+  LaunchPlan plan;
+  // Rows of S are independent, so a (sequence, head) can be served by several
+  // CTAs that each own a slice of V and share the chunk records through L2.
+  // Measured on the H200 (docs/perf-log.md, 2026-11-29 session 3): two 4-warp
+  // CTAs per (sequence, head) beat one 8-warp CTA in every row of the standard
+  // table except 64/8x1024 (within 1 %), and a quarter slice never paid. When
+  // the longest chain of chunks bounds the kernel (the longest sequence has more
+  // chunks than half of what each of the 2 x SMs resident 8-warp CTAs would get
+  // of the whole) four records in flight are best (varlen-6: 3 stages lose 6 %);
+  // when the total work does (8 x 1024 at H = 96), three, which fit a third
+  // CTA on each SM. A varlen call without cu_seqlens_host may hide a long
+  // sequence: treated as chain-bound.
+  constexpr int64_t kResidentCtasPerSm = 2;
+  const int64_t work_per_cta =
+      shape.total_chunks * shape.heads / std::max<int64_t>(1, kResidentCtasPerSm * num_sms);
+  const bool chain_bound = shape.longest_chunks < 0 || 2 * shape.longest_chunks > work_per_cta;
+  plan.v_split = 2;
+  plan.stages = chain_bound ? 4 : 3;
+  return plan;
+}
+
+void set_launch_override(const LaunchOverride& forced) {
+  g_force_v_split.store(forced.v_split);
+  g_force_stages.store(forced.stages);
+}
+
+LaunchPlan effective_launch_plan(const ProblemShape& shape, int num_sms) {
+  LaunchPlan plan = choose_launch_plan(shape, num_sms);
+  const int v_split = g_force_v_split.load();
+  if (v_split == 1 || v_split == 2 || v_split == 4) plan.v_split = v_split;
+  const int stages = g_force_stages.load();
+  if (stages == 3 || stages == 4) plan.stages = stages;
+  if (plan.v_split != 2) plan.stages = 4;  // the only instantiations built
+  return plan;
+}
 
 Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   const int64_t n = num_sequences(args);
@@ -128,8 +175,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return cuda_status(err, "reading the device's SM count");
 
-  const int forced = g_v_split_override.load();
-  p.v_split = forced == 1 || forced == 2 || forced == 4 ? forced : choose_v_split(n * hv, num_sms);
+  const LaunchPlan plan = effective_launch_plan(problem_shape(args), num_sms);
+  p.v_split = plan.v_split;
   const int64_t num_ctas = n * hv * p.v_split;
   auto s = static_cast<cudaStream_t>(stream);
   if (p.num_slots > 0) {
@@ -137,9 +184,11 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     if (err != cudaSuccess) return cuda_status(err, "launching the prologue kernel");
   }
   switch (p.v_split) {
-    case 1: err = launch_recurrence<8>(p, num_ctas, s); break;
-    case 2: err = launch_recurrence<4>(p, num_ctas, s); break;
-    default: err = launch_recurrence<2>(p, num_ctas, s); break;
+    case 1: err = launch_recurrence<8, 4>(p, num_ctas, s); break;
+    case 2:
+      err = plan.stages == 3 ? launch_recurrence<4, 3>(p, num_ctas, s) : launch_recurrence<4, 4>(p, num_ctas, s);
+      break;
+    default: err = launch_recurrence<2, 4>(p, num_ctas, s); break;
   }
   if (err != cudaSuccess) return cuda_status(err, "launching the recurrence kernel");
   return Status::Ok();

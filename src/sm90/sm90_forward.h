@@ -17,11 +17,33 @@ Status check_supported(const ForwardArgs& args);
 Status workspace_size(const ForwardArgs& args, size_t* bytes);
 Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, void* stream);
 
-// How many CTAs share one (sequence, head), each owning V / v_split rows of the
-// state: the launch heuristic's choice for this problem on this device.
-int choose_v_split(int64_t num_tiles, int num_sms);
-// For benchmarks and tests: force v_split (1, 2 or 4) on later calls; 0 restores
-// the heuristic. Process-wide, not thread-safe against concurrent forward() calls.
-void set_v_split_override(int v_split);
+// How the recurrence kernel is launched for a problem on this device.
+struct LaunchPlan {
+  int v_split = 1;  // CTAs sharing one (sequence, head), each owning V / v_split rows of the state
+  int stages = 4;   // chunk records in flight per CTA (3 only with v_split 2)
+};
+// What the launch heuristic looks at: sequences, value heads, the chunks of all
+// sequences, and the longest sequence's chunks (-1: unknown, for varlen calls
+// without cu_seqlens_host).
+struct ProblemShape {
+  int64_t seqs = 0;
+  int64_t heads = 0;
+  int64_t total_chunks = 0;
+  int64_t longest_chunks = -1;
+};
+ProblemShape problem_shape(const ForwardArgs& args);
+// The launch heuristic's choice for this shape on `num_sms` SMs.
+LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms);
+
+// For benchmarks and tests: force parts of the plan on later calls; a field of
+// 0 keeps the heuristic's choice, an unbuilt combination falls back to 4 stages.
+// Process-wide, not thread-safe against concurrent forward() calls.
+struct LaunchOverride {
+  int v_split = 0;  // 1, 2 or 4
+  int stages = 0;   // 3 or 4
+};
+void set_launch_override(const LaunchOverride& forced);
+// The plan forward() uses now: the heuristic's, with any override applied.
+LaunchPlan effective_launch_plan(const ProblemShape& shape, int num_sms);
 
 }  // namespace flashkda::sm90

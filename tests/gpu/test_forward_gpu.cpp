@@ -85,7 +85,7 @@ ProblemSpec fixed(int64_t T, int64_t H, int64_t B = 1) {
 class GpuForward : public ::testing::Test {
  protected:
   void SetUp() override { SKIP_WITHOUT_GPU(); }
-  void TearDown() override { sm90::set_v_split_override(0); }
+  void TearDown() override { sm90::set_launch_override({}); }
 };
 
 class GpuForwardLength : public GpuForward, public ::testing::WithParamInterface<int64_t> {};
@@ -155,17 +155,20 @@ INSTANTIATE_TEST_SUITE_P(States, GpuForwardStates,
                                            std::make_tuple(DType::kBF16, DType::kBF16),
                                            std::make_tuple(DType::kFP32, DType::kFP32)));
 
-class GpuForwardSplit : public GpuForward, public ::testing::WithParamInterface<int> {};
+class GpuForwardPlan : public GpuForward, public ::testing::WithParamInterface<sm90::LaunchOverride> {};
 
-// Every kernel instantiation (V split over 1, 2, 4 CTAs) computes the same thing.
-TEST_P(GpuForwardSplit, EveryVSplitMatchesOracle) {
-  sm90::set_v_split_override(GetParam());
+// Every recurrence instantiation (V split over 1, 2, 4 CTAs; 4 or 3 stages)
+// computes the same thing, on sequences that end mid-chunk and one of length 1.
+TEST_P(GpuForwardPlan, EveryLaunchPlanMatchesOracle) {
+  sm90::set_launch_override(GetParam());
   ProblemSpec spec;
   spec.seqlens = {100, 1, 250};
   spec.heads = 3;
   expect_within_bars(check_against_oracle(spec), spec);
 }
-INSTANTIATE_TEST_SUITE_P(Splits, GpuForwardSplit, ::testing::Values(1, 2, 4));
+INSTANTIATE_TEST_SUITE_P(Plans, GpuForwardPlan,
+                         ::testing::Values(sm90::LaunchOverride{1, 4}, sm90::LaunchOverride{2, 4},
+                                           sm90::LaunchOverride{2, 3}, sm90::LaunchOverride{4, 4}));
 
 // Captured in a CUDA graph on a non-default stream and replayed three times on
 // one workspace: the same bits as a direct call.

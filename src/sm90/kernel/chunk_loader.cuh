@@ -29,11 +29,50 @@ __device__ __forceinline__ void load_token_rows_async(uint16_t* dst, int ld, con
   }
 }
 
-template <int kThreadCount>
-__device__ __forceinline__ void load_record_async(ChunkOperands& dst, const ChunkOperands* src, int tid) {
-  auto* d = reinterpret_cast<cute::uint128_t*>(&dst);
-  const auto* s = reinterpret_cast<const cute::uint128_t*>(src);
-  for (int i = tid; i < kOperandVectors; i += kThreadCount) cp_async_16(d + i, s + i, true);
-}
+// The recurrence kernel's per-thread cursor over one sequence's chunks: the
+// 64-bit address arithmetic is done once, and a chunk only adds a stride. In
+// the latency-bound recurrence these integer instructions share the issue slots
+// of the state update (docs/perf-log.md, "loader cursor"). Strides are re-read
+// from the kernel parameters rather than kept in registers: the 8-warp variant
+// has none to spare.
+//   record  the records of consecutive chunks are HV records apart; this thread
+//           copies vectors tid, tid + kThreadCount, ... of each
+//   v       one 16-byte vector per thread: 16 token rows x kVCols/8 vectors
+template <int kVCols, int kThreadCount>
+struct ChunkCursor {
+  static constexpr int kVecPerRow = kVCols / 8;
+  static_assert(kChunk * kVecPerRow == kThreadCount, "one v vector per thread");
+  static constexpr int kRecordCopies = (kOperandVectors + kThreadCount - 1) / kThreadCount;
+  static constexpr bool kRecordTail = kOperandVectors % kThreadCount != 0;
+
+  const cute::uint128_t* record;  // this thread's first vector of chunk 0's record
+  const uint16_t* v;              // this thread's v vector of chunk 0
+  int v_row, v_dst;               // token row within the chunk; element offset in the v tile
+
+  __device__ __forceinline__ ChunkCursor(const FwdParams& p, const ChunkOperands* first_record, int64_t tok0,
+                                         int head, int col0, int ld_v, int tid) {
+    record = reinterpret_cast<const cute::uint128_t*>(first_record) + tid;
+    v_row = tid / kVecPerRow;
+    const int vc = tid % kVecPerRow;
+    v = p.v + ((tok0 + v_row) * p.num_v_heads + head) * kHeadDim + col0 + 8 * vc;
+    v_dst = v_row * ld_v + 8 * vc;
+  }
+
+  // cp.async of chunk c's record and v rows into (ops, v_tile); token rows at or
+  // past `rows` read as zeros.
+  __device__ __forceinline__ void issue(const FwdParams& p, ChunkOperands& ops, uint16_t* v_tile, int64_t c,
+                                        int rows, int tid) const {
+    const cute::uint128_t* src = record + c * p.num_v_heads * kOperandVectors;
+    auto* dst = reinterpret_cast<cute::uint128_t*>(&ops) + tid;
+#pragma unroll
+    for (int j = 0; j < kRecordCopies; ++j) {
+      if (!kRecordTail || j + 1 < kRecordCopies || tid + j * kThreadCount < kOperandVectors)
+        cp_async_16(dst + j * kThreadCount, src + j * kThreadCount, true);
+    }
+    const bool valid = v_row < rows;
+    // A zero-filling copy reads nothing, but its address must still be valid.
+    cp_async_16(v_tile + v_dst, valid ? v + c * (kChunk * p.num_v_heads * kHeadDim) : p.v, valid);
+  }
+};
 
 }  // namespace flashkda::sm90

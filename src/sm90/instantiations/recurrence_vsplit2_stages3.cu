@@ -1,0 +1,6 @@
+// The recurrence kernel with V split over 2 CTA(s), 3 chunks in flight (one more CTA per SM): 4 warps, 64 rows of V per CTA.
+#include "sm90/fwd_launch.cuh"
+
+namespace flashkda::sm90 {
+template cudaError_t launch_recurrence<4, 3>(const FwdParams&, int64_t, cudaStream_t);
+}
