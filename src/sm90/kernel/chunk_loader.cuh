@@ -16,12 +16,19 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
 
 // `rows` valid rows of a [token][heads][width] bf16 tensor at head `head`,
 // columns col0..col0+kCols-1, into dst[16][ld]; invalid rows become zeros.
+// The copies per thread are a compile-time count, fully unrolled: a run-time
+// loop here cost the prologue kernel ~200 integer instructions a warp per chunk
+// (loop control and 64-bit address arithmetic), a fifth of its issue slots.
 template <int kCols, int kThreadCount>
 __device__ __forceinline__ void load_token_rows_async(uint16_t* dst, int ld, const uint16_t* base, int64_t tok0,
                                                       int rows, int64_t heads, int head, int width, int col0,
                                                       int tid) {
   constexpr int kVecPerRow = kCols / 8;
-  for (int idx = tid; idx < kChunk * kVecPerRow; idx += kThreadCount) {
+  constexpr int kVectors = kChunk * kVecPerRow;
+  static_assert(kVectors % kThreadCount == 0, "every thread copies the same number of vectors");
+#pragma unroll
+  for (int j = 0; j < kVectors / kThreadCount; ++j) {
+    const int idx = tid + j * kThreadCount;
     const int r = idx / kVecPerRow, c = idx % kVecPerRow;
     const bool valid = r < rows;
     const uint16_t* src = valid ? base + ((tok0 + r) * heads + head) * width + col0 + 8 * c : base;
