@@ -3,29 +3,50 @@
 // H = 32, K = V = 128, fp32 and bf16 pools. Prints µs per step and the achieved
 // state bandwidth 2·N·H·V·K·sizeof(state) / time.
 //
-//   flashkda-bench-decode [--heads 32] [--seqs 1,8,64,256,1024] [--iters 200] [--json FILE]
+//   flashkda-bench-decode [--heads 32] [--seqs 1,8,64,256,1024] [--dtypes fp32,bf16]
+//                         [--iters 200] [--json FILE]
+//                         [--variants all | LIST] [--rounds 10] [--no-refs]
 //
 // Timing: kStepsPerGraph decode steps captured in one graph; the graph replayed
 // --iters times with CUDA events around each replay; median / kStepsPerGraph.
+//
+// Without --variants: the production kernel, one table (as device_round.sh reads).
+// With --variants (A/B mode): each entry is a kernel variant name (d2, fuse, ...,
+// see sm90_decode.cu) optionally suffixed "+pdl" (launched with programmatic
+// dependent launch), "all" for every variant with and without "+pdl", or "prod"
+// for the production choice. Unless --no-refs, reference columns follow, for the
+// same bytes and grid: "memcpy" (cudaMemcpyAsync D2D of the state, 20 per graph),
+// "rmw" (a kernel reading and rewriting the state in place, 16 KB per 128-thread
+// CTA, no math: the floor of the decode's access pattern), "empty" and "empty+pdl"
+// (an empty kernel on the decode's grid: the per-node launch floor). All columns
+// of one (N, pool) run in the same process on the same buffers; their graph
+// replays are interleaved (--rounds rounds, each round visiting every column
+// once, in an order rotated by one each round, --iters / --rounds replays per
+// visit) so that clock or thermal drift spreads over all columns alike.
+// The copy bandwidth of the machine is measured first (a D2D cudaMemcpy of
+// 512 MiB, 1 GiB of traffic, same graph timing) and the second table gives each
+// column's state bandwidth as a percentage of it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "bench/bench_common.cuh"
 #include "flashkda/flashkda.h"
+#include "sm90/sm90_decode.h"
 
 namespace {
 
 using namespace flashkda::bench;
 
-
 constexpr int kDim = 128;
 constexpr int kStepsPerGraph = 20;  // amortises the graph launch itself
+constexpr int kRmwThreads = 128, kRmwVecsPerThread = 8;
+constexpr int64_t kRmwBytesPerCta = int64_t{kRmwThreads} * kRmwVecsPerThread * 16;  // 16 KB, as a d2 fp32 CTA
 
 __global__ void fill_bf16(uint16_t* x, int64_t n, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -45,24 +66,164 @@ __global__ void iota_i32(int32_t* x, int64_t n) {
     x[i] = static_cast<int32_t>(i);
 }
 
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> v;
+// Reads this CTA's 16 KB of the state, all of it before any store, and writes it
+// back XOR `flip` (0 at run time, which the compiler cannot know): the decode's
+// memory traffic and per-CTA shape without its math or its index lookup.
+__global__ void __launch_bounds__(kRmwThreads) rmw_state(uint4* state, uint32_t flip) {
+  uint4* base = state + blockIdx.x * (kRmwBytesPerCta / 16) + threadIdx.x;
+  uint4 x[kRmwVecsPerThread];
+#pragma unroll
+  for (int j = 0; j < kRmwVecsPerThread; ++j) x[j] = base[j * kRmwThreads];
+#pragma unroll
+  for (int j = 0; j < kRmwVecsPerThread; ++j)
+    base[j * kRmwThreads] = make_uint4(x[j].x ^ flip, x[j].y ^ flip, x[j].z ^ flip, x[j].w ^ flip);
+}
+
+// Nothing but the programmatic-launch handshake (a no-op without the attribute).
+__global__ void empty_kernel() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> v;
   size_t b = 0;
   while (b < s.size()) {
     size_t e = s.find(',', b);
     if (e == std::string::npos) e = s.size();
-    v.push_back(std::atoi(s.substr(b, e - b).c_str()));
+    if (e > b) v.push_back(s.substr(b, e - b));
     b = e + 1;
   }
   return v;
+}
+std::vector<int> parse_ints(const std::string& s) {
+  std::vector<int> v;
+  for (const std::string& x : split(s)) v.push_back(std::atoi(x.c_str()));
+  return v;
+}
+
+enum class Kind { kDecode, kMemcpy, kRmw, kEmpty };
+struct Column {
+  std::string label;
+  Kind kind = Kind::kDecode;
+  int variant = -1;  // kDecode: sm90 variant index, -1 = production
+  bool pdl = false;
+};
+
+bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols) {
+  const int nv = flashkda::sm90::decode_variant_count();
+  for (const std::string& item : split(list)) {
+    if (item == "all") {
+      for (int v = 0; v < nv; ++v)
+        for (bool pdl : {false, true})
+          cols->push_back({std::string(flashkda::sm90::decode_variant_name(v)) + (pdl ? "+pdl" : ""), Kind::kDecode, v, pdl});
+      continue;
+    }
+    const bool pdl = item.size() > 4 && item.compare(item.size() - 4, 4, "+pdl") == 0;
+    const std::string name = pdl ? item.substr(0, item.size() - 4) : item;
+    if (name == "prod") { cols->push_back({item, Kind::kDecode, -1, pdl}); continue; }
+    int found = -1;
+    for (int v = 0; v < nv; ++v)
+      if (name == flashkda::sm90::decode_variant_name(v)) found = v;
+    if (found < 0) {
+      std::fprintf(stderr, "--variants: unknown variant '%s'; known:", name.c_str());
+      for (int v = 0; v < nv; ++v) std::fprintf(stderr, " %s", flashkda::sm90::decode_variant_name(v));
+      std::fprintf(stderr, " (each optionally +pdl), prod, all\n");
+      return false;
+    }
+    cols->push_back({item, Kind::kDecode, found, pdl});
+  }
+  if (refs) {
+    cols->push_back({"memcpy", Kind::kMemcpy});
+    cols->push_back({"rmw", Kind::kRmw});
+    cols->push_back({"empty", Kind::kEmpty, -1, false});
+    cols->push_back({"empty+pdl", Kind::kEmpty, -1, true});
+  }
+  return true;
+}
+
+cudaError_t launch_empty(dim3 grid, bool pdl, cudaStream_t s) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(128);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, empty_kernel);
+}
+
+struct Stats { double median, p10, p90; };
+
+// Times `graphs` (kStepsPerGraph steps each): `rounds` rounds, each replaying
+// every graph `per_round` times, starting one graph later each round. Per-step µs.
+std::vector<Stats> time_interleaved(const std::vector<cudaGraphExec_t>& graphs, int rounds, int per_round,
+                                    cudaStream_t stream) {
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  const size_t n = graphs.size();
+  for (cudaGraphExec_t g : graphs)
+    for (int w = 0; w < 3; ++w) CHECK_CUDA(cudaGraphLaunch(g, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<std::vector<float>> us(n);
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      const size_t c = (i + static_cast<size_t>(r)) % n;
+      for (int it = 0; it < per_round; ++it) {
+        CHECK_CUDA(cudaEventRecord(e0, stream));
+        CHECK_CUDA(cudaGraphLaunch(graphs[c], stream));
+        CHECK_CUDA(cudaEventRecord(e1, stream));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        us[c].push_back(ms * 1e3f / kStepsPerGraph);
+      }
+    }
+  }
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  std::vector<Stats> out;
+  for (auto& v : us) {
+    std::sort(v.begin(), v.end());
+    out.push_back({v[v.size() / 2], v[v.size() / 10], v[(v.size() * 9) / 10]});
+  }
+  return out;
+}
+
+// D2D copy bandwidth of this machine (read + write bytes per second).
+double measure_copy_bandwidth(cudaStream_t stream) {
+  const size_t bytes = size_t{512} << 20;
+  void *a, *b;
+  CHECK_CUDA(cudaMalloc(&a, bytes));
+  CHECK_CUDA(cudaMalloc(&b, bytes));
+  CHECK_CUDA(cudaMemset(a, 1, bytes));
+  CHECK_CUDA(cudaMemset(b, 2, bytes));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int s = 0; s < kStepsPerGraph; ++s) CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const Stats st = time_interleaved({exec}, 1, 20, stream)[0];
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaFree(a));
+  CHECK_CUDA(cudaFree(b));
+  return 2.0 * bytes / (st.median * 1e-6);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int H = 32, iters = 200;
+  int H = 32, iters = 200, rounds = 10;
   std::vector<int> seqs = {1, 8, 64, 256, 1024};
-  std::string json;
+  std::vector<std::string> dtypes = {"fp32", "bf16"};
+  std::string json, variants;
+  bool refs = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -70,38 +231,59 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--heads") H = std::atoi(next().c_str());
-    else if (a == "--seqs") seqs = parse_list(next());
+    else if (a == "--seqs") seqs = parse_ints(next());
+    else if (a == "--dtypes") dtypes = split(next());
     else if (a == "--iters") iters = std::atoi(next().c_str());
+    else if (a == "--rounds") rounds = std::atoi(next().c_str());
+    else if (a == "--variants") variants = next();
+    else if (a == "--no-refs") refs = false;
     else if (a == "--json") json = next();
     else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
   }
+  for (const std::string& d : dtypes)
+    if (d != "fp32" && d != "bf16") { std::fprintf(stderr, "--dtypes: fp32 or bf16, got %s\n", d.c_str()); return 2; }
   std::string why;
   if (!flashkda::cuda_backend_available(&why)) {
     std::fprintf(stderr, "flashkda-bench-decode: %s\n", why.c_str());
     return 1;
   }
-  struct Row { int N; const char* dtype; double us, tbps; };
-  std::vector<Row> rows;
+  const bool ab = !variants.empty();
+  std::vector<Column> cols;
+  if (ab) {
+    if (!parse_columns(variants, refs, &cols)) return 2;
+  } else {
+    cols.push_back({"prod", Kind::kDecode, -1, false});
+    rounds = 1;
+  }
+  rounds = std::max(1, std::min(rounds, iters));
+  const int per_round = std::max(1, iters / rounds);
+
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
+  const double copy_bw = ab ? measure_copy_bandwidth(stream) : kCopyBandwidth;
+  if (ab)
+    std::fprintf(stderr, "measured copy bandwidth: %.3f TB/s (read + write, D2D cudaMemcpy of 512 MiB)\n", copy_bw / 1e12);
 
+  struct Row { int N; std::string dtype; std::vector<Stats> st; double bytes; };
+  std::vector<Row> rows;
   for (int N : seqs) {
-    for (flashkda::DType dt : {flashkda::DType::kFP32, flashkda::DType::kBF16}) {
-      const bool fp32 = dt == flashkda::DType::kFP32;
+    for (const std::string& dname : dtypes) {
+      const bool fp32 = dname == "fp32";
+      const flashkda::DType dt = fp32 ? flashkda::DType::kFP32 : flashkda::DType::kBF16;
       const int64_t tok = int64_t{N} * H * kDim, state_elems = int64_t{N} * H * kDim * kDim;
+      const int64_t state_bytes = state_elems * (fp32 ? 4 : 2);
       uint16_t *q, *k, *v, *g, *beta, *out;
       float *A_log, *dt_bias;
-      void* pool;
+      void *pool, *copy_dst = nullptr;
       int32_t* idx;
       CHECK_CUDA(cudaMalloc(&q, tok * 2)); CHECK_CUDA(cudaMalloc(&k, tok * 2));
       CHECK_CUDA(cudaMalloc(&v, tok * 2)); CHECK_CUDA(cudaMalloc(&g, tok * 2));
       CHECK_CUDA(cudaMalloc(&out, tok * 2)); CHECK_CUDA(cudaMalloc(&beta, int64_t{N} * H * 2));
       CHECK_CUDA(cudaMalloc(&A_log, H * 4)); CHECK_CUDA(cudaMalloc(&dt_bias, H * kDim * 4));
-      CHECK_CUDA(cudaMalloc(&pool, state_elems * (fp32 ? 4 : 2)));
+      CHECK_CUDA(cudaMalloc(&pool, state_bytes));
       CHECK_CUDA(cudaMalloc(&idx, N * 4));
+      const bool want_copy = std::any_of(cols.begin(), cols.end(), [](const Column& c) { return c.kind == Kind::kMemcpy; });
+      if (want_copy) CHECK_CUDA(cudaMalloc(&copy_dst, state_bytes));
       fill_bf16<<<256, 256>>>(q, tok, 1); fill_bf16<<<256, 256>>>(k, tok, 2); fill_bf16<<<256, 256>>>(v, tok, 3);
       fill_bf16<<<256, 256>>>(g, tok, 4); fill_bf16<<<256, 256>>>(beta, int64_t{N} * H, 5);
       fill_uniform_f32<<<8, 256>>>(A_log, H, 6, 1.f); fill_uniform_f32<<<8, 256>>>(dt_bias, H * kDim, 7, 1.f);
@@ -117,45 +299,121 @@ int main(int argc, char** argv) {
       a.num_heads = H; a.num_v_heads = H; a.head_dim_k = kDim; a.head_dim_v = kDim;
       a.scale = 1.f / std::sqrt(float(kDim)); a.lower_bound = -5.f;
 
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      for (int s = 0; s < kStepsPerGraph; ++s) {
-        const flashkda::Status st = flashkda::decode(a, flashkda::Backend::kCuda, stream);
-        if (!st.ok()) { std::fprintf(stderr, "decode failed: %s\n", st.message.c_str()); return 1; }
+      std::vector<cudaGraph_t> graphs;
+      std::vector<cudaGraphExec_t> execs;
+      for (const Column& c : cols) {
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        for (int s = 0; s < kStepsPerGraph; ++s) {
+          switch (c.kind) {
+            case Kind::kDecode: {
+              flashkda::sm90::set_decode_variant_override(c.variant);
+              a.programmatic_dependent_launch = c.pdl;
+              const flashkda::Status st = flashkda::decode(a, flashkda::Backend::kCuda, stream);
+              flashkda::sm90::set_decode_variant_override(-1);
+              if (!st.ok()) { std::fprintf(stderr, "decode (%s) failed: %s\n", c.label.c_str(), st.message.c_str()); return 1; }
+              break;
+            }
+            case Kind::kMemcpy:
+              CHECK_CUDA(cudaMemcpyAsync(copy_dst, pool, state_bytes, cudaMemcpyDeviceToDevice, stream));
+              break;
+            case Kind::kRmw:
+              rmw_state<<<static_cast<unsigned>(state_bytes / kRmwBytesPerCta), kRmwThreads, 0, stream>>>(
+                  static_cast<uint4*>(pool), 0u);
+              CHECK_CUDA(cudaGetLastError());
+              break;
+            case Kind::kEmpty:
+              CHECK_CUDA(launch_empty(dim3(static_cast<unsigned>(int64_t{N} * H * 4)), c.pdl, stream));
+              break;
+          }
+        }
+        CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+        CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        graphs.push_back(graph);
+        execs.push_back(exec);
       }
-      CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-      CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-      for (int w = 0; w < 5; ++w) CHECK_CUDA(cudaGraphLaunch(exec, stream));
-      std::vector<float> ms(iters);
-      for (int i = 0; i < iters; ++i) {
-        CHECK_CUDA(cudaEventRecord(e0, stream));
-        CHECK_CUDA(cudaGraphLaunch(exec, stream));
-        CHECK_CUDA(cudaEventRecord(e1, stream));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        CHECK_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
+      rows.push_back({N, dname, time_interleaved(execs, rounds, per_round, stream), 2.0 * state_bytes});
+      // Each row's medians as soon as it is measured: a run cut short keeps them.
+      std::fprintf(stderr, "N=%d %s:", N, dname.c_str());
+      for (size_t c = 0; c < cols.size(); ++c) std::fprintf(stderr, " %s=%.2f", cols[c].label.c_str(), rows.back().st[c].median);
+      std::fprintf(stderr, " (us per step)\n");
+      for (size_t i = 0; i < execs.size(); ++i) {
+        CHECK_CUDA(cudaGraphExecDestroy(execs[i]));
+        CHECK_CUDA(cudaGraphDestroy(graphs[i]));
       }
-      std::sort(ms.begin(), ms.end());
-      const double us = ms[iters / 2] * 1e3 / kStepsPerGraph;
-      const double bytes = 2.0 * state_elems * (fp32 ? 4 : 2);
-      rows.push_back({N, fp32 ? "fp32" : "bf16", us, bytes / (us * 1e-6) / 1e12});
-      CHECK_CUDA(cudaGraphExecDestroy(exec));
-      CHECK_CUDA(cudaGraphDestroy(graph));
       cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(g); cudaFree(out); cudaFree(beta);
-      cudaFree(A_log); cudaFree(dt_bias); cudaFree(pool); cudaFree(idx);
+      cudaFree(A_log); cudaFree(dt_bias); cudaFree(pool); cudaFree(idx); cudaFree(copy_dst);
     }
   }
-  std::printf("\n| N | H | pool | µs / step | state TB/s | %% of copy bandwidth (4.25 TB/s) |\n|---|---|---|---|---|---|\n");
-  for (const Row& r : rows)
-    std::printf("| %d | %d | %s | %.2f | %.2f | %.0f%% |\n", r.N, H, r.dtype, r.us, r.tbps, 100 * r.tbps * 1e12 / kCopyBandwidth);
+
+  auto tbps = [](const Row& r, size_t c) { return r.bytes / (r.st[c].median * 1e-6) / 1e12; };
+  if (!ab) {
+    std::printf("\n| N | H | pool | µs / step | state TB/s | %% of copy bandwidth (4.25 TB/s) |\n|---|---|---|---|---|---|\n");
+    for (const Row& r : rows)
+      std::printf("| %d | %d | %s | %.2f | %.2f | %.0f%% |\n", r.N, H, r.dtype.c_str(), r.st[0].median, tbps(r, 0),
+                  100 * tbps(r, 0) * 1e12 / kCopyBandwidth);
+  } else {
+    std::printf("\nmeasured copy bandwidth %.3f TB/s; H = %d; median of %d replays (%d rounds x %d, interleaved) of a "
+                "%d-step CUDA graph, per step\n",
+                copy_bw / 1e12, H, rounds * per_round, rounds, per_round, kStepsPerGraph);
+    auto header = [&](const char* title, bool best) {
+      std::printf("\n%s\n\n| N | pool |", title);
+      for (const Column& c : cols) std::printf(" %s |", c.label.c_str());
+      std::printf(best ? " best |\n|---|---|" : "\n|---|---|");
+      for (size_t i = 0; i < cols.size(); ++i) std::printf("---|");
+      std::printf(best ? "---|\n" : "\n");
+    };
+    header("µs per decode step", true);
+    for (const Row& r : rows) {
+      std::printf("| %d | %s |", r.N, r.dtype.c_str());
+      size_t best = cols.size();
+      for (size_t c = 0; c < cols.size(); ++c) {
+        std::printf(" %.2f |", r.st[c].median);
+        if (cols[c].kind == Kind::kDecode && (best == cols.size() || r.st[c].median < r.st[best].median)) best = c;
+      }
+      if (best < cols.size()) std::printf(" %s |\n", cols[best].label.c_str());
+      else std::printf(" — |\n");
+    }
+    header("state bandwidth, % of the measured copy bandwidth", false);
+    for (const Row& r : rows) {
+      std::printf("| %d | %s |", r.N, r.dtype.c_str());
+      for (size_t c = 0; c < cols.size(); ++c)
+        if (cols[c].kind == Kind::kEmpty) std::printf(" — |");
+        else std::printf(" %.1f%% |", 100 * tbps(r, c) * 1e12 / copy_bw);
+      std::printf("\n");
+    }
+    header("spread: (p90 − p10) / median, %", false);
+    for (const Row& r : rows) {
+      std::printf("| %d | %s |", r.N, r.dtype.c_str());
+      for (size_t c = 0; c < cols.size(); ++c) std::printf(" %.1f |", 100 * (r.st[c].p90 - r.st[c].p10) / r.st[c].median);
+      std::printf("\n");
+    }
+  }
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (!f) { std::perror(json.c_str()); return 1; }
-    std::fprintf(f, "[\n");
-    for (size_t i = 0; i < rows.size(); ++i)
-      std::fprintf(f, "  {\"N\": %d, \"heads\": %d, \"pool\": \"%s\", \"us_per_step\": %.3f, \"state_tbps\": %.3f}%s\n",
-                   rows[i].N, H, rows[i].dtype, rows[i].us, rows[i].tbps, i + 1 < rows.size() ? "," : "");
-    std::fprintf(f, "]\n");
+    if (!ab) {  // the production table, in the format of earlier runs
+      std::fprintf(f, "[\n");
+      for (size_t i = 0; i < rows.size(); ++i)
+        std::fprintf(f, "  {\"N\": %d, \"heads\": %d, \"pool\": \"%s\", \"us_per_step\": %.3f, \"state_tbps\": %.3f}%s\n",
+                     rows[i].N, H, rows[i].dtype.c_str(), rows[i].st[0].median, tbps(rows[i], 0),
+                     i + 1 < rows.size() ? "," : "");
+      std::fprintf(f, "]\n");
+      std::fclose(f);
+      return 0;
+    }
+    std::fprintf(f, "{\"copy_tbps\": %.4f, \"heads\": %d, \"rows\": [\n", copy_bw / 1e12, H);
+    bool first = true;
+    for (const Row& r : rows)
+      for (size_t c = 0; c < cols.size(); ++c) {
+        std::fprintf(f, "%s  {\"N\": %d, \"pool\": \"%s\", \"column\": \"%s\", \"us_per_step\": %.3f, \"p10\": %.3f, "
+                        "\"p90\": %.3f, \"state_tbps\": %.4f}",
+                     first ? "" : ",\n", r.N, r.dtype.c_str(), cols[c].label.c_str(), r.st[c].median, r.st[c].p10,
+                     r.st[c].p90, tbps(r, c));
+        first = false;
+      }
+    std::fprintf(f, "\n]}\n");
     std::fclose(f);
   }
   return 0;

@@ -166,6 +166,14 @@ struct DecodeArgs {
   int64_t head_dim_v = 0;
   float scale = 0.f;
   float lower_bound = -5.f;
+
+  // kCuda only: launch with programmatic dependent launch (PDL), so the decode
+  // kernel may be scheduled while the previous kernel in the stream still runs,
+  // hiding its launch latency (in CUDA graphs too). Safe with any predecessor:
+  // the kernel reads and writes nothing before that kernel has completed and its
+  // writes are visible; it also lets the next kernel, if that one was launched
+  // with PDL, be scheduled early. Off until measured (docs/perf-log.md, decode).
+  bool programmatic_dependent_launch = false;
 };
 
 Status validate_decode(const DecodeArgs& args, Backend backend);

@@ -1,13 +1,53 @@
 // Host side of the GPU decode: support check and launch.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <string>
 
+#include "sm90/decode/decode_fused_kernel.cuh"
 #include "sm90/decode/decode_kernel.cuh"
 #include "sm90/sm90_decode.h"
 #include "sm90/sm90_forward.h"
 
 namespace flashkda::sm90 {
+
+namespace {
+
+using DecodeKernel = void (*)(DecodeParams);
+
+struct DecodeVariant {
+  const char* name;
+  DecodeKernel fp32, bf16;
+  int slices;  // CTAs per (sequence, value head)
+};
+
+template <class P>
+constexpr DecodeVariant fused_variant(const char* name) {
+  return {name, &kda_decode_fused_kernel<true, P>, &kda_decode_fused_kernel<false, P>, P::kSlices};
+}
+
+// What each variant changes and why is in decode_fused_kernel.cuh and
+// docs/perf-log.md (decode). Knobs: DecodePolicy<lanes per row, bf16 columns per
+// access, evict-first hints, min CTAs/SM fp32, min CTAs/SM bf16>.
+const DecodeVariant kDecodeVariants[] = {
+    {"d2", &kda_decode_kernel<true>, &kda_decode_kernel<false>, kDecodeSlices},
+    // One lane reduction after the state load; 16-byte state accesses for bf16 too.
+    // fp32 capped at 128 registers: 4 CTAs/SM, as d2 (118 registers) gets.
+    fused_variant<DecodePolicy<4, 8, false, 4, 8>>("fuse"),
+    fused_variant<DecodePolicy<4, 8, true, 4, 8>>("fuse-ef"),    // + L1 no-allocate, L2 evict-first state
+    fused_variant<DecodePolicy<4, 8, false, 7, 8>>("fuse-occ"),  // + 7 CTAs/SM for fp32 (72 registers, no spill)
+    fused_variant<DecodePolicy<8, 8, false, 8, 8>>("lanes8"),    // 8 lanes a row, 16 rows a CTA, 8 CTAs/SM
+};
+constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
+constexpr int kProductionDecodeVariant = 0;
+
+std::atomic<int> g_decode_variant_override{-1};
+
+}  // namespace
+
+int decode_variant_count() { return kNumDecodeVariants; }
+const char* decode_variant_name(int v) { return v >= 0 && v < kNumDecodeVariants ? kDecodeVariants[v].name : nullptr; }
+void set_decode_variant_override(int v) { g_decode_variant_override.store(v >= 0 && v < kNumDecodeVariants ? v : -1); }
 
 Status check_decode_supported(const DecodeArgs& args) {
   std::string why;
@@ -50,11 +90,26 @@ Status decode(const DecodeArgs& a, void* stream) {
   p.scale = a.scale;
   p.lower_bound = a.lower_bound;
 
-  const dim3 grid(static_cast<unsigned>(a.num_seqs * HV * kDecodeSlices));
-  auto s = static_cast<cudaStream_t>(stream);
-  if (a.state_dtype == DType::kFP32) kda_decode_kernel<true><<<grid, kDecodeThreads, 0, s>>>(p);
-  else kda_decode_kernel<false><<<grid, kDecodeThreads, 0, s>>>(p);
-  const cudaError_t err = cudaGetLastError();
+  const int forced = g_decode_variant_override.load();
+  const DecodeVariant& var = kDecodeVariants[forced >= 0 ? forced : kProductionDecodeVariant];
+  const int64_t ctas = a.num_seqs * HV * var.slices;
+  if (ctas > int64_t{0x7fffffff})
+    return Status::NotSupported(std::string("num_seqs x num_v_heads: too many CTAs for one launch of decode variant ") +
+                                var.name + " (" + std::to_string(ctas) + ")");
+
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(ctas));
+  cfg.blockDim = dim3(kDecodeThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  // The kernels wait for the previous grid before touching memory (wait_for_prior_grids),
+  // so they may be started while it runs.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = a.programmatic_dependent_launch ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, a.state_dtype == DType::kFP32 ? var.fp32 : var.bf16, p);
   if (err != cudaSuccess)
     return {StatusCode::kCudaError, std::string("backend kCuda: launching the decode kernel: ") + cudaGetErrorString(err)};
   return Status::Ok();

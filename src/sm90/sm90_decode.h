@@ -9,4 +9,15 @@ namespace flashkda::sm90 {
 Status check_decode_supported(const DecodeArgs& args);
 Status decode(const DecodeArgs& args, void* stream);
 
+// Kernel variants of the decode, for A/B benchmarks and tests (docs/perf-log.md,
+// decode). Variant 0 is the production kernel; decode() runs it unless an
+// override is set.
+int decode_variant_count();
+// Short name of variant v ("d2", "fuse", ...), or null when v is out of range.
+const char* decode_variant_name(int v);
+// For benchmarks and tests: force variant v (0 .. count-1) on later calls; -1
+// restores the production choice. Process-wide, not thread-safe against
+// concurrent decode() calls.
+void set_decode_variant_override(int v);
+
 }  // namespace flashkda::sm90

@@ -20,5 +20,8 @@ Status workspace_size(const ForwardArgs&, size_t*) { return Status::NotSupported
 Status forward(const ForwardArgs&, void*, size_t, void*) { return Status::NotSupported(kNotBuilt); }
 Status check_decode_supported(const DecodeArgs&) { return Status::NotSupported(kNotBuilt); }
 Status decode(const DecodeArgs&, void*) { return Status::NotSupported(kNotBuilt); }
+int decode_variant_count() { return 0; }
+const char* decode_variant_name(int) { return nullptr; }
+void set_decode_variant_override(int) {}
 
 }  // namespace flashkda::sm90

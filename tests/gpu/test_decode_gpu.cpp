@@ -4,12 +4,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ostream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "flashkda/flashkda.h"
 
 #ifdef FLASHKDA_WITH_CUDA
+#include "sm90/sm90_decode.h"
 #include "tests/common/decode_problem.h"
 #include "tests/gpu/gpu_harness.h"
 #endif
@@ -28,9 +32,45 @@ struct DecodeResult {
 
 size_t state_elem_bytes(const DecodeProblem& p) { return p.spec.state_dtype == DType::kFP32 ? 4 : 2; }
 
-// Runs one decode on the GPU; out and per-token states poisoned with NaN first.
-// With `graph`, the decode is captured into a CUDA graph and the graph replayed.
-DecodeResult run_decode_cuda(const DecodeProblem& p, bool graph = false) {
+// Which decode kernel runs (sm90::decode_variant_name) and whether it is launched
+// with programmatic dependent launch. Every GPU decode test runs for each.
+struct KernelChoice {
+  int variant;
+  bool pdl;
+};
+
+std::vector<KernelChoice> all_kernel_choices() {
+  std::vector<KernelChoice> c;
+  for (int v = 0; v < sm90::decode_variant_count(); ++v)
+    for (bool pdl : {false, true}) c.push_back({v, pdl});
+  return c;
+}
+
+std::string kernel_choice_name(const KernelChoice& c) {
+  std::string n = sm90::decode_variant_name(c.variant);
+  for (char& ch : n)
+    if (ch == '-') ch = '_';  // test names are [A-Za-z0-9_]
+  return n + (c.pdl ? "_pdl" : "");
+}
+
+void PrintTo(const KernelChoice& c, std::ostream* os) { *os << kernel_choice_name(c); }
+
+// Forces a kernel variant for the scope of one run.
+class VariantScope {
+ public:
+  explicit VariantScope(int variant) { sm90::set_decode_variant_override(variant); }
+  ~VariantScope() { sm90::set_decode_variant_override(-1); }
+  VariantScope(const VariantScope&) = delete;
+  VariantScope& operator=(const VariantScope&) = delete;
+};
+
+// Runs `steps` decode steps back to back on one stream (each reads the pool the
+// previous one wrote: with PDL this checks that a kernel waits for its
+// predecessor); out and per-token states poisoned with NaN first. With `graph`,
+// the steps are captured into a CUDA graph and the graph replayed once; with
+// `legacy_stream` (not with `graph`) they run on the legacy default stream.
+DecodeResult run_decode_cuda(const DecodeProblem& p, KernelChoice choice, bool graph = false, int steps = 1,
+                             bool legacy_stream = false) {
   DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
   DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
   DeviceBuffer<int64_t> cu(p.cu_seqlens), idx64(p.idx64);
@@ -46,14 +86,17 @@ DecodeResult run_decode_cuda(const DecodeProblem& p, bool graph = false) {
   a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr; a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
   a.state_indices = p.spec.int64_indices ? static_cast<const void*>(idx64.ptr) : idx32.ptr;
   if (!p.cu_seqlens.empty()) a.cu_seqlens = cu.ptr;
+  a.programmatic_dependent_launch = choice.pdl;
+  const VariantScope scope(choice.variant);
   DecodeResult r;
+  cudaStream_t s = nullptr;
+  if (!legacy_stream) FKDA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads above ran on the legacy stream
   if (graph) {
-    cudaStream_t s;
-    FKDA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaGraph_t gr;
     cudaGraphExec_t ge;
     FKDA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    r.status = decode(a, Backend::kCuda, s);
+    for (int i = 0; i < steps && (i == 0 || r.status.ok()); ++i) r.status = decode(a, Backend::kCuda, s);
     FKDA_CUDA_CHECK(cudaStreamEndCapture(s, &gr));
     if (r.status.ok()) {
       FKDA_CUDA_CHECK(cudaGraphInstantiate(&ge, gr, 0));
@@ -62,10 +105,11 @@ DecodeResult run_decode_cuda(const DecodeProblem& p, bool graph = false) {
       FKDA_CUDA_CHECK(cudaGraphExecDestroy(ge));
     }
     FKDA_CUDA_CHECK(cudaGraphDestroy(gr));
-    FKDA_CUDA_CHECK(cudaStreamDestroy(s));
   } else {
-    r.status = decode(a, Backend::kCuda, nullptr);
+    for (int i = 0; i < steps && (i == 0 || r.status.ok()); ++i) r.status = decode(a, Backend::kCuda, s);
   }
+  FKDA_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (s != nullptr) FKDA_CUDA_CHECK(cudaStreamDestroy(s));
   if (!r.status.ok()) return r;
   FKDA_CUDA_CHECK(cudaDeviceSynchronize());
   r.out = out.to_host();
@@ -74,14 +118,23 @@ DecodeResult run_decode_cuda(const DecodeProblem& p, bool graph = false) {
   return r;
 }
 
-DecodeResult run_decode_cpu(const DecodeProblem& p) {
+// `steps` float64 decode steps on the host pool. The last problem's result is
+// kept: the parameterised tests run every kernel choice of one problem in a row.
+const DecodeResult& run_decode_cpu(const DecodeProblem& p, const std::string& key, int steps = 1) {
+  static std::string cached_key;
+  static DecodeResult cached;
+  const std::string full_key = key + "/steps=" + std::to_string(steps);
+  if (full_key == cached_key) return cached;
   DecodeResult r;
   r.out.assign(static_cast<size_t>(p.T * p.HV * p.V), 0xFFFF);
   r.pool = p.pool_bytes();
   r.per_token.assign(p.spec.per_token_states ? static_cast<size_t>(p.T * p.per_slot) * state_elem_bytes(p) : 0, 0xFF);
-  r.status = decode(p.args(r.out.data(), r.pool.data(), r.per_token.empty() ? nullptr : r.per_token.data()),
-                    Backend::kCpuReference, nullptr);
-  return r;
+  for (int i = 0; i < steps && (i == 0 || r.status.ok()); ++i)
+    r.status = decode(p.args(r.out.data(), r.pool.data(), r.per_token.empty() ? nullptr : r.per_token.data()),
+                      Backend::kCpuReference, nullptr);
+  cached_key = full_key;
+  cached = std::move(r);
+  return cached;
 }
 
 // GPU vs CPU: the state (fp32 pool) to `state_bar`; out is bf16 on both sides, so
@@ -140,23 +193,31 @@ void compare(const DecodeProblem& p, const DecodeResult& gpu, const DecodeResult
           << label << ": unused slot " << s << " written";
 }
 
-class GpuDecode : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!cuda_backend_available(&why)) GTEST_SKIP() << "no GPU run: " << why;
-  }
-};
+void skip_without_gpu() {
+  std::string why;
+  if (!cuda_backend_available(&why)) GTEST_SKIP() << "no GPU run: " << why;
+}
 
 struct Case {
   int64_t N, H, tokens;
   DType dtype;
 };
 
-class GpuDecodeCases : public GpuDecode, public ::testing::WithParamInterface<Case> {};
+std::string case_name(const Case& c) {
+  return "N" + std::to_string(c.N) + "_H" + std::to_string(c.H) + "_t" + std::to_string(c.tokens) + "_" +
+         (c.dtype == DType::kFP32 ? "fp32" : "bf16");
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
+
+class GpuDecodeCases : public ::testing::TestWithParam<std::tuple<Case, KernelChoice>> {
+ protected:
+  void SetUp() override { skip_without_gpu(); }
+};
 
 TEST_P(GpuDecodeCases, MatchesFloat64Recurrence) {
-  const Case c = GetParam();
+  const Case c = std::get<0>(GetParam());
+  const KernelChoice kc = std::get<1>(GetParam());
   DecodeSpec spec;
   spec.num_seqs = c.N;
   spec.tokens_per_seq = c.tokens;
@@ -166,22 +227,33 @@ TEST_P(GpuDecodeCases, MatchesFloat64Recurrence) {
   spec.int64_indices = c.N % 2 == 0;
   spec.per_token_states = c.tokens > 1;
   const DecodeProblem p = make_decode_problem(spec, 100 + c.N + c.H + c.tokens);
-  char label[96];
-  std::snprintf(label, sizeof label, "N=%lld H=%lld t=%lld %s", static_cast<long long>(c.N),
-                static_cast<long long>(c.H), static_cast<long long>(c.tokens), to_string(c.dtype));
+  char label[128];
+  std::snprintf(label, sizeof label, "N=%lld H=%lld t=%lld %s %s", static_cast<long long>(c.N),
+                static_cast<long long>(c.H), static_cast<long long>(c.tokens), to_string(c.dtype),
+                kernel_choice_name(kc).c_str());
   // fp32 pool: the spec's 1e-5 (both sides run the recurrence at >= fp32).
   // bf16 pool: both round the new state to bf16; a few elements straddle a
   // rounding boundary and differ by one bf16 ulp, ~1e-3 relative RMS at most.
-  compare(p, run_decode_cuda(p), run_decode_cpu(p), c.dtype == DType::kFP32 ? 1e-5 : 2e-3, label);
+  compare(p, run_decode_cuda(p, kc), run_decode_cpu(p, case_name(c)), c.dtype == DType::kFP32 ? 1e-5 : 2e-3, label);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GpuDecodeCases,
-                         ::testing::Values(Case{1, 32, 1, DType::kFP32}, Case{7, 1, 1, DType::kFP32},
-                                           Case{7, 64, 1, DType::kFP32}, Case{256, 32, 1, DType::kFP32},
-                                           Case{1024, 1, 1, DType::kFP32}, Case{256, 32, 1, DType::kBF16},
-                                           Case{5, 4, 4, DType::kFP32}, Case{5, 4, 3, DType::kBF16}));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuDecodeCases,
+    ::testing::Combine(::testing::Values(Case{1, 32, 1, DType::kFP32}, Case{7, 1, 1, DType::kFP32},
+                                         Case{7, 64, 1, DType::kFP32}, Case{256, 32, 1, DType::kFP32},
+                                         Case{1024, 1, 1, DType::kFP32}, Case{256, 32, 1, DType::kBF16},
+                                         Case{5, 4, 4, DType::kFP32}, Case{5, 4, 3, DType::kBF16}),
+                       ::testing::ValuesIn(all_kernel_choices())),
+    [](const ::testing::TestParamInfo<std::tuple<Case, KernelChoice>>& info) {
+      return case_name(std::get<0>(info.param)) + "_" + kernel_choice_name(std::get<1>(info.param));
+    });
 
-TEST_F(GpuDecode, VariableTokensPerSequence) {
+class GpuDecodeKernels : public ::testing::TestWithParam<KernelChoice> {
+ protected:
+  void SetUp() override { skip_without_gpu(); }
+};
+
+TEST_P(GpuDecodeKernels, VariableTokensPerSequence) {
   DecodeSpec spec;
   spec.seq_tokens = {1, 4, 2, 1, 3};
   spec.heads = 2;
@@ -189,30 +261,57 @@ TEST_F(GpuDecode, VariableTokensPerSequence) {
   spec.padding_entries = 1;
   spec.per_token_states = true;
   const DecodeProblem p = make_decode_problem(spec, 7);
-  compare(p, run_decode_cuda(p), run_decode_cpu(p), 1e-5, "varlen tokens, GVA");
+  const std::string label = "varlen tokens, GVA " + kernel_choice_name(GetParam());
+  compare(p, run_decode_cuda(p, GetParam()), run_decode_cpu(p, "varlen"), 1e-5, label.c_str());
 }
 
-TEST_F(GpuDecode, CudaGraphReplayEqualsDirectCall) {
+TEST_P(GpuDecodeKernels, CudaGraphReplayEqualsDirectCall) {
   DecodeSpec spec;
   spec.num_seqs = 9;
   spec.heads = 8;
   spec.padding_entries = 2;
   const DecodeProblem p = make_decode_problem(spec, 8);
-  const DecodeResult direct = run_decode_cuda(p), graph = run_decode_cuda(p, /*graph=*/true);
+  const DecodeResult direct = run_decode_cuda(p, GetParam()), graph = run_decode_cuda(p, GetParam(), /*graph=*/true);
   ASSERT_TRUE(direct.status.ok()) << direct.status.message;
   ASSERT_TRUE(graph.status.ok()) << graph.status.message;
   EXPECT_EQ(direct.out, graph.out);
   EXPECT_EQ(direct.pool, graph.pool);
 }
 
-TEST_F(GpuDecode, UnsupportedHeadDimIsRejectedWithMessage) {
+// Three steps back to back, each reading the pool the previous one wrote and
+// writing what it read: with PDL, a kernel that touched memory before its
+// predecessor finished would read a stale state or clobber one still being read.
+// Directly on a stream, as one CUDA graph (programmatic edges), and on stream 0.
+TEST_P(GpuDecodeKernels, ChainedStepsMatchFloat64Steps) {
+  DecodeSpec spec;
+  spec.num_seqs = 6;
+  spec.heads = 32;
+  spec.padding_entries = 1;
+  const DecodeProblem p = make_decode_problem(spec, 11);
+  const DecodeResult& cpu = run_decode_cpu(p, "chained", 3);
+  const std::string label = "3 chained steps " + kernel_choice_name(GetParam());
+  compare(p, run_decode_cuda(p, GetParam(), /*graph=*/false, 3), cpu, 1e-5, label.c_str());
+  compare(p, run_decode_cuda(p, GetParam(), /*graph=*/true, 3), cpu, 1e-5, (label + " graph").c_str());
+  // The legacy default stream (what stream 0 means to a caller, e.g. torch's default).
+  compare(p, run_decode_cuda(p, GetParam(), /*graph=*/false, 3, /*legacy_stream=*/true), cpu, 1e-5,
+          (label + " stream 0").c_str());
+}
+
+TEST(GpuDecode, UnsupportedHeadDimIsRejectedWithMessage) {
+  skip_without_gpu();
+  if (::testing::Test::IsSkipped()) return;
   DecodeSpec spec;
   spec.head_dim = 64;
   const DecodeProblem p = make_decode_problem(spec, 9);
-  const DecodeResult r = run_decode_cuda(p);
+  const DecodeResult r = run_decode_cuda(p, KernelChoice{0, false});
   EXPECT_EQ(r.status.code, StatusCode::kNotSupported);
   EXPECT_NE(r.status.message.find("head_dim"), std::string::npos) << r.status.message;
 }
+
+INSTANTIATE_TEST_SUITE_P(Variants, GpuDecodeKernels, ::testing::ValuesIn(all_kernel_choices()),
+                         [](const ::testing::TestParamInfo<KernelChoice>& info) {
+                           return kernel_choice_name(info.param);
+                         });
 
 #else
 

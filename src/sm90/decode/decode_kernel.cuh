@@ -68,6 +68,20 @@ struct StateIO {
 
 __device__ __forceinline__ float bf16_at(const uint16_t* p, int64_t i) { return __uint_as_float(uint32_t(p[i]) << 16); }
 
+// Programmatic dependent launch (DecodeArgs::programmatic_dependent_launch). With
+// the launch attribute the grid may start while the previous kernel in the stream
+// is still running; griddepcontrol.wait returns once that kernel has completed and
+// its writes are visible. Every input (indices, tokens, weights, the pool) may be
+// that kernel's output, and the pool may still be read by it, so the wait comes
+// before the first global read and the first global write. Without the attribute
+// the wait returns at once. launch_dependents lets the next kernel in the stream,
+// if it was launched with the attribute, be scheduled now; it still waits for
+// this grid's completion before reading, so signalling early is always safe.
+// It is signalled right after the wait, so at most two decode grids are resident
+// at a time and the next one's launch overlaps this one's work.
+__device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void allow_dependent_grids() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 // Sum over the block (128 threads = 4 warps) of two values at once.
 __device__ __forceinline__ float2 block_sum2(float a, float b, float2* scratch) {
 #pragma unroll
@@ -117,6 +131,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? 1 : 8) kda_decode_kern
   const int64_t n = sh / p.num_v_heads;
   const int h = hv / (p.num_v_heads / p.num_heads);
   const int tid = threadIdx.x;
+  wait_for_prior_grids();
+  allow_dependent_grids();
   // Everything that does not depend on the pool slot is requested before the
   // slot is known: at one sequence the step is a chain of memory latencies.
   const int64_t slot_raw =

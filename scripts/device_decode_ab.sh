@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Decode A/B round on the H200, in a single device call (docs/perf-log.md, decode):
+#   1. the GPU decode tests for every kernel variant, each with and without
+#      programmatic dependent launch (PDL), summarised per variant;
+#   2. the A/B benchmark: every variant side by side in one process on the same
+#      buffers, graph replays interleaved, with memcpy / in-place RMW / empty-kernel
+#      reference columns and the machine's measured copy bandwidth
+#      (N ∈ {1, 8, 64, 256, 1024}, H = 32, fp32 and bf16 pools);
+#   3. compute-sanitizer memcheck + racecheck on small decode cases, every variant.
+# Each step is time-boxed so the whole round fits one 600 s device call
+# (BUDGET_S, default 570). Logs, JSON and the tables go to $OUT.
+#
+#   scripts/device_decode_ab.sh BUILD_DIR [--no-sanitizer] [--bench-args "..."]
+#
+# BUILD_DIR should hold a built flashkda_gpu_tests and flashkda-bench-decode;
+# when they are missing, only those two targets are built (configuring a fresh
+# Release build there if BUILD_DIR has no CMakeCache.txt), which takes part of the budget.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+[ $# -ge 1 ] || { echo "usage: $0 BUILD_DIR [--no-sanitizer] [--bench-args \"...\"]" >&2; exit 2; }
+BUILD="$1"
+shift
+OUT=${OUT:-/tmp/flashkda-out}
+mkdir -p "$OUT"
+sanitizer=1
+bench_args=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-sanitizer) sanitizer=0 ;;
+    --bench-args) bench_args="$2"; shift ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+deadline=$((SECONDS + ${BUDGET_S:-570}))
+left() { echo $((deadline - SECONDS)); }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+tests="$BUILD/tests/flashkda_gpu_tests"
+bench="$BUILD/flashkda-bench-decode"
+if [ ! -x "$tests" ] || [ ! -x "$bench" ]; then
+  echo "== building flashkda_gpu_tests and flashkda-bench-decode in $BUILD"
+  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    gen=""
+    command -v ninja >/dev/null && gen="-G Ninja"
+    cmake -S . -B "$BUILD" $gen -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  fi
+  timeout "$(left)" cmake --build "$BUILD" --target flashkda_gpu_tests flashkda-bench-decode -j"$(nproc)" \
+    >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+fi
+
+status=0
+echo "== GPU decode tests, every variant (budget left $(left) s)"
+timeout $(( $(left) > 380 ? $(left) - 330 : 50 )) "$tests" --gtest_filter='*Decode*' --gtest_color=no \
+  --gtest_output="json:$OUT/decode_tests.json" >"$OUT/decode_tests.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] || { status=1; echo "decode tests: exit $rc (124 = timed out)"; }
+# Per kernel choice (the test name's suffix after the case: d2, d2_pdl, fuse, ...): passed / failed.
+awk '
+  /^\[       OK \]|^\[  FAILED  \]/ {
+    name = $4; sub(/,$/, "", name);
+    if (name !~ /\./ || done[name]++) next;  # the failure list at the end repeats names
+    n = split(name, parts, "/"); leaf = parts[n];
+    sub(/^N[0-9]+_H[0-9]+_t[0-9]+_(fp32|bf16)_/, "", leaf);
+    if (n < 3) leaf = "(not per variant)";
+    seen[leaf] = 1; if ($2 == "OK") pass[leaf]++; else fail[leaf]++;
+  }
+  END { for (k in seen) printf "  %-20s passed %3d  failed %3d\n", k, pass[k], fail[k] }' "$OUT/decode_tests.log" | sort |
+  tee "$OUT/decode_tests_summary.txt"
+grep -E "^\[  FAILED  \]|Failure|error:" "$OUT/decode_tests.log" | head -40
+grep -E "^\[ errors \]" "$OUT/decode_tests.log" | grep -E "N=256 H=32 t=1|N=1 H=32" | head -24
+
+echo "== decode A/B benchmark (budget left $(left) s)"
+timeout $(( $(left) > 150 ? $(left) - 120 : 30 )) "$bench" --variants all --json "$OUT/bench_decode_ab.json" $bench_args \
+  2>"$OUT/bench_decode_ab_progress.log" | tee "$OUT/bench_decode_ab.md"
+rc=${PIPESTATUS[0]}
+[ $rc -eq 0 ] || { status=1; echo "benchmark: exit $rc (124 = timed out; per-row medians so far are in bench_decode_ab_progress.log)"; tail -12 "$OUT/bench_decode_ab_progress.log"; }
+
+if [ $sanitizer -eq 1 ]; then
+  echo "== compute-sanitizer (memcheck, racecheck), small decode cases, every variant (budget left $(left) s)"
+  filter='Shapes/GpuDecodeCases.*/N7_H1_t1_fp32_*:Shapes/GpuDecodeCases.*/N5_H4_t3_bf16_*:Variants/GpuDecodeKernels.VariableTokensPerSequence/*:Variants/GpuDecodeKernels.ChainedStepsMatchFloat64Steps/*'
+  for tool in memcheck racecheck; do
+    t=$(( $(left) / 2 - 5 ))
+    [ "$tool" = racecheck ] && t=$(( $(left) - 10 ))
+    if [ $t -lt 20 ]; then echo "$tool: skipped, no time left"; continue; fi
+    timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 3 "$tests" --gtest_filter="$filter" --gtest_color=no \
+      >"$OUT/sanitizer_decode_$tool.log" 2>&1
+    rc=$?
+    echo "$tool: exit $rc (124 = timed out); $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_decode_$tool.log" | tail -1)"
+    [ $rc -eq 0 ] || [ $rc -eq 124 ] || status=1
+  done
+fi
+echo "== decode A/B round exit status $status ($((SECONDS)) s)"
+exit $status

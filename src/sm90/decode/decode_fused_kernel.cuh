@@ -1,0 +1,280 @@
+// Variants of the decode kernel, for A/B measurement against kda_decode_kernel
+// (docs/perf-log.md, decode). Same work split (one 128-thread CTA per sequence,
+// value head and slice of rows of V; the state in registers; per-column vectors
+// in shared memory), with these changes:
+//
+// * One lane reduction after the state arrives instead of two. The output row is
+//   S_new q̂ = (S_dec + coef k̂ᵀ) q̂ = S_dec q̂ + coef (k̂·q̂), so S_dec k̂ and S_dec q̂
+//   are summed in the same pass and reduced together; k̂·q̂ is one more block sum
+//   over the token's inputs, done while the state is still in flight. d2 reduces
+//   S_dec k̂, then runs the update pass, then reduces S_new q̂.
+// * The decay is folded into the shared vectors of that pass (decay·k̂ and
+//   decay·q̂), so the dot products start on the loaded state directly and the
+//   pass holds two shared vectors per column group instead of three; S·diag(decay)
+//   is formed in the update pass, which is off the output's path.
+// * Dot products in two independent FMA chains of 16 instead of one of 32 (more
+//   chains cost registers that the 8-CTAs-per-SM bf16 build does not have).
+// * No block barrier after the last token (it only protects the next token's
+//   shared vectors).
+// * bf16 pools moved in 16-byte accesses (8 columns), so a row's four lanes move
+//   64 contiguous bytes per instruction as for fp32; d2 moves 32 bytes per row
+//   per instruction for bf16 (8-byte accesses), one sector at a time.
+// * Policy knobs (DecodePolicy): lanes per row, columns per state vector access,
+//   L2 evict-first hints on state traffic, minimum CTAs per SM.
+// The variants built from these are listed in sm90_decode.cu.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "sm90/decode/decode_kernel.cuh"
+
+namespace flashkda::sm90 {
+
+// kLanes: threads sharing one row of V (4: 32 rows per CTA; 8: 16 rows per CTA,
+//         twice the CTAs, and a row's lanes move 128 contiguous bytes per access).
+// kVecBf16: columns per state access for bf16 pools (4: 8-byte accesses as in d2;
+//         8: 16-byte accesses, so a row's lanes move as many bytes per access as
+//         for fp32; the 4-column build spills at 64 registers, so every variant
+//         uses 8). fp32 pools always use 4 columns (16 bytes).
+// kEvictFirst: state loads skip L1 and state loads and stores carry an L2
+//         evict-first policy (each state byte is read once and written once).
+// kMinBlocksFp32 / kMinBlocksBf16: __launch_bounds__ minimum CTAs per SM.
+template <int kLanes_, int kVecBf16_, bool kEvictFirst_, int kMinBlocksFp32_, int kMinBlocksBf16_>
+struct DecodePolicy {
+  static constexpr int kLanes = kLanes_;
+  static constexpr int kVecBf16 = kVecBf16_;
+  static constexpr bool kEvictFirst = kEvictFirst_;
+  static constexpr int kMinBlocksFp32 = kMinBlocksFp32_;
+  static constexpr int kMinBlocksBf16 = kMinBlocksBf16_;
+  static constexpr int kRows = kDecodeThreads / kLanes;  // rows of V per CTA
+  static constexpr int kSlices = kDecodeDim / kRows;     // CTAs per (sequence, head)
+  static constexpr int kCols = kDecodeDim / kLanes;      // state columns per thread
+  static_assert(kLanes == 4 || kLanes == 8, "a row's lanes reduce with shuffles inside a warp");
+  static_assert(kVecBf16 == 4 || kVecBf16 == 8, "bf16 state vectors of 8 or 16 bytes");
+};
+
+// An L2 policy that makes lines first in line for eviction.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// Raw 32-bit words of one state vector: two (8 bytes) or four (16 bytes).
+template <int kWords, bool kEvictFirst>
+struct WordIO {
+  static_assert(kWords == 2 || kWords == 4, "8- or 16-byte accesses");
+  static __device__ __forceinline__ void load(const uint32_t* p, uint32_t (&w)[kWords], uint64_t policy) {
+    if constexpr (kEvictFirst) {
+      if constexpr (kWords == 4)
+        asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                     : "l"(p), "l"(policy));
+      else
+        asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+                     : "=r"(w[0]), "=r"(w[1])
+                     : "l"(p), "l"(policy));
+    } else {
+      (void)policy;
+      if constexpr (kWords == 4) {
+        const uint4 x = *reinterpret_cast<const uint4*>(p);
+        w[0] = x.x; w[1] = x.y; w[2] = x.z; w[3] = x.w;
+      } else {
+        const uint2 x = *reinterpret_cast<const uint2*>(p);
+        w[0] = x.x; w[1] = x.y;
+      }
+    }
+  }
+  static __device__ __forceinline__ void store(uint32_t* p, const uint32_t (&w)[kWords], uint64_t policy) {
+    if constexpr (kEvictFirst) {
+      if constexpr (kWords == 4)
+        asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+                     :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(policy) : "memory");
+      else
+        asm volatile("st.global.L1::no_allocate.L2::cache_hint.v2.u32 [%0], {%1, %2}, %3;"
+                     :: "l"(p), "r"(w[0]), "r"(w[1]), "l"(policy) : "memory");
+    } else {
+      (void)policy;
+      if constexpr (kWords == 4) *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+      else *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+    }
+  }
+};
+
+// kVec consecutive state columns at element offset `off` (a multiple of kVec), as floats.
+template <bool kFp32, int kVec, bool kEvictFirst>
+struct StateVecIO {
+  static constexpr int kWords = kFp32 ? kVec : kVec / 2;
+  using Words = WordIO<kWords, kEvictFirst>;
+  static __device__ __forceinline__ void load(const void* base, int64_t off, float* x, uint64_t policy) {
+    uint32_t w[kWords];
+    if constexpr (kFp32) {
+      Words::load(reinterpret_cast<const uint32_t*>(static_cast<const float*>(base) + off), w, policy);
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) x[i] = __uint_as_float(w[i]);
+    } else {
+      Words::load(reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(base) + off), w, policy);
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {  // the lower address is the low half
+        x[2 * i] = __uint_as_float(w[i] << 16);
+        x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      }
+    }
+  }
+  static __device__ __forceinline__ void store(void* base, int64_t off, const float* x, uint64_t policy) {
+    uint32_t w[kWords];
+    if constexpr (kFp32) {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) w[i] = __float_as_uint(x[i]);
+      Words::store(reinterpret_cast<uint32_t*>(static_cast<float*>(base) + off), w, policy);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {
+        const __nv_bfloat162 b = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
+        w[i] = *reinterpret_cast<const uint32_t*>(&b);
+      }
+      Words::store(reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(base) + off), w, policy);
+    }
+  }
+};
+
+// Sum over the block (128 threads = 4 warps) of three values at once.
+__device__ __forceinline__ float3 block_sum3(float a, float b, float c, float4* scratch) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, off);
+    b += __shfl_xor_sync(0xffffffffu, b, off);
+    c += __shfl_xor_sync(0xffffffffu, c, off);
+  }
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = make_float4(a, b, c, 0.f);
+  __syncthreads();
+  float4 s = scratch[0];
+#pragma unroll
+  for (int w = 1; w < kDecodeThreads / 32; ++w) {
+    s.x += scratch[w].x;
+    s.y += scratch[w].y;
+    s.z += scratch[w].z;
+  }
+  return make_float3(s.x, s.y, s.z);
+}
+
+// Thread (row, lane) holds the columns kVec·(lane + kLanes·j) + e (j < kCols/kVec,
+// e < kVec): a row's lanes cover kLanes·kVec contiguous columns per access, and
+// the shared per-column vectors are read in 4-column groups: group g of the
+// thread (s[4g .. 4g+3]) is columns kVec·(lane + kLanes·(g / (kVec/4))) + 4·(g % (kVec/4)).
+template <bool kFp32, class P>
+__global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P::kMinBlocksBf16)
+    kda_decode_fused_kernel(const __grid_constant__ DecodeParams p) {
+  constexpr int kLanes = P::kLanes, kRows = P::kRows, kSlices = P::kSlices, kCols = P::kCols;
+  constexpr int kVec = kFp32 ? 4 : P::kVecBf16;
+  constexpr int kGroupsPerVec = kVec / 4, kGroups = kCols / 4;
+  using IO = StateVecIO<kFp32, kVec, P::kEvictFirst>;
+  __shared__ __align__(16) float khat[kDecodeDim];
+  __shared__ __align__(16) float decay[kDecodeDim];
+  __shared__ __align__(16) float dkhat[kDecodeDim];  // decay · k̂
+  __shared__ __align__(16) float dqhat[kDecodeDim];  // decay · q̂ · scale
+  __shared__ float4 scratch[kDecodeThreads / 32];
+  // k̂·q̂ (scale folded in): one shared value rather than a register kept across the
+  // state pass, which the 64-register bf16 builds would spill.
+  __shared__ float kq_shared;
+
+  const int64_t cta = blockIdx.x;
+  const int slice = static_cast<int>(cta % kSlices);
+  const int64_t sh = cta / kSlices;
+  const int hv = static_cast<int>(sh % p.num_v_heads);
+  const int64_t n = sh / p.num_v_heads;
+  const int h = hv / (p.num_v_heads / p.num_heads);
+  const int tid = threadIdx.x;
+  const int row = slice * kRows + tid / kLanes, lane = tid % kLanes;
+  const uint64_t policy = P::kEvictFirst ? l2_evict_first_policy() : 0;
+  wait_for_prior_grids();
+  allow_dependent_grids();
+
+  // As in d2: everything that does not depend on the pool slot is requested first.
+  const int64_t slot =
+      p.index_is_64 ? static_cast<const int64_t*>(p.indices)[n] : static_cast<const int32_t*>(p.indices)[n];
+  const int64_t t0 = p.cu_seqlens != nullptr ? p.cu_seqlens[n] : n * p.tokens_per_seq;
+  const int64_t t1 = p.cu_seqlens != nullptr ? p.cu_seqlens[n + 1] : t0 + p.tokens_per_seq;
+  const float exp_a = expf(p.A_log[hv]);
+  const float dt_bias = p.dt_bias[static_cast<int64_t>(hv) * kDecodeDim + tid];  // thread tid: column tid
+  TokenInputs next{};
+  if (t0 < t1) next = load_token_inputs(p, t0, h, hv, tid, row);
+  if (slot < 0 || slot >= p.pool_size) return;  // padding entry or index past the pool: no access
+
+  const int64_t head_off = (static_cast<int64_t>(hv) * kDecodeDim + row) * kDecodeDim;
+  auto col_of_group = [&](int g) { return kVec * (lane + kLanes * (g / kGroupsPerVec)) + 4 * (g % kGroupsPerVec); };
+
+  float s[kCols];
+  {
+    const int64_t base = slot * p.pool_stride + head_off;
+#pragma unroll
+    for (int j = 0; j < kCols / kVec; ++j) IO::load(p.pool, base + kVec * (lane + kLanes * j), &s[kVec * j], policy);
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    const TokenInputs in = next;
+    if (t + 1 < t1) next = load_token_inputs(p, t + 1, h, hv, tid, row);
+    const int64_t vh = t * p.num_v_heads + hv;
+    const float x = exp_a * (in.g + dt_bias);
+    const float dec = expf(p.lower_bound / (1.f + expf(-x)));  // exp(lower_bound·sigmoid(x))
+    const float b = 1.f / (1.f + expf(-in.beta));
+    const float3 ss = block_sum3(in.q * in.q, in.k * in.k, in.q * in.k, scratch);
+    const float qn = sqrtf(ss.x + 1e-6f), kn = sqrtf(ss.y + 1e-6f);
+    const float kh_d = in.k / kn, qh_d = in.q / qn * p.scale;
+    khat[tid] = kh_d;
+    decay[tid] = dec;
+    dkhat[tid] = dec * kh_d;
+    dqhat[tid] = dec * qh_d;
+    if (tid == 0) kq_shared = ss.z / (qn * kn) * p.scale;
+    __syncthreads();
+
+    // (S·diag(decay)) k̂ and (S·diag(decay)) q̂ in two chains each, then one lane reduction.
+    float2 sk2 = make_float2(0.f, 0.f), sq2 = sk2;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int c = col_of_group(g);
+      const float4 dk = *reinterpret_cast<const float4*>(&dkhat[c]);
+      const float4 dq = *reinterpret_cast<const float4*>(&dqhat[c]);
+      const float* sg = &s[4 * g];
+      sk2.x = fmaf(sg[1], dk.y, fmaf(sg[0], dk.x, sk2.x));
+      sk2.y = fmaf(sg[3], dk.w, fmaf(sg[2], dk.z, sk2.y));
+      sq2.x = fmaf(sg[1], dq.y, fmaf(sg[0], dq.x, sq2.x));
+      sq2.y = fmaf(sg[3], dq.w, fmaf(sg[2], dq.z, sq2.y));
+    }
+    float sk = sk2.x + sk2.y, sq = sq2.x + sq2.y;
+#pragma unroll
+    for (int off = 1; off < kLanes; off <<= 1) {
+      sk += __shfl_xor_sync(0xffffffffu, sk, off);
+      sq += __shfl_xor_sync(0xffffffffu, sq, off);
+    }
+    // S ← S·diag(decay) + b (v − S k̂) k̂ᵀ; o = scale · S q̂ = sq + coef · (k̂·q̂)
+    const float coef = b * (in.v - sk);
+    const float kq = kq_shared;
+    if (lane == 0) {
+      const __nv_bfloat16 ob = __float2bfloat16_rn(fmaf(coef, kq, sq));
+      p.out[vh * kDecodeDim + row] = *reinterpret_cast<const uint16_t*>(&ob);
+    }
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int c = col_of_group(g);
+      const float4 dc = *reinterpret_cast<const float4*>(&decay[c]);
+      const float4 kh = *reinterpret_cast<const float4*>(&khat[c]);
+      float* sg = &s[4 * g];
+      sg[0] = fmaf(coef, kh.x, sg[0] * dc.x); sg[1] = fmaf(coef, kh.y, sg[1] * dc.y);
+      sg[2] = fmaf(coef, kh.z, sg[2] * dc.z); sg[3] = fmaf(coef, kh.w, sg[3] * dc.w);
+    }
+    if (p.per_token_states != nullptr) {
+      const int64_t base = t * p.num_v_heads * int64_t{kDecodeDim} * kDecodeDim + head_off;
+#pragma unroll
+      for (int j = 0; j < kCols / kVec; ++j)
+        IO::store(p.per_token_states, base + kVec * (lane + kLanes * j), &s[kVec * j], policy);
+    }
+    if (t + 1 < t1) __syncthreads();  // the next token overwrites the shared vectors and scratch
+  }
+
+  const int64_t base = slot * p.out_stride + head_off;
+#pragma unroll
+  for (int j = 0; j < kCols / kVec; ++j) IO::store(p.out_pool, base + kVec * (lane + kLanes * j), &s[kVec * j], policy);
+}
+
+}  // namespace flashkda::sm90
