@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # The Python package on the GPU machine, from the repository root, in one call:
-#   bash scripts/device_python.sh
+#   bash scripts/device_python.sh [STEP...]     STEP: tests overhead forward decode (default: all four)
 # Expects the carried wheels: .devbuild/wheels/flash_kda-*.whl (built here with
 # CUDA on: python3.12 -m pip wheel . -w .devbuild/wheels --no-deps) and .whl/
 # (fla-core, plus pytest / matplotlib pieces installed only when the machine
 # lacks them). Installs them into /tmp/site (nothing else on the machine changes),
-# runs the Python tests (GPU tests included, skips listed with their reasons),
-# then bench/compare_fla.py for the spec's standard table, writing
-#   $OUT/pytest.txt, $OUT/pytest.xml, $OUT/compare_fla.md, $OUT/compare_fla.png, $OUT/bench.txt
-# Exits non-zero when the install, a test or the benchmark fails. Bounded at about
-# 6 minutes: tests 270 s, benchmark 200 s (fla autotunes once per shape).
+# then runs the chosen steps, each bounded by `timeout` (a benchmark stopped by it
+# still prints and writes the rows it finished):
+#   tests     pytest tests/python, GPU tests included, skips listed with their reasons (270 s)
+#             -> $OUT/pytest.txt, $OUT/pytest.xml
+#   overhead  bench/host_overhead.py: host time per fwd / decode call, GPU idle (45 s)
+#             -> $OUT/host_overhead.md
+#   forward   bench/compare_fla.py: the spec's standard forward table against fla (150 s;
+#             fla autotunes once per shape) -> $OUT/compare_fla.md, $OUT/compare_fla.png
+#   decode    bench/compare_fla.py --no-forward: decode steps against fla's
+#             fused_recurrent_kda under CUDA graphs (90 s) -> $OUT/compare_fla_decode.md
+# and the log of the benchmarks in $OUT/bench.txt. All four stay inside one 10-minute call.
+# Exits non-zero when the install, a test or a benchmark fails.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/flashkda-python-out}"
@@ -45,16 +52,39 @@ export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c "import flash_kda, fla; print('flash_kda', flash_kda.__version__, flash_kda.__file__, flash_kda.cuda_status()); print('fla', fla.__version__, fla.__file__)" || exit 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
 
-step "pytest tests/python (GPU tests included)"
-timeout 270 python3 -m pytest tests/python -q -rs -p no:cacheprovider --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.txt"
-test_rc=${PIPESTATUS[0]}
-echo "device_python: pytest exit code $test_rc"
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(tests overhead forward decode)
+for s in "${steps[@]}"; do
+  case "$s" in tests|overhead|forward|decode) ;; *) echo "device_python: unknown step $s" >&2; exit 2 ;; esac
+done
+export PYTHONUNBUFFERED=1
+rc_all=0
+summary=""
+: > "$OUT/bench.txt"
+for s in "${steps[@]}"; do
+  case "$s" in
+    tests)
+      step "pytest tests/python (GPU tests included)"
+      timeout 270 python3 -m pytest tests/python -q -rs -p no:cacheprovider --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.txt"
+      rc=${PIPESTATUS[0]} ;;
+    overhead)
+      step "bench/host_overhead.py (host time per call, GPU idle)"
+      timeout 45 python3 bench/host_overhead.py --md "$OUT/host_overhead.md" 2>&1 | tee -a "$OUT/bench.txt"
+      rc=${PIPESTATUS[0]} ;;
+    forward)
+      step "bench/compare_fla.py (standard forward table, fp32 state)"
+      timeout 150 python3 bench/compare_fla.py --png "$OUT/compare_fla.png" --md "$OUT/compare_fla.md" 2>&1 | tee -a "$OUT/bench.txt"
+      rc=${PIPESTATUS[0]} ;;
+    decode)
+      step "bench/compare_fla.py --no-forward (decode against fla, CUDA graphs)"
+      timeout 90 python3 bench/compare_fla.py --no-forward --md "$OUT/compare_fla_decode.md" 2>&1 | tee -a "$OUT/bench.txt"
+      rc=${PIPESTATUS[0]} ;;
+  esac
+  echo "device_python: $s exit code $rc"
+  summary="$summary $s=$rc"
+  [ "$rc" -eq 0 ] || rc_all=1
+done
 
-step "bench/compare_fla.py (standard table, fp32 state)"
-timeout 200 python3 bench/compare_fla.py --png "$OUT/compare_fla.png" --md "$OUT/compare_fla.md" 2>&1 | tee "$OUT/bench.txt"
-bench_rc=${PIPESTATUS[0]}
-echo "device_python: benchmark exit code $bench_rc"
-
-step "done: pytest rc=$test_rc, benchmark rc=$bench_rc; outputs in $OUT"
+step "done:$summary; outputs in $OUT"
 ls -la "$OUT"
-[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+exit $rc_all

@@ -7,9 +7,11 @@ initial_state=..., final_state=..., cu_seqlens=...)`` and reads ``out`` and
 ``final_state``, which are filled in place.
 
 CUDA tensors run the sm_90a kernels on the current torch stream; CPU tensors run
-the multithreaded chunked fp32 CPU backend. Tensors cross into C++ through DLPack,
-so the extension links no torch: torch is imported only when present (for the
-workspace allocation and the ``kda_forward`` custom op).
+the multithreaded chunked fp32 CPU backend. The extension links no torch: torch
+tensors are read through their own attributes (data pointer, shape, strides,
+dtype, device), any other array (CuPy, NumPy, ...) through DLPack. torch is used
+when installed (for those reads, the workspace allocation and the ``kda_forward``
+custom op).
 
     fwd(...)           FlashKDA-compatible, in place, returns None
     decode(...)        one decode step on states in an engine's pool, in place on
@@ -20,12 +22,28 @@ workspace allocation and the ``kda_forward`` custom op).
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 
 from ._loader import load_extension
 
 _C = load_extension()
+
+if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
+    import torch as _torch
+
+    # torch.Tensor / nn.Parameter arguments are then read through their attributes
+    # rather than exported through DLPack (a few attribute reads instead of
+    # microseconds per tensor).
+    _C.register_torch(_torch)
+    # The current stream as a plain int, without building a torch.cuda.Stream
+    # object on every call (the private getter Triton and Inductor use; the public
+    # spelling where a torch lacks it).
+    _current_raw_stream = getattr(_torch._C, "_cuda_getCurrentRawStream", None) or (
+        lambda index: _torch.cuda.current_stream(index).cuda_stream)
+else:  # pragma: no cover - exercised only without torch
+    _torch = None
 
 __version__ = "0.1.0"
 __all__ = ["fwd", "decode", "kda_forward", "workspace_size", "cuda_available", "cuda_status", "compiled_with_cuda"]
@@ -50,37 +68,51 @@ def cuda_status() -> tuple[bool, str]:
 
 
 def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch") and "torch" in sys.modules
+    return _torch is not None and isinstance(x, _torch.Tensor)
 
 
-def _plain(x):
-    # torch refuses to export tensors that require grad through DLPack; fla passes
-    # nn.Parameters (A_log, dt_bias). detach() shares storage, so in-place writes
-    # to out / final_state still land in the caller's tensors.
-    if x is not None and getattr(x, "requires_grad", False):
-        return x.detach()
-    return x
+# Device index -> callable(nbytes) returning uint8 scratch memory on that device.
+_cuda_allocators: dict = {}
 
 
-def _runtime(q, stream):
+def _cuda_allocator(index: int):
+    alloc = _cuda_allocators.get(index)
+    if alloc is None:
+        # torch's caching allocator: stream-ordered on the current stream, and served
+        # from the graph's private pool while capturing a CUDA graph.
+        alloc = functools.partial(_torch.empty, dtype=_torch.uint8, device=_torch.device("cuda", index))
+        _cuda_allocators[index] = alloc
+    return alloc
+
+
+def _allocator_for_stream(index: int, stream: int):
+    # torch's allocator may hand a freed block to the next allocation on the stream it
+    # was allocated on (torch's current one) at once. When the kernels run on another
+    # stream, that stream is recorded on the block, so that it is reused only after
+    # the work queued there has finished.
+    base = _cuda_allocator(index)
+    recorded = _torch.cuda.ExternalStream(stream, device=_torch.device("cuda", index))
+
+    def alloc(n: int):
+        ws = base(n)
+        ws.record_stream(recorded)
+        return ws
+
+    return alloc
+
+
+def _runtime(q, stream, need_alloc=True):
     """(alloc, stream) for q's framework and device."""
-    mod = type(q).__module__
     if _is_torch(q):
-        import torch
-
-        if q.device.type != "cuda":
+        if not q.is_cuda:
             return None, 0
-        dev = q.device
-
-        def alloc(n: int):
-            # torch's caching allocator: stream-ordered on the current stream, and
-            # served from the graph's private pool while capturing a CUDA graph.
-            return torch.empty(n, dtype=torch.uint8, device=dev)
-
-        if stream is None:
-            stream = torch.cuda.current_stream(dev).cuda_stream
-        return alloc, int(stream)
-    if mod.startswith("cupy"):
+        index = q.get_device()
+        current = _current_raw_stream(index)
+        if stream is None or int(stream) == current:
+            return (_cuda_allocator(index) if need_alloc else None), current
+        stream = int(stream)
+        return (_allocator_for_stream(index, stream) if need_alloc else None), stream
+    if type(q).__module__.startswith("cupy"):
         import cupy
 
         def alloc(n: int):
@@ -128,11 +160,9 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     """
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     alloc, stream = _runtime(q, stream)
-    _C.fwd(_plain(q), _plain(k), _plain(v), _plain(g), _plain(beta), scale, out,
-           _plain(A_log), _plain(dt_bias), lower_bound,
-           initial_state=_plain(initial_state), final_state=final_state,
-           cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host,
-           workspace=workspace, alloc=alloc, stream=stream, backend=backend)
+    # Positional: the cheapest call into the extension (this is on every step's path).
+    _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+           cu_seqlens_host, workspace, alloc, stream, backend)
 
 
 def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
@@ -144,10 +174,8 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
     pointer is 256-byte aligned.
     """
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
-    return int(_C.workspace_size(_plain(q), _plain(k), _plain(v), _plain(g), _plain(beta), scale, out,
-                                 _plain(A_log), _plain(dt_bias), lower_bound,
-                                 initial_state=_plain(initial_state), final_state=final_state,
-                                 cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, backend=backend))
+    return int(_C.workspace_size(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state,
+                                 final_state, cu_seqlens, cu_seqlens_host, backend))
 
 
 def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,
@@ -188,21 +216,24 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
         if not _is_torch(v):
             raise TypeError("out: pass an output array (bf16, the shape of v) for non-torch inputs; "
                             "only torch tensors are allocated automatically")
-        import torch
-
-        out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        out = _torch.empty(v.shape, dtype=v.dtype, device=v.device)
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
-    _, stream = _runtime(q, stream)
-    _C.decode(_plain(q), _plain(k), _plain(v), _plain(g), _plain(beta), _plain(A_log), _plain(dt_bias), out,
-              state_pool, _plain(state_indices), scale, lower_bound,
-              cu_seqlens=_plain(cu_seqlens), cu_seqlens_host=_plain(cu_seqlens_host),
-              state_out_pool=state_out_pool, per_token_states=per_token_states, stream=stream)
+    _, stream = _runtime(q, stream, need_alloc=False)
+    _C.decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound, cu_seqlens,
+              cu_seqlens_host, state_out_pool, per_token_states, stream)
     return out
+
+
+def _set_torch_fast_path(enabled: bool) -> bool:
+    """Reads torch tensors through their attributes (True, the default) or through
+    DLPack like any other array (False). Returns the previous setting. For tests and
+    benchmarks: both paths accept the same arguments and raise the same errors."""
+    return bool(_C.set_torch_fast_path(bool(enabled)))
 
 
 # The functional form needs torch (a torch.library custom op). Registered at import
 # when torch is installed; without torch, kda_forward raises ImportError when called.
-if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
+if _torch is not None:
     from ._torch_ops import kda_forward  # noqa: E402
 else:  # pragma: no cover - exercised only without torch
     def kda_forward(*args, **kwargs):

@@ -1,9 +1,13 @@
 // flash_kda._C: the Python binding of flashkda::forward and flashkda::decode (nanobind).
 //
-// Tensors arrive through DLPack (nb::ndarray), so the extension links no
-// framework: torch tensors of any version with __dlpack__, CuPy and NumPy arrays
-// all work. Every tensor is checked here, before anything touches its memory,
-// with errors that name the argument:
+// The extension links no framework. Tensors are read one of two ways:
+//   - torch.Tensor / nn.Parameter objects through their own attributes
+//     (data_ptr(), shape, stride(), dtype, device): a few attribute reads each,
+//     which is what keeps a small call's host time low (see TorchReader);
+//   - anything else (CuPy, NumPy, JAX, torch subclasses, and torch tensors that
+//     reader declines) through DLPack (nb::ndarray).
+// Both give the same description of a tensor, and every tensor is checked here,
+// before anything touches its memory, with errors that name the argument:
 //   TypeError   not an array, or the wrong dtype (incl. states of different dtypes);
 //   ValueError  rank / shape disagreement, non-C-contiguous strides, an
 //               unsupported device, tensors on different devices, bad workspace;
@@ -71,8 +75,7 @@ std::string cat(const Ts&... parts) {
 // ---- dtypes -----------------------------------------------------------------
 enum class DT { kBF16, kF16, kF32, kF64, kI32, kI64, kU8, kOther };
 
-DT dtype_of(const Array& a) {
-  const nb::dlpack::dtype d = a.dtype();
+DT dtype_of(const nb::dlpack::dtype& d) {
   if (d.lanes != 1) return DT::kOther;
   using C = nb::dlpack::dtype_code;
   if (d.code == uint8_t(C::Bfloat) && d.bits == 16) return DT::kBF16;
@@ -98,10 +101,9 @@ const char* name_of(DT t) {
   }
 }
 
-std::string dtype_string(const Array& a) {
-  const DT t = dtype_of(a);
+std::string dtype_string(const nb::dlpack::dtype& d) {
+  const DT t = dtype_of(d);
   if (t != DT::kOther) return name_of(t);
-  const nb::dlpack::dtype d = a.dtype();
   static const char* codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
   const char* c = d.code < 7 ? codes[d.code] : "code?";
   return cat(c, int(d.bits), d.lanes != 1 ? cat("x", d.lanes) : std::string());
@@ -122,13 +124,54 @@ Device device_of(const char* name, const Array& a) {
   raise_value(cat(name, ": expected a CPU or CUDA tensor, got DLPack device type ", t, " (id ", a.device_id(), ")"));
 }
 
-std::string shape_string(const Array& a) {
+// ---- shapes -----------------------------------------------------------------
+// Shape and strides (in elements) of one tensor. Every tensor of this API has
+// rank <= 5, so they live inline (no allocation per argument); a higher rank only
+// reaches an error message, and is kept on the heap for it.
+class Dims {
+ public:
+  void resize(size_t n) {
+    n_ = n;
+    if (n > kInline) heap_.assign(2 * n, 0);
+  }
+  size_t size() const { return n_; }
+  int64_t& shape(size_t i) { return n_ > kInline ? heap_[i] : inline_[i]; }
+  int64_t& stride(size_t i) { return n_ > kInline ? heap_[n_ + i] : inline_[kInline + i]; }
+  int64_t shape(size_t i) const { return const_cast<Dims*>(this)->shape(i); }
+  int64_t stride(size_t i) const { return const_cast<Dims*>(this)->stride(i); }
+
+ private:
+  static constexpr size_t kInline = 6;
+  size_t n_ = 0;
+  int64_t inline_[2 * kInline] = {};
+  std::vector<int64_t> heap_;
+};
+
+// ---- one tensor argument ----------------------------------------------------
+// What the checks need of one tensor argument, from either reader below.
+struct Arg {
+  const char* name = "";
+  bool present = false;
+  void* ptr = nullptr;  // first element (null when absent)
+  nb::dlpack::dtype dtype{};
+  Device dev;
+  Dims dims;
+  Array arr;  // the DLPack import, held for the call (empty when read from torch directly)
+
+  const void* cdata() const { return ptr; }
+  void* data() const { return ptr; }
+  size_t ndim() const { return dims.size(); }
+  int64_t dim(size_t i) const { return dims.shape(i); }
+  int64_t stride(size_t i) const { return dims.stride(i); }
+};
+
+std::string shape_string(const Arg& a) {
   std::string s = "[";
-  for (size_t i = 0; i < a.ndim(); ++i) s += cat(i ? ", " : "", a.shape(i));
+  for (size_t i = 0; i < a.ndim(); ++i) s += cat(i ? ", " : "", a.dim(i));
   return s + "]";
 }
 
-std::string strides_string(const Array& a) {
+std::string strides_string(const Arg& a) {
   std::string s = "[";
   for (size_t i = 0; i < a.ndim(); ++i) s += cat(i ? ", " : "", a.stride(i));
   return s + "]";
@@ -138,32 +181,197 @@ std::string strides_string(const Array& a) {
 // the extents to its right (the same rule as torch's is_contiguous()). With
 // `first` > 0 only dimensions first.. are checked (a decode state pool: dense
 // slots, any spacing between them).
-bool c_contiguous(const Array& a, size_t first = 0) {
+bool c_contiguous(const Arg& a, size_t first = 0) {
   for (size_t i = 0; i < a.ndim(); ++i)
-    if (a.shape(i) == 0) return true;  // no elements: any strides (as torch's is_contiguous)
+    if (a.dim(i) == 0) return true;  // no elements: any strides (as torch's is_contiguous)
   int64_t expect = 1;
   for (size_t i = a.ndim(); i-- > first;) {
-    const int64_t n = static_cast<int64_t>(a.shape(i));
+    const int64_t n = a.dim(i);
     if (n != 1 && a.stride(i) != expect) return false;
     expect *= n;
   }
   return true;
 }
 
-// ---- one tensor argument ----------------------------------------------------
-struct Arg {
-  const char* name = "";
-  bool present = false;
-  Array arr;
-  Device dev;
+// ---- reader 1: torch tensors, through their own attributes ----------------------
+// Exporting a torch tensor through DLPack costs microseconds each time (torch's
+// __dlpack__ is Python code that builds a new DLManagedTensor, which nanobind then
+// imports), and a forward call passes about ten of them: that was most of the host
+// time of a small call. torch.Tensor and nn.Parameter objects are read here instead
+// through data_ptr(), shape, stride(), dtype, is_cuda / is_cpu and get_device():
+// the facts the DLPack export would carry, for a few attribute reads, and still
+// without linking libtorch. Whatever this reader does not recognise (another class,
+// a dtype or device outside its table, an attribute that raises, e.g. on a sparse
+// tensor) goes through DLPack as before, so such arguments get the DLPack path's
+// behaviour and error messages unchanged. requires_grad plays no part: the call
+// is outside autograd either way (see import_dlpack).
+class TorchReader {
+ public:
+  // Called once by flash_kda at import, when torch is installed. References are
+  // kept for the life of the process (torch is never unloaded).
+  void install(nb::handle torch) {
+    tensor_type_ = nb::getattr(torch, "Tensor").inc_ref().ptr();
+    parameter_type_ = nb::getattr(torch.attr("nn"), "Parameter").inc_ref().ptr();
+    // (name, DLPack code, bits): what torch's DLPack export reports for each dtype,
+    // so that a message like "expected dtype bfloat16, got complex64" is the same
+    // on both paths.
+    static const struct { const char* name; uint8_t code, bits; } table[] = {
+        {"bool", 6, 8},       {"uint8", 1, 8},      {"int8", 0, 8},        {"int16", 0, 16},
+        {"int32", 0, 32},     {"int64", 0, 64},     {"float16", 2, 16},    {"bfloat16", 4, 16},
+        {"float32", 2, 32},   {"float64", 2, 64},   {"complex64", 5, 64},  {"complex128", 5, 128},
+    };
+    num_dtypes_ = 0;
+    for (const auto& e : table) {
+      nb::object d = nb::getattr(torch, e.name, nb::none());
+      if (d.is_none()) continue;
+      dtypes_[num_dtypes_++] = {d.inc_ref().ptr(), nb::dlpack::dtype{e.code, e.bits, 1}};
+    }
+    for (auto& [s, text] : {std::pair<PyObject**, const char*>{&s_data_ptr_, "data_ptr"}, {&s_shape_, "shape"},
+                            {&s_stride_, "stride"}, {&s_dtype_, "dtype"}, {&s_is_cuda_, "is_cuda"},
+                            {&s_is_cpu_, "is_cpu"}, {&s_get_device_, "get_device"}}) {
+      *s = PyUnicode_InternFromString(text);
+      if (*s == nullptr) throw nb::python_error();
+    }
+    installed_ = true;
+  }
 
-  const void* cdata() const { return present ? arr.data() : nullptr; }
-  void* data() const { return present ? const_cast<void*>(arr.data()) : nullptr; }
-  int64_t dim(size_t i) const { return static_cast<int64_t>(arr.shape(i)); }
+  bool enabled = true;  // off: every tensor goes through DLPack (tests, benchmarks)
+
+  bool installed() const { return installed_; }
+
+  // Fills a's pointer, dtype, device and dims from a torch tensor. Returns false,
+  // with no Python error pending, when `obj` is not one this reader handles.
+  bool read(nb::handle obj, Arg& a) const {
+    if (!installed_ || !enabled) return false;
+    PyObject* o = obj.ptr();
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(o));
+    // Exact classes only: a subclass may intercept attribute access (__torch_function__).
+    if (type != tensor_type_ && type != parameter_type_) return false;
+    const bool ok = read_attributes(o, a);
+    if (!ok && PyErr_Occurred()) PyErr_Clear();
+    return ok;
+  }
+
+ private:
+  // 1 / 0 for a bool attribute, -1 on error.
+  static int flag(PyObject* o, PyObject* name) {
+    PyObject* v = PyObject_GetAttr(o, name);
+    if (v == nullptr) return -1;
+    const int r = v == Py_True ? 1 : 0;
+    Py_DECREF(v);
+    return r;
+  }
+  static PyObject* call(PyObject* o, PyObject* name) {
+    return PyObject_VectorcallMethod(name, &o, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  }
+  // Reads a tuple of ints (torch.Size, stride()) into dims.shape or dims.stride.
+  static bool read_ints(PyObject* tuple, Dims& dims, bool shape) {
+    const Py_ssize_t n = PyTuple_Size(tuple);
+    if (n < 0) return false;
+    if (shape) dims.resize(static_cast<size_t>(n));
+    else if (static_cast<size_t>(n) != dims.size()) return false;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      const long long v = PyLong_AsLongLong(PyTuple_GetItem(tuple, i));
+      if (v == -1 && PyErr_Occurred()) return false;
+      (shape ? dims.shape(size_t(i)) : dims.stride(size_t(i))) = v;
+    }
+    return true;
+  }
+
+  bool read_attributes(PyObject* o, Arg& a) const {
+    PyObject* dt = PyObject_GetAttr(o, s_dtype_);
+    if (dt == nullptr) return false;
+    const DTypeEntry* entry = nullptr;
+    for (int i = 0; i < num_dtypes_; ++i)
+      if (dtypes_[i].obj == dt) entry = &dtypes_[i];
+    Py_DECREF(dt);
+    if (entry == nullptr) return false;
+    a.dtype = entry->dtype;
+
+    const int cuda = flag(o, s_is_cuda_);
+    if (cuda < 0) return false;
+    if (cuda) {
+      PyObject* id = call(o, s_get_device_);
+      if (id == nullptr) return false;
+      const long v = PyLong_AsLong(id);
+      Py_DECREF(id);
+      if (v < 0) return false;
+      a.dev = {kDLCUDA, static_cast<int32_t>(v)};
+    } else {
+      if (flag(o, s_is_cpu_) != 1) return false;  // meta, mps, xpu, ...: DLPack names the device
+      a.dev = {kDLCPU, 0};
+    }
+
+    PyObject* shape = PyObject_GetAttr(o, s_shape_);
+    if (shape == nullptr) return false;
+    bool ok = read_ints(shape, a.dims, /*shape=*/true);
+    Py_DECREF(shape);
+    if (!ok) return false;
+    PyObject* strides = call(o, s_stride_);
+    if (strides == nullptr) return false;
+    ok = read_ints(strides, a.dims, /*shape=*/false);
+    Py_DECREF(strides);
+    if (!ok) return false;
+
+    PyObject* ptr = call(o, s_data_ptr_);
+    if (ptr == nullptr) return false;
+    a.ptr = PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    return !PyErr_Occurred();
+  }
+
+  struct DTypeEntry {
+    PyObject* obj;
+    nb::dlpack::dtype dtype;
+  };
+  bool installed_ = false;
+  PyObject* tensor_type_ = nullptr;
+  PyObject* parameter_type_ = nullptr;
+  DTypeEntry dtypes_[16] = {};
+  int num_dtypes_ = 0;
+  PyObject *s_data_ptr_ = nullptr, *s_shape_ = nullptr, *s_stride_ = nullptr, *s_dtype_ = nullptr,
+           *s_is_cuda_ = nullptr, *s_is_cpu_ = nullptr, *s_get_device_ = nullptr;
 };
 
+TorchReader g_torch;  // touched only with the GIL held
+
+// ---- reader 2: any DLPack producer -----------------------------------------------
+bool requires_grad(nb::handle obj) {
+  PyObject* v = PyObject_GetAttrString(obj.ptr(), "requires_grad");
+  if (v == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const int r = PyObject_IsTrue(v);
+  Py_DECREF(v);
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
+
+// Imports `obj` through DLPack into a (pointer, dtype, dims; the device is read
+// after the dtype check, see take()).
+void import_dlpack(const char* name, nb::handle obj, Arg& a) {
+  nb::object src = nb::borrow(obj);
+  // torch's __dlpack__ refuses tensors that require grad, and fla passes
+  // nn.Parameters (A_log, dt_bias). The kernels work outside autograd anyway, so the
+  // detached view (the same storage: in-place writes land in the caller's tensor)
+  // is what is read, as on the attribute path.
+  if (requires_grad(obj)) src = src.attr("detach")();
+  if (!nb::try_cast<Array>(src, a.arr, /*convert=*/false)) {
+    std::string tname = nb::cast<std::string>(nb::str(obj.type().attr("__name__")));
+    raise_type(cat(name, ": expected a tensor supporting DLPack (torch.Tensor, CuPy or NumPy array), got ", tname));
+  }
+  a.ptr = const_cast<void*>(a.arr.data());
+  a.dtype = a.arr.dtype();
+  a.dims.resize(a.arr.ndim());
+  for (size_t i = 0; i < a.arr.ndim(); ++i) {
+    a.dims.shape(i) = static_cast<int64_t>(a.arr.shape(i));
+    a.dims.stride(i) = static_cast<int64_t>(a.arr.stride(i));
+  }
+}
+
 // Converts `obj` (None allowed when `optional`) into an Arg with the dtype in
-// `allowed`, C-contiguous, on a CPU or CUDA device.
+// `allowed`, on a CPU or CUDA device.
 Arg take(const char* name, nb::handle obj, std::initializer_list<DT> allowed, bool optional) {
   Arg a;
   a.name = name;
@@ -171,44 +379,52 @@ Arg take(const char* name, nb::handle obj, std::initializer_list<DT> allowed, bo
     if (optional) return a;
     raise_type(cat(name, ": expected a tensor, got None"));
   }
-  if (!nb::try_cast<Array>(obj, a.arr, /*convert=*/false)) {
-    std::string tname = nb::cast<std::string>(nb::str(obj.type().attr("__name__")));
-    raise_type(cat(name, ": expected a tensor supporting DLPack (torch.Tensor, CuPy or NumPy array), got ", tname,
-                   " (torch tensors that require grad must be detached)"));
-  }
+  const bool from_torch = g_torch.read(obj, a);
+  if (!from_torch) import_dlpack(name, obj, a);
   a.present = true;
-  const DT t = dtype_of(a.arr);
+  const DT t = dtype_of(a.dtype);
   bool ok = false;
   for (DT d : allowed) ok |= (d == t);
   if (!ok) {
     std::string want;
     size_t i = 0;
     for (DT d : allowed) want += cat(i++ ? " or " : "", name_of(d));
-    raise_type(cat(name, ": expected dtype ", want, ", got ", dtype_string(a.arr)));
+    raise_type(cat(name, ": expected dtype ", want, ", got ", dtype_string(a.dtype)));
   }
-  a.dev = device_of(name, a.arr);
+  if (!from_torch) a.dev = device_of(name, a.arr);
   return a;
 }
 
-void expect_shape(const Arg& a, const std::vector<int64_t>& dims, const std::string& what) {
-  bool ok = a.arr.ndim() == dims.size();
-  size_t i = 0;
-  for (int64_t d : dims) {
-    if (!ok) break;
-    ok = a.dim(i++) == d;
+// An expected shape. Every tensor of this API has rank <= 5 (per_token_states as
+// [N, t, HV, V, K]): fixed storage, so a check that passes allocates nothing.
+struct Shape {
+  int64_t d[5] = {};
+  size_t n = 0;
+  Shape(std::initializer_list<int64_t> dims) {
+    for (int64_t x : dims) d[n++] = x;
   }
+  Shape then(std::initializer_list<int64_t> tail) const {
+    Shape s = *this;
+    for (int64_t x : tail) s.d[s.n++] = x;
+    return s;
+  }
+};
+
+// `what` names the expected shape in the message, e.g. "[B, T, H, K] (the shape of q)".
+void expect_shape(const Arg& a, const Shape& want, const char* what) {
+  bool ok = a.ndim() == want.n;
+  for (size_t i = 0; ok && i < want.n; ++i) ok = a.dim(i) == want.d[i];
   if (!ok) {
-    std::string want = "[";
-    i = 0;
-    for (int64_t d : dims) want += cat(i++ ? ", " : "", d);
-    raise_value(cat(a.name, ": expected shape ", what, " = ", want, "], got ", shape_string(a.arr)));
+    std::string dims = "[";
+    for (size_t i = 0; i < want.n; ++i) dims += cat(i ? ", " : "", want.d[i]);
+    raise_value(cat(a.name, ": expected shape ", what, " = ", dims, "], got ", shape_string(a)));
   }
 }
 
 void expect_contiguous(const Arg& a) {
-  if (a.present && !c_contiguous(a.arr))
-    raise_value(cat(a.name, ": expected a C-contiguous (dense row-major) tensor, got shape ", shape_string(a.arr),
-                    " with strides ", strides_string(a.arr), " (call .contiguous())"));
+  if (a.present && !c_contiguous(a))
+    raise_value(cat(a.name, ": expected a C-contiguous (dense row-major) tensor, got shape ", shape_string(a),
+                    " with strides ", strides_string(a), " (call .contiguous())"));
 }
 
 void expect_device(const Arg& a, const Arg& ref) {
@@ -222,31 +438,31 @@ void expect_device(const Arg& a, const Arg& ref) {
 // between slots (e.g. a slice of a bigger buffer). Returns the slot stride in
 // elements, 0 when it is one dense slot (or when P == 1 makes it irrelevant).
 int64_t expect_pool(const Arg& a, int64_t P, int64_t HV, int64_t V, int64_t K) {
-  if (a.arr.ndim() != 4)
-    raise_value(cat(a.name, ": expected a 4-d tensor [P, HV, V, K], got shape ", shape_string(a.arr)));
+  if (a.ndim() != 4)
+    raise_value(cat(a.name, ": expected a 4-d tensor [P, HV, V, K], got shape ", shape_string(a)));
   if (P < 0) {
     P = a.dim(0);
     expect_shape(a, {P, HV, V, K}, "[P, HV, V, K] (HV, V from v; K from q)");
   } else {
     expect_shape(a, {P, HV, V, K}, "[P, HV, V, K] (the shape of state_pool)");
   }
-  if (P < 1) raise_value(cat(a.name, ": expected at least one slot, got shape ", shape_string(a.arr)));
-  if (!c_contiguous(a.arr, 1))
+  if (P < 1) raise_value(cat(a.name, ": expected at least one slot, got shape ", shape_string(a)));
+  if (!c_contiguous(a, 1))
     raise_value(cat(a.name, ": expected dense row-major slots (strides of the [HV, V, K] dims ", V * K, ", ", K,
-                    ", 1; any stride between slots), got shape ", shape_string(a.arr), " with strides ",
-                    strides_string(a.arr)));
+                    ", 1; any stride between slots), got shape ", shape_string(a), " with strides ",
+                    strides_string(a)));
   const int64_t per_slot = HV * V * K;
   if (P == 1 || per_slot == 0) return 0;
-  const int64_t s = static_cast<int64_t>(a.arr.stride(0));
+  const int64_t s = a.stride(0);
   if (s < per_slot)
     raise_value(cat(a.name, ": expected a stride between slots (stride(0)) of at least HV*V*K = ", per_slot,
-                    " elements, got ", s, " (shape ", shape_string(a.arr), ", strides ", strides_string(a.arr), ")"));
+                    " elements, got ", s, " (shape ", shape_string(a), ", strides ", strides_string(a), ")"));
   return s == per_slot ? 0 : s;
 }
 
 flashkda::DType state_dtype(const Arg& a) {
   if (!a.present) return flashkda::DType::kNone;
-  return dtype_of(a.arr) == DT::kF32 ? flashkda::DType::kFP32 : flashkda::DType::kBF16;
+  return dtype_of(a.dtype) == DT::kF32 ? flashkda::DType::kFP32 : flashkda::DType::kBF16;
 }
 
 flashkda::Backend parse_backend(const std::string& s, const Device& dev) {
@@ -286,14 +502,14 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   c.s1 = take("final_state", final_state, {DT::kBF16, DT::kF32}, true);
   c.cu = take("cu_seqlens", cu_seqlens, {DT::kI64}, true);
   c.cu_host = take("cu_seqlens_host", cu_seqlens_host, {DT::kI64}, true);
-  if (c.s0.present && c.s1.present && dtype_of(c.s0.arr) != dtype_of(c.s1.arr))
-    raise_type(cat("final_state: expected the same dtype as initial_state (", dtype_string(c.s0.arr),
-                   ") when both are given, got ", dtype_string(c.s1.arr)));
+  if (c.s0.present && c.s1.present && dtype_of(c.s0.dtype) != dtype_of(c.s1.dtype))
+    raise_type(cat("final_state: expected the same dtype as initial_state (", dtype_string(c.s0.dtype),
+                   ") when both are given, got ", dtype_string(c.s1.dtype)));
 
   // Shapes (ValueError): q defines B, T, H, K; v defines HV, V.
-  if (c.q.arr.ndim() != 4) raise_value(cat("q: expected a 4-d tensor [B, T, H, K], got shape ", shape_string(c.q.arr)));
-  if (c.v.arr.ndim() != 4)
-    raise_value(cat("v: expected a 4-d tensor [B, T, HV, V], got shape ", shape_string(c.v.arr)));
+  if (c.q.ndim() != 4) raise_value(cat("q: expected a 4-d tensor [B, T, H, K], got shape ", shape_string(c.q)));
+  if (c.v.ndim() != 4)
+    raise_value(cat("v: expected a 4-d tensor [B, T, HV, V], got shape ", shape_string(c.v)));
   const int64_t B = c.q.dim(0), T = c.q.dim(1), H = c.q.dim(2), K = c.q.dim(3);
   const int64_t HV = c.v.dim(2), V = c.v.dim(3);
   expect_shape(c.k, {B, T, H, K}, "[B, T, H, K] (the shape of q)");
@@ -305,11 +521,11 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   expect_shape(c.dt_bias, {HV, K}, "[HV, K]");
   int64_t N = B;
   if (c.cu.present) {
-    if (c.cu.arr.ndim() != 1 || c.cu.dim(0) < 2)
-      raise_value(cat("cu_seqlens: expected a 1-d tensor [N+1] with N >= 1, got shape ", shape_string(c.cu.arr)));
+    if (c.cu.ndim() != 1 || c.cu.dim(0) < 2)
+      raise_value(cat("cu_seqlens: expected a 1-d tensor [N+1] with N >= 1, got shape ", shape_string(c.cu)));
     N = c.cu.dim(0) - 1;
     if (B != 1) raise_value(cat("cu_seqlens: requires B == 1 (flattened sequences), got q of shape ",
-                                shape_string(c.q.arr)));
+                                shape_string(c.q)));
   }
   if (c.cu_host.present) {
     if (!c.cu.present) raise_value("cu_seqlens_host: given without cu_seqlens");
@@ -420,7 +636,7 @@ size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
       what = "workspace (returned by alloc)";
     }
     Arg w = take(what, src, {DT::kU8}, false);
-    if (w.arr.ndim() != 1) raise_value(cat(what, ": expected a 1-d uint8 tensor, got shape ", shape_string(w.arr)));
+    if (w.ndim() != 1) raise_value(cat(what, ": expected a 1-d uint8 tensor, got shape ", shape_string(w)));
     expect_contiguous(w);
     expect_device(w, c.q);
     // The backend wants a 256-byte aligned pointer: align inside the buffer.
@@ -473,61 +689,56 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   c.cu_host = take("cu_seqlens_host", cu_seqlens_host, {DT::kI64}, true);
   c.pool_out = take("state_out_pool", state_out_pool, {DT::kF32, DT::kBF16}, true);
   c.per_tok = take("per_token_states", per_token_states, {DT::kF32, DT::kBF16}, true);
-  const DT sdt = dtype_of(c.pool.arr);
+  const DT sdt = dtype_of(c.pool.dtype);
   for (const Arg* a : {&c.pool_out, &c.per_tok})
-    if (a->present && dtype_of(a->arr) != sdt)
+    if (a->present && dtype_of(a->dtype) != sdt)
       raise_type(cat(a->name, ": expected the dtype of state_pool (", name_of(sdt), "), got ",
-                     dtype_string(a->arr)));
+                     dtype_string(a->dtype)));
 
   // Shapes (ValueError): q defines the token layout, H and K; v defines HV and V.
-  const size_t rank = c.q.arr.ndim();
+  const size_t rank = c.q.ndim();
   if (rank != 3 && rank != 4)
     raise_value(cat("q: expected a 3-d tensor [T, H, K] or a 4-d tensor [N, t, H, K], got shape ",
-                    shape_string(c.q.arr)));
-  std::vector<int64_t> lead;
-  for (size_t i = 0; i + 2 < rank; ++i) lead.push_back(c.q.dim(i));
-  const std::string L = rank == 3 ? "T" : "N, t";
-  auto with = [&](std::initializer_list<int64_t> tail) {
-    std::vector<int64_t> d = lead;
-    d.insert(d.end(), tail);
-    return d;
-  };
+                    shape_string(c.q)));
+  const bool r3 = rank == 3;  // [T, ...]; else [N, t, ...]
+  const Shape lead = r3 ? Shape{c.q.dim(0)} : Shape{c.q.dim(0), c.q.dim(1)};
   const int64_t H = c.q.dim(rank - 2), K = c.q.dim(rank - 1);
-  const int64_t T = rank == 3 ? lead[0] : lead[0] * lead[1];
-  if (c.v.arr.ndim() != rank)
-    raise_value(cat("v: expected a ", rank, "-d tensor [", L, ", HV, V] (the rank of q), got shape ",
-                    shape_string(c.v.arr)));
+  const int64_t T = r3 ? lead.d[0] : lead.d[0] * lead.d[1];
+  if (c.v.ndim() != rank)
+    raise_value(cat("v: expected a ", rank, "-d tensor [", r3 ? "T" : "N, t", ", HV, V] (the rank of q), got shape ",
+                    shape_string(c.v)));
   const int64_t HV = c.v.dim(rank - 2), V = c.v.dim(rank - 1);
-  expect_shape(c.k, with({H, K}), cat("[", L, ", H, K] (the shape of q)"));
-  expect_shape(c.v, with({HV, V}), cat("[", L, ", HV, V] (", L, " from q)"));
-  expect_shape(c.g, with({HV, K}), cat("[", L, ", HV, K]"));
-  expect_shape(c.beta, with({HV}), cat("[", L, ", HV]"));
+  expect_shape(c.k, lead.then({H, K}), r3 ? "[T, H, K] (the shape of q)" : "[N, t, H, K] (the shape of q)");
+  expect_shape(c.v, lead.then({HV, V}), r3 ? "[T, HV, V] (T from q)" : "[N, t, HV, V] (N, t from q)");
+  expect_shape(c.g, lead.then({HV, K}), r3 ? "[T, HV, K]" : "[N, t, HV, K]");
+  expect_shape(c.beta, lead.then({HV}), r3 ? "[T, HV]" : "[N, t, HV]");
   expect_shape(c.A_log, {HV}, "[HV]");
   expect_shape(c.dt_bias, {HV, K}, "[HV, K]");
-  expect_shape(c.out, with({HV, V}), cat("[", L, ", HV, V] (the shape of v)"));
+  expect_shape(c.out, lead.then({HV, V}), r3 ? "[T, HV, V] (the shape of v)" : "[N, t, HV, V] (the shape of v)");
   const int64_t pool_stride = expect_pool(c.pool, -1, HV, V, K);
   const int64_t P = c.pool.dim(0);
   const int64_t out_stride = c.pool_out.present ? expect_pool(c.pool_out, P, HV, V, K) : 0;
-  if (c.idx.arr.ndim() != 1)
-    raise_value(cat("state_indices: expected a 1-d tensor [N], got shape ", shape_string(c.idx.arr)));
+  if (c.idx.ndim() != 1)
+    raise_value(cat("state_indices: expected a 1-d tensor [N], got shape ", shape_string(c.idx)));
   const int64_t N = c.idx.dim(0);
   int64_t tokens_per_seq = 1;
   if (c.cu.present) {
     expect_shape(c.cu, {N + 1}, "[N+1] (N = len(state_indices))");
   } else if (N == 0) {
-    if (T != 0) raise_value(cat("q: expected no tokens with an empty state_indices, got shape ", shape_string(c.q.arr)));
+    if (T != 0) raise_value(cat("q: expected no tokens with an empty state_indices, got shape ", shape_string(c.q)));
   } else {
     if (T == 0 || T % N != 0)
       raise_value(cat("q: expected a token count T = ", T, " that is a positive multiple of N = len(state_indices) = ",
                       N, " (t = T / N tokens per sequence; pass cu_seqlens for uneven counts), got shape ",
-                      shape_string(c.q.arr)));
+                      shape_string(c.q)));
     tokens_per_seq = T / N;
   }
   if (c.cu_host.present) {
     if (!c.cu.present) raise_value("cu_seqlens_host: given without cu_seqlens");
     expect_shape(c.cu_host, {N + 1}, "[N+1] (the shape of cu_seqlens)");
   }
-  if (c.per_tok.present) expect_shape(c.per_tok, with({HV, V, K}), cat("[", L, ", HV, V, K]"));
+  if (c.per_tok.present)
+    expect_shape(c.per_tok, lead.then({HV, V, K}), r3 ? "[T, HV, V, K]" : "[N, t, HV, V, K]");
 
   // Strides (ValueError); the pools were checked above.
   for (const Arg* a : {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.A_log, &c.dt_bias, &c.out, &c.idx, &c.cu, &c.cu_host,
@@ -562,7 +773,7 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   // 0 would mean "pool_stride": give the out pool's own spacing (one dense slot when 0).
   a.state_out_stride = c.pool_out.present ? (out_stride != 0 ? out_stride : HV * V * K) : 0;
   a.state_indices = c.idx.cdata();
-  a.index_type = dtype_of(c.idx.arr) == DT::kI64 ? flashkda::IndexType::kInt64 : flashkda::IndexType::kInt32;
+  a.index_type = dtype_of(c.idx.dtype) == DT::kI64 ? flashkda::IndexType::kInt64 : flashkda::IndexType::kInt32;
   a.per_token_states = c.per_tok.data();
   a.num_heads = H; a.num_v_heads = HV;
   a.head_dim_k = K; a.head_dim_v = V;
@@ -630,4 +841,19 @@ NB_MODULE(_C, m) {
   m.attr("compiled_with_cuda") = false;
 #endif
   m.attr("workspace_alignment") = kWorkspaceAlign;
+
+  m.def("register_torch", [](nb::handle torch) { g_torch.install(torch); }, "torch"_a,
+        "Lets the binding read torch.Tensor / nn.Parameter arguments through their attributes instead of "
+        "DLPack (flash_kda calls it at import when torch is installed).");
+  m.def("set_torch_fast_path",
+        [](bool enabled) {
+          const bool previous = g_torch.enabled;
+          g_torch.enabled = enabled;
+          return previous;
+        },
+        "enabled"_a,
+        "Turns the torch attribute reader on or off (off: torch tensors go through DLPack too, as any other "
+        "array). Returns the previous setting. For tests and benchmarks.");
+  m.def("torch_fast_path", []() { return g_torch.installed() && g_torch.enabled; },
+        "Whether torch tensors are read through their attributes (registered and enabled).");
 }

@@ -182,6 +182,21 @@ def test_functional_form_and_side_stream():
     assert torch.equal(out_a, out_b) and torch.equal(pool_a, pool_b)
 
 
+def test_torch_fast_path_equals_the_dlpack_path():
+    p = to(make_decode(seqlens=[2, 1, 3], H=2, K=K, P=5, indices=[4, -1, 0], seed=113), "cuda")
+    results = []
+    for fast in (True, False):
+        previous = flash_kda._set_torch_fast_path(fast)
+        try:
+            pool = p["pool"].clone()
+            out = call(p, pool)
+        finally:
+            flash_kda._set_torch_fast_path(previous)
+        results.append((out, pool))
+    torch.cuda.synchronize()
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
 # ---- CUDA graphs ----------------------------------------------------------------------
 
 def test_cuda_graph_capture_and_replay_equals_a_direct_call():

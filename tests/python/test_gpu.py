@@ -134,6 +134,46 @@ def test_explicit_workspace():
                       workspace=torch.empty(16, dtype=torch.uint8, device="cuda"), **fwd_kwargs(p))
 
 
+def test_torch_fast_path_equals_the_dlpack_path():
+    # torch tensors are read through their attributes by default; DLPack is the
+    # path of every other array. Same inputs, same results, bit for bit.
+    p = gpu_problem(seqlens=[40, 0, 77], H=2, seed=117)
+    assert flash_kda._C.torch_fast_path()
+    out_a, fs_a = run(p)
+    previous = flash_kda._set_torch_fast_path(False)
+    try:
+        out_b, fs_b = run(p)
+    finally:
+        flash_kda._set_torch_fast_path(previous)
+    torch.cuda.synchronize()
+    assert torch.equal(out_a, out_b) and torch.equal(fs_a, fs_b)
+
+
+def test_explicit_stream_argument():
+    # stream= names a stream other than torch's current one: the kernels run there,
+    # and the workspace (allocated on the current stream) records it, so the caching
+    # allocator does not hand the block out again before they finish.
+    p = gpu_problem(T=512, H=4, seed=118)
+    ref_out, ref_fs = run(p)
+    ws_bytes = flash_kda.workspace_size(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], ref_out,
+                                        final_state=ref_fs, **fwd_kwargs(p)) + 255
+    side = torch.cuda.Stream()
+    outs = []
+    for _ in range(3):
+        out, fs = new_outputs(p)
+        side.wait_stream(torch.cuda.current_stream())
+        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, final_state=fs,
+                      stream=side.cuda_stream, **fwd_kwargs(p))
+        # Work on the current stream that would get the freed workspace block at once
+        # (same size) and overwrite it while the kernels may still be reading it.
+        torch.empty(ws_bytes, dtype=torch.uint8, device="cuda").fill_(0xFF)
+        outs.append((out, fs))
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    for out, fs in outs:
+        assert torch.equal(out, ref_out) and torch.equal(fs, ref_fs)
+
+
 def test_mixed_devices_is_value_error():
     p = gpu_problem(T=16, H=2, seed=108)
     out, fs = new_outputs(p)
