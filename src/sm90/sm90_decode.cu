@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstring>
 #include <string>
 
 #include "sm90/decode/decode_fused_kernel.cuh"
@@ -31,6 +32,8 @@ constexpr DecodeVariant fused_variant(const char* name) {
 // access, evict-first hints, min CTAs/SM fp32, min CTAs/SM bf16>.
 const DecodeVariant kDecodeVariants[] = {
     {"d2", &kda_decode_kernel<true>, &kda_decode_kernel<false>, kDecodeSlices},
+    // d2 with the token's per-column vectors built per warp: no block barrier per token.
+    {"d3", &kda_decode_kernel<true, true>, &kda_decode_kernel<false, true>, kDecodeSlices},
     // One lane reduction after the state load; 16-byte state accesses for bf16 too.
     // fp32 capped at 128 registers: 4 CTAs/SM, as d2 (118 registers) gets.
     fused_variant<DecodePolicy<4, 8, false, 4, 8>>("fuse"),
@@ -39,7 +42,23 @@ const DecodeVariant kDecodeVariants[] = {
     fused_variant<DecodePolicy<8, 8, false, 8, 8>>("lanes8"),    // 8 lanes a row, 16 rows a CTA, 8 CTAs/SM
 };
 constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
-constexpr int kProductionDecodeVariant = 0;
+// Production choice, from the A/B table on the H200 (docs/perf-log.md, decode):
+// at a few sequences the step is a latency chain and d2's plain loads are
+// quickest; from 8 sequences x 32 heads (256 pairs, two CTAs per SM) on, the
+// pool's traffic rules and fuse-ef's evict-first state accesses and one
+// reduction pass win (N = 256, H = 32: 293 vs 300 µs fp32, 164 vs 176 µs bf16).
+constexpr const char* kLatencyDecodeVariant = "d2";
+constexpr const char* kBandwidthDecodeVariant = "fuse-ef";
+constexpr int64_t kBandwidthFromPairs = 256;  // (sequence, value head) pairs
+int variant_index(const char* name) {
+  for (int v = 0; v < kNumDecodeVariants; ++v)
+    if (std::strcmp(kDecodeVariants[v].name, name) == 0) return v;
+  return 0;  // unreachable: both names are in the table (checked by the GPU tests' variant listing)
+}
+int production_variant(int64_t pairs) {
+  static const int latency = variant_index(kLatencyDecodeVariant), bandwidth = variant_index(kBandwidthDecodeVariant);
+  return pairs >= kBandwidthFromPairs ? bandwidth : latency;
+}
 
 std::atomic<int> g_decode_variant_override{-1};
 
@@ -91,7 +110,7 @@ Status decode(const DecodeArgs& a, void* stream) {
   p.lower_bound = a.lower_bound;
 
   const int forced = g_decode_variant_override.load();
-  const DecodeVariant& var = kDecodeVariants[forced >= 0 ? forced : kProductionDecodeVariant];
+  const DecodeVariant& var = kDecodeVariants[forced >= 0 ? forced : production_variant(a.num_seqs * HV)];
   const int64_t ctas = a.num_seqs * HV * var.slices;
   if (ctas > int64_t{0x7fffffff})
     return Status::NotSupported(std::string("num_seqs x num_v_heads: too many CTAs for one launch of decode variant ") +
