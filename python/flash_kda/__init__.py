@@ -180,7 +180,7 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
 
 def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,
            lower_bound=None, cu_seqlens=None, state_out_pool=None, per_token_states=None,
-           cu_seqlens_host=None, stream=None):
+           cu_seqlens_host=None, stream=None, pdl=False):
     """One KDA decode step: a few new tokens per running sequence, states in a pool.
 
     Sequence n's tokens run the recurrence (the same math as :func:`fwd`) starting from
@@ -206,6 +206,10 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
             after every token (speculative verify).
         cu_seqlens_host: optional int64 CPU copy of cu_seqlens (validated; CUDA only).
         stream: cudaStream_t as int; default torch's current stream on q's device.
+        pdl: launch the CUDA kernel with programmatic dependent launch: it may be
+            scheduled while the previous kernel on the stream still runs (it waits for
+            that kernel before touching memory), hiding part of the launch latency
+            between back-to-back steps. Ignored on the CPU.
 
     Returns ``out``. CPU tensors run the float64 CPU decode; CUDA tensors the sm_90a
     kernel (K = V = 128), asynchronously, capturable in a CUDA graph. Errors as for
@@ -220,7 +224,7 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     _, stream = _runtime(q, stream, need_alloc=False)
     _C.decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound, cu_seqlens,
-              cu_seqlens_host, state_out_pool, per_token_states, stream)
+              cu_seqlens_host, state_out_pool, per_token_states, stream, bool(pdl))
     return out
 
 

@@ -785,9 +785,10 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
 void decode_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle A_log,
                nb::handle dt_bias, nb::handle out, nb::handle state_pool, nb::handle state_indices, double scale,
                double lower_bound, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle state_out_pool,
-               nb::handle per_token_states, uintptr_t stream) {
+               nb::handle per_token_states, uintptr_t stream, bool pdl) {
   DecodeCall c = prepare_decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound,
                                 cu_seqlens, cu_seqlens_host, state_out_pool, per_token_states);
+  c.args.programmatic_dependent_launch = pdl;
   flashkda::Status st;
   {
     nb::gil_scoped_release release;
@@ -826,7 +827,7 @@ NB_MODULE(_C, m) {
   m.def("decode", &decode_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),
         "A_log"_a.none(), "dt_bias"_a.none(), "out"_a.none(), "state_pool"_a.none(), "state_indices"_a.none(),
         "scale"_a, "lower_bound"_a, "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(),
-        "state_out_pool"_a = nb::none(), "per_token_states"_a = nb::none(), "stream"_a = 0,
+        "state_out_pool"_a = nb::none(), "per_token_states"_a = nb::none(), "stream"_a = 0, "pdl"_a = false,
         "One decode step: each sequence n's new tokens run the recurrence on slot state_indices[n] of "
         "state_pool (in place, or into state_out_pool), writing `out` in place. Tensors: see flash_kda.decode. "
         "CPU tensors run the float64 CPU decode, CUDA tensors the kCuda kernel on `stream` "

@@ -39,6 +39,7 @@ const DecodeVariant kDecodeVariants[] = {
     fused_variant<DecodePolicy<4, 8, false, 4, 8>>("fuse"),
     fused_variant<DecodePolicy<4, 8, true, 4, 8>>("fuse-ef"),    // + L1 no-allocate, L2 evict-first state
     fused_variant<DecodePolicy<4, 8, false, 7, 8>>("fuse-occ"),  // + 7 CTAs/SM for fp32 (72 registers, no spill)
+    fused_variant<DecodePolicy<4, 8, true, 7, 8>>("fuse-ef-occ"),  // fuse-ef at 7 CTAs/SM for fp32: more state in flight
     fused_variant<DecodePolicy<8, 8, false, 8, 8>>("lanes8"),    // 8 lanes a row, 16 rows a CTA, 8 CTAs/SM
 };
 constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));

@@ -246,3 +246,19 @@ def test_unsupported_head_dim_is_not_implemented():
     p = to(make_decode(N=2, H=2, K=64, P=4, seed=111), "cuda")
     with pytest.raises(NotImplementedError, match=r"head_dim_k/head_dim_v: the CUDA decode supports K = V = 128"):
         call(p, p["pool"].clone())
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_pdl_launch_chained_steps_match_cpu(state_dtype):
+    # pdl=True lets a step's kernel be scheduled while the previous one runs; it must
+    # still see the pool the previous step wrote. Three chained steps on one pool,
+    # back to back on the stream, against three CPU steps.
+    p = make_decode(N=7, H=4, K=K, P=12, state_dtype=state_dtype, seed=111)
+    pc, pg = to(p, "cpu"), to(p, "cuda")
+    pool_c, pool_g = p["pool"].clone(), p["pool"].clone().cuda()
+    for _ in range(3):
+        out_c = call(pc, pool_c)
+        out_g = call(pg, pool_g, pdl=True)
+    torch.cuda.synchronize()
+    assert_state(pool_g.cpu(), pool_c)
+    assert_out_within_one_ulp(out_g.cpu(), out_c)
