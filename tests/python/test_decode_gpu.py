@@ -39,8 +39,10 @@ def call(p, pool, out=None, **kw):
     if out is None:
         out = torch.full_like(p["v"], 7.0)
     kw.setdefault("cu_seqlens", p["cu_seqlens"])
+    kw.setdefault("scale", p["scale"])
+    kw.setdefault("lower_bound", p["lower_bound"])
     return flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool, p["indices"],
-                            out=out, scale=p["scale"], lower_bound=p["lower_bound"], **kw)
+                            out=out, **kw)
 
 
 def cpu_and_gpu(p, per_token=False, **kw):
