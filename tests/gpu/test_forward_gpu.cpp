@@ -168,7 +168,11 @@ TEST_P(GpuForwardPlan, EveryLaunchPlanMatchesOracle) {
 }
 INSTANTIATE_TEST_SUITE_P(Plans, GpuForwardPlan,
                          ::testing::Values(sm90::LaunchOverride{1, 4}, sm90::LaunchOverride{2, 4},
-                                           sm90::LaunchOverride{2, 3}, sm90::LaunchOverride{4, 4}));
+                                           sm90::LaunchOverride{2, 3}, sm90::LaunchOverride{4, 4}),
+                         [](const ::testing::TestParamInfo<sm90::LaunchOverride>& info) {
+                           return "vsplit" + std::to_string(info.param.v_split) + "_stages" +
+                                  std::to_string(info.param.stages);
+                         });
 
 // Captured in a CUDA graph on a non-default stream and replayed three times on
 // one workspace: the same bits as a direct call.
