@@ -179,12 +179,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   // state pass, which the 64-register bf16 builds would spill.
   __shared__ float kq_shared;
 
-  const int64_t cta = blockIdx.x;
-  const int slice = static_cast<int>(cta % kSlices);
-  const int64_t sh = cta / kSlices;
-  const int hv = static_cast<int>(sh % p.num_v_heads);
-  const int64_t n = sh / p.num_v_heads;
-  const int h = hv / (p.num_v_heads / p.num_heads);
+  const DecodeTile tile = decode_tile<kSlices>(p);
+  const int64_t n = tile.n;
+  const int hv = tile.hv, h = tile.h, slice = tile.slice;
   const int tid = threadIdx.x;
   const int row = slice * kRows + tid / kLanes, lane = tid % kLanes;
   const uint64_t policy = P::kEvictFirst ? l2_evict_first_policy() : 0;
@@ -192,10 +189,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   allow_dependent_grids();
 
   // As in d2: everything that does not depend on the pool slot is requested first.
-  const int64_t slot =
-      p.index_is_64 ? static_cast<const int64_t*>(p.indices)[n] : static_cast<const int32_t*>(p.indices)[n];
-  const int64_t t0 = p.cu_seqlens != nullptr ? p.cu_seqlens[n] : n * p.tokens_per_seq;
-  const int64_t t1 = p.cu_seqlens != nullptr ? p.cu_seqlens[n + 1] : t0 + p.tokens_per_seq;
+  const DecodeSequence seq = decode_sequence(p, n);
+  const int64_t slot = seq.slot, t0 = seq.t0, t1 = seq.t1;
   const float exp_a = expf(p.A_log[hv]);
   const float dt_bias = p.dt_bias[static_cast<int64_t>(hv) * kDecodeDim + tid];  // thread tid: column tid
   TokenInputs next{};

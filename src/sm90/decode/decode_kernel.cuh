@@ -82,6 +82,37 @@ __device__ __forceinline__ float bf16_at(const uint16_t* p, int64_t i) { return 
 __device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void allow_dependent_grids() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
+// Which (sequence n, value head hv, slice of rows) blockIdx.x serves, with hv's
+// query/key head h. Index arithmetic only: safe before wait_for_prior_grids().
+struct DecodeTile {
+  int64_t n;
+  int hv, h, slice;
+};
+template <int kSlices>
+__device__ __forceinline__ DecodeTile decode_tile(const DecodeParams& p) {
+  const int64_t cta = blockIdx.x;
+  DecodeTile w;
+  w.slice = static_cast<int>(cta % kSlices);
+  const int64_t sh = cta / kSlices;
+  w.hv = static_cast<int>(sh % p.num_v_heads);
+  w.n = sh / p.num_v_heads;
+  w.h = w.hv / (p.num_v_heads / p.num_heads);
+  return w;
+}
+
+// Sequence n's pool slot (negative: padding) and its tokens [t0, t1). Reads
+// inputs: only after wait_for_prior_grids().
+struct DecodeSequence {
+  int64_t slot, t0, t1;
+};
+__device__ __forceinline__ DecodeSequence decode_sequence(const DecodeParams& p, int64_t n) {
+  DecodeSequence seq;
+  seq.slot = p.index_is_64 ? static_cast<const int64_t*>(p.indices)[n] : static_cast<const int32_t*>(p.indices)[n];
+  seq.t0 = p.cu_seqlens != nullptr ? p.cu_seqlens[n] : n * p.tokens_per_seq;
+  seq.t1 = p.cu_seqlens != nullptr ? p.cu_seqlens[n + 1] : seq.t0 + p.tokens_per_seq;
+  return seq;
+}
+
 // Sum over the block (128 threads = 4 warps) of two values at once.
 __device__ __forceinline__ float2 block_sum2(float a, float b, float2* scratch) {
 #pragma unroll
@@ -158,21 +189,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 || kWarpLocal ? 1 : 8)
   float* qhat = qhat_rows[vec_row];
   float* decay = decay_rows[vec_row];
 
-  const int64_t cta = blockIdx.x;
-  const int slice = static_cast<int>(cta % kDecodeSlices);
-  const int64_t sh = cta / kDecodeSlices;
-  const int hv = static_cast<int>(sh % p.num_v_heads);
-  const int64_t n = sh / p.num_v_heads;
-  const int h = hv / (p.num_v_heads / p.num_heads);
+  const DecodeTile tile = decode_tile<kDecodeSlices>(p);
+  const int64_t n = tile.n;
+  const int hv = tile.hv, h = tile.h, slice = tile.slice;
   const int tid = threadIdx.x;
   wait_for_prior_grids();
   allow_dependent_grids();
   // Everything that does not depend on the pool slot is requested before the
   // slot is known: at one sequence the step is a chain of memory latencies.
-  const int64_t slot_raw =
-      p.index_is_64 ? static_cast<const int64_t*>(p.indices)[n] : static_cast<const int32_t*>(p.indices)[n];
-  const int64_t t0 = p.cu_seqlens != nullptr ? p.cu_seqlens[n] : n * p.tokens_per_seq;
-  const int64_t t1 = p.cu_seqlens != nullptr ? p.cu_seqlens[n + 1] : t0 + p.tokens_per_seq;
+  const DecodeSequence seq = decode_sequence(p, n);
+  const int64_t t0 = seq.t0, t1 = seq.t1;
   const float exp_a = expf(p.A_log[hv]);
   const int lane = tid & 31;
   // d2: thread tid owns column tid; d3: lane owns columns 4·lane .. 4·lane+3.
@@ -190,7 +216,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 || kWarpLocal ? 1 : 8)
   }
   // Padding entries (negative), and indices past the pool, which only the host
   // could report and cannot see here: nothing is read or written.
-  const int64_t slot = slot_raw;
+  const int64_t slot = seq.slot;
   if (slot < 0 || slot >= p.pool_size) return;
 
   const int row = slice * kDecodeRows + tid / 4, part = tid & 3;
