@@ -224,6 +224,74 @@ TEST_F(GpuForward, NanInOneSequencePropagatesOnlyThere) {
       for (int64_t v = 0; v < p.V; ++v) ASSERT_TRUE(std::isfinite(r.out[(t * p.HV + h) * p.V + v]));
 }
 
+// The launch heuristic is host code: it runs (and is checked) without a GPU.
+// Shapes of the standard table on a 132-SM H200, and what it must choose there
+// (docs/perf-log.md, v6): two 4-warp CTAs per (sequence, head) everywhere; three
+// stages only when the total work, not the longest chain, bounds the kernel.
+ForwardArgs shape_args(int64_t heads, std::vector<int64_t>* cu, bool with_host_copy) {
+  ForwardArgs a;
+  a.num_heads = heads;
+  a.head_dim_k = a.head_dim_v = 128;
+  if (cu->size() == 2 && !with_host_copy) {  // one batch row: no cu_seqlens
+    a.batch = 1;
+    a.seqlen = (*cu)[1];
+    return a;
+  }
+  a.batch = 1;
+  a.seqlen = cu->back();
+  a.num_seqs = static_cast<int64_t>(cu->size()) - 1;
+  a.cu_seqlens = cu->data();  // never dereferenced on the device by these checks
+  a.cu_seqlens_host = with_host_copy ? cu->data() : nullptr;
+  return a;
+}
+
+TEST(GpuForwardLaunchPlan, StandardTableOnAnH200) {
+  constexpr int kSms = 132;
+  std::vector<int64_t> single = {0, 8192};
+  std::vector<int64_t> varlen6 = {0, 1300, 1847, 3895, 4858, 5129, 8192};
+  std::vector<int64_t> eight = {0};
+  for (int i = 0; i < 8; ++i) eight.push_back(eight.back() + 1024);
+  for (int64_t heads : {96, 64}) {
+    const auto p8192 = sm90::choose_launch_plan(sm90::problem_shape(shape_args(heads, &single, false)), kSms);
+    EXPECT_EQ(p8192.v_split, 2);
+    EXPECT_EQ(p8192.stages, 4);
+    const auto pv = sm90::choose_launch_plan(sm90::problem_shape(shape_args(heads, &varlen6, true)), kSms);
+    EXPECT_EQ(pv.v_split, 2);
+    EXPECT_EQ(pv.stages, 4);
+  }
+  // 8 x 1024 as a batch: at H = 96 the total work bounds the kernel, at H = 64 the chain still does.
+  ForwardArgs batch8;
+  batch8.batch = 8;
+  batch8.seqlen = 1024;
+  batch8.head_dim_k = batch8.head_dim_v = 128;
+  batch8.num_heads = 96;
+  EXPECT_EQ(sm90::choose_launch_plan(sm90::problem_shape(batch8), kSms).stages, 3);
+  batch8.num_heads = 64;
+  EXPECT_EQ(sm90::choose_launch_plan(sm90::problem_shape(batch8), kSms).stages, 4);
+  // Varlen without a host copy of cu_seqlens: the longest sequence is unknown, so
+  // the chain is assumed to bound the kernel.
+  const auto unknown = sm90::choose_launch_plan(sm90::problem_shape(shape_args(96, &eight, false)), kSms);
+  EXPECT_EQ(unknown.v_split, 2);
+  EXPECT_EQ(unknown.stages, 4);
+}
+
+TEST(GpuForwardLaunchPlan, OverrideReplacesOnlyTheFieldsGiven) {
+  ForwardArgs a;
+  a.batch = 8;
+  a.seqlen = 1024;
+  a.num_heads = 96;
+  a.head_dim_k = a.head_dim_v = 128;
+  const sm90::ProblemShape shape = sm90::problem_shape(a);
+  sm90::set_launch_override({1, 0});
+  EXPECT_EQ(sm90::effective_launch_plan(shape, 132).v_split, 1);
+  EXPECT_EQ(sm90::effective_launch_plan(shape, 132).stages, 4);  // only the 4-warp variant has 3 stages
+  sm90::set_launch_override({0, 3});
+  EXPECT_EQ(sm90::effective_launch_plan(shape, 132).v_split, 2);
+  EXPECT_EQ(sm90::effective_launch_plan(shape, 132).stages, 3);
+  sm90::set_launch_override({});
+  EXPECT_EQ(sm90::effective_launch_plan(shape, 132).stages, sm90::choose_launch_plan(shape, 132).stages);
+}
+
 #else  // !FLASHKDA_WITH_CUDA
 
 TEST(GpuForward, SkippedWithoutCudaBuild) {
