@@ -10,8 +10,17 @@
 #include "flashkda/flashkda.h"
 
 #ifdef FLASHKDA_WITH_CUDA
+#include <ostream>
+
 #include "sm90/sm90_forward.h"
 #include "tests/gpu/gpu_harness.h"
+
+namespace flashkda::sm90 {
+// How gtest prints a launch-plan parameter (found by argument-dependent lookup).
+inline void PrintTo(const LaunchOverride& o, std::ostream* os) {
+  *os << "v_split " << o.v_split << ", stages " << o.stages;
+}
+}  // namespace flashkda::sm90
 #endif
 
 namespace flashkda::testing {
