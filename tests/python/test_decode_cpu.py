@@ -143,6 +143,14 @@ def test_single_token_matches_reference(state_dtype, index_dtype):
     assert torch.equal(pool[unused], p["pool"][unused])
 
 
+def test_pdl_flag_is_accepted_and_changes_nothing_on_the_cpu():
+    # pdl= only changes how the CUDA kernel is launched; CPU tensors ignore it.
+    p = make_decode(N=3, H=2, K=32, P=5, seed=4)
+    out_a, pool_a = run(p)
+    out_b, pool_b = run(p, pdl=True)
+    assert torch.equal(out_a, out_b) and torch.equal(pool_a, pool_b)
+
+
 def test_gva_and_unequal_head_dims():
     p = make_decode(N=3, H=2, HV=4, K=32, V=16, P=5, seed=2)
     out, pool = run(p)
