@@ -18,6 +18,8 @@ custom op).
                        the pool; returns out
     kda_forward(...)   functional form -> (out, final_state); a torch.library custom
                        op (torch.compile / CUDA-graph friendly)
+    kda_decode(...)    decode as a torch.library custom op -> out (the pool updated in
+                       place, declared as mutated: torch.compile friendly)
     workspace_size(...), cuda_available(), cuda_status()
 """
 from __future__ import annotations
@@ -46,7 +48,7 @@ else:  # pragma: no cover - exercised only without torch
     _torch = None
 
 __version__ = "0.1.0"
-__all__ = ["fwd", "decode", "kda_forward", "workspace_size", "cuda_available", "cuda_status", "compiled_with_cuda"]
+__all__ = ["fwd", "decode", "kda_forward", "kda_decode", "workspace_size", "cuda_available", "cuda_status", "compiled_with_cuda"]
 
 #: Used when ``lower_bound=None`` is passed (fla passes its own value through,
 #: which may be None): the FlashKDA/fla safe-gate default and the widest bound
@@ -238,7 +240,10 @@ def _set_torch_fast_path(enabled: bool) -> bool:
 # The functional form needs torch (a torch.library custom op). Registered at import
 # when torch is installed; without torch, kda_forward raises ImportError when called.
 if _torch is not None:
-    from ._torch_ops import kda_forward  # noqa: E402
+    from ._torch_ops import kda_decode, kda_forward  # noqa: E402
 else:  # pragma: no cover - exercised only without torch
     def kda_forward(*args, **kwargs):
         raise ImportError("flash_kda.kda_forward needs torch (>= 2.4); flash_kda.fwd works with any DLPack arrays")
+
+    def kda_decode(*args, **kwargs):
+        raise ImportError("flash_kda.kda_decode needs torch (>= 2.4); flash_kda.decode works with any DLPack arrays")

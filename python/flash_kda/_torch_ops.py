@@ -1,4 +1,5 @@
-"""``flash_kda::kda_forward``: the functional KDA forward as a torch.library custom op.
+"""``flash_kda::kda_forward`` and ``flash_kda::kda_decode``: the KDA forward and the
+decode step as torch.library custom ops.
 
 Being a custom op (with a fake/meta implementation) is what lets torch.compile
 trace through it with ``fullgraph=True`` and what keeps it one opaque node in the
@@ -11,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import DEFAULT_LOWER_BOUND, fwd
+from . import DEFAULT_LOWER_BOUND, decode, fwd
 
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -94,3 +95,62 @@ def kda_forward(
     out, final_state = _kda_forward_op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
                                        float(scale), float(lower_bound), bool(output_final_state), state_dtype)
     return out, (final_state if output_final_state else None)
+
+
+@torch.library.custom_op("flash_kda::kda_decode", mutates_args=("state_pool", "per_token_states"))
+def _kda_decode_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_indices: torch.Tensor,
+    cu_seqlens: Optional[torch.Tensor],
+    per_token_states: Optional[torch.Tensor],
+    scale: float,
+    lower_bound: float,
+    pdl: bool,
+) -> torch.Tensor:
+    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, out=out, scale=scale,
+           lower_bound=lower_bound, cu_seqlens=cu_seqlens, per_token_states=per_token_states, pdl=pdl)
+    return out
+
+
+@_kda_decode_op.register_fake
+def _kda_decode_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, cu_seqlens, per_token_states,
+                     scale, lower_bound, pdl):
+    return torch.empty(v.shape, dtype=v.dtype, device=v.device)
+
+
+def kda_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_indices: torch.Tensor,
+    scale: Optional[float] = None,
+    lower_bound: Optional[float] = DEFAULT_LOWER_BOUND,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    per_token_states: Optional[torch.Tensor] = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """One decode step as a custom op: returns a new ``out``; ``state_pool`` (and
+    ``per_token_states`` when given) are updated in place, as by :func:`flash_kda.decode`,
+    whose tensors and rules these are. Traceable by torch.compile (``fullgraph=True``):
+    the op declares what it mutates, so compiled graphs see the pool's update.
+    For a separate output pool use :func:`flash_kda.decode`. Forward only (no autograd).
+    """
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if lower_bound is None:
+        lower_bound = DEFAULT_LOWER_BOUND
+    return _kda_decode_op(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, cu_seqlens,
+                          per_token_states, float(scale), float(lower_bound), bool(pdl))

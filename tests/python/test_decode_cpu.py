@@ -455,3 +455,47 @@ def test_cuda_tensors_without_usable_cuda_backend_raise_not_implemented(small):
     idx = FakeDeviceTensor((2,), "int64")
     with pytest.raises(NotImplementedError, match=r"^backend kCuda"):
         flash_kda.decode(f["q"], f["k"], f["v"], f["g"], f["beta"], A_log, dt_bias, pool, idx, out=out, stream=0)
+
+
+# ---- kda_decode: the custom op --------------------------------------------------------
+
+def test_kda_decode_op_equals_decode():
+    p = make_decode(N=4, H=2, K=32, P=6, t=2, seed=31)
+    T, HV, V = p["v"].shape
+    out_ref, pool_ref = run(p, per_token_states=torch.zeros((T, HV, V, 32)))
+    pool = p["pool"].clone()
+    per_tok = torch.zeros((T, HV, V, 32))
+    out = flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
+                               p["indices"], scale=p["scale"], lower_bound=p["lower_bound"],
+                               cu_seqlens=p["cu_seqlens"], per_token_states=per_tok)
+    assert torch.equal(out, out_ref) and torch.equal(pool, pool_ref)
+    ref_tok = torch.zeros((T, HV, V, 32))
+    run(p, per_token_states=ref_tok)
+    assert torch.equal(per_tok, ref_tok)
+
+
+def test_kda_decode_opcheck():
+    p = make_decode(N=3, H=2, K=32, P=5, seed=32)
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], p["pool"].clone(), p["indices"],
+            p["cu_seqlens"], None, p["scale"], p["lower_bound"], False)
+    torch.library.opcheck(torch.ops.flash_kda.kda_decode.default, args)
+
+
+def test_kda_decode_torch_compile_fullgraph_updates_the_pool():
+    # Two chained steps in one compiled graph: the second must read the pool the
+    # first wrote, which only holds if the op's mutation is declared.
+    p = make_decode(N=3, H=2, K=32, P=5, seed=33)
+
+    def two_steps(pool):
+        o1 = flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
+                                  p["indices"], scale=p["scale"], lower_bound=p["lower_bound"])
+        o2 = flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
+                                  p["indices"], scale=p["scale"], lower_bound=p["lower_bound"])
+        return o1.float() + o2.float()
+
+    pool_eager, pool_compiled = p["pool"].clone(), p["pool"].clone()
+    eager = two_steps(pool_eager)
+    compiled = torch.compile(two_steps, fullgraph=True, backend="aot_eager")(pool_compiled)
+    assert torch.equal(eager, compiled)
+    assert torch.equal(pool_eager, pool_compiled)
+    assert not torch.equal(pool_eager, p["pool"])

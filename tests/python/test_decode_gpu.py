@@ -264,3 +264,23 @@ def test_pdl_launch_chained_steps_match_cpu(state_dtype):
     torch.cuda.synchronize()
     assert_state(pool_g.cpu(), pool_c)
     assert_out_within_one_ulp(out_g.cpu(), out_c)
+
+
+def test_kda_decode_op_compiled_equals_eager():
+    # The custom op under torch.compile (inductor, fullgraph): two chained steps,
+    # the second reading the pool the first wrote.
+    p = to(make_decode(N=5, H=4, K=K, P=8, seed=112), "cuda")
+
+    def two_steps(pool):
+        o1 = flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
+                                  p["indices"], scale=p["scale"], lower_bound=p["lower_bound"])
+        o2 = flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
+                                  p["indices"], scale=p["scale"], lower_bound=p["lower_bound"])
+        return o1.float() + o2.float()
+
+    pool_eager, pool_compiled = p["pool"].clone(), p["pool"].clone()
+    eager = two_steps(pool_eager)
+    compiled = torch.compile(two_steps, fullgraph=True)(pool_compiled)
+    torch.cuda.synchronize()
+    assert torch.equal(eager, compiled)
+    assert torch.equal(pool_eager, pool_compiled)
