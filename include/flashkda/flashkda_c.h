@@ -6,9 +6,10 @@
  * argument and what was expected); it is per thread and describes the most
  * recent call on that thread ("" after a successful one).
  *
- * The struct layout is part of the ABI: on 64-bit platforms it is 12 pointers,
- * then 7 int64, then 2 int32 and 2 float, 168 bytes, no padding. A layout change
- * bumps FLASHKDA_C_ABI_VERSION. */
+ * The struct layouts are part of the ABI (on 64-bit platforms, no padding):
+ * flashkda_forward_args is 12 pointers, 7 int64, 2 int32 and 2 float, 168 bytes;
+ * flashkda_decode_args is 14 pointers, 10 int64, 3 int32, 2 float and a reserved
+ * int32, 216 bytes. A layout change bumps FLASHKDA_C_ABI_VERSION. */
 #ifndef FLASHKDA_FLASHKDA_C_H_
 #define FLASHKDA_FLASHKDA_C_H_
 
@@ -72,6 +73,56 @@ typedef struct flashkda_forward_args {
 
 /* Zeroes *args and sets lower_bound = -5 (the C++ defaults). */
 void flashkda_forward_args_init(flashkda_forward_args* args);
+
+/* State-pool index types (= flashkda::IndexType). */
+#define FLASHKDA_INDEX_INT32 0
+#define FLASHKDA_INDEX_INT64 1
+
+/* Mirrors flashkda::DecodeArgs (one decode step on states in a pool); see there
+ * for shapes and meaning. Call flashkda_decode_args_init() first. */
+typedef struct flashkda_decode_args {
+  const void* q;                  /* bf16 [T, H, K] */
+  const void* k;                  /* bf16 [T, H, K] */
+  const void* v;                  /* bf16 [T, HV, V] */
+  const void* g;                  /* bf16 [T, HV, K] */
+  const void* beta;               /* bf16 [T, HV] */
+  const float* A_log;             /* fp32 [HV] */
+  const float* dt_bias;           /* fp32 [HV, K] */
+  void* out;                      /* bf16 [T, HV, V] */
+  const int64_t* cu_seqlens;      /* [N+1] in the backend's memory, or NULL: tokens_per_seq each */
+  const int64_t* cu_seqlens_host; /* optional host copy (kCuda) */
+  void* state_pool;               /* bf16/fp32 [pool_size, HV, V, K], slot stride pool_stride */
+  void* state_out_pool;           /* NULL: the final states go back in place */
+  const void* state_indices;      /* int32/int64 [N]; negative = padding, nothing read or written */
+  void* per_token_states;         /* [T, HV, V, K] in the state dtype, or NULL */
+  int64_t num_seqs;               /* N */
+  int64_t tokens_per_seq;         /* t, without cu_seqlens */
+  int64_t total_tokens;           /* T */
+  int64_t pool_size;              /* slots */
+  int64_t pool_stride;            /* elements between slots; 0 = HV*V*K */
+  int64_t state_out_stride;       /* 0 = pool_stride */
+  int64_t num_heads;              /* H */
+  int64_t num_v_heads;            /* HV; 0 = H */
+  int64_t head_dim_k;             /* K */
+  int64_t head_dim_v;             /* V */
+  int32_t state_dtype;            /* FLASHKDA_DTYPE_FP32 or FLASHKDA_DTYPE_BF16 */
+  int32_t index_type;             /* FLASHKDA_INDEX_* */
+  int32_t programmatic_dependent_launch; /* kCuda: nonzero = launch with PDL */
+  float scale;                    /* usually K^-0.5 */
+  float lower_bound;              /* in [-5, 0) */
+  int32_t reserved;               /* 0 */
+} flashkda_decode_args;
+
+/* Zeroes *args and sets the C++ defaults: tokens_per_seq = 1, state_dtype fp32,
+ * int32 indices, lower_bound = -5. */
+void flashkda_decode_args_init(flashkda_decode_args* args);
+
+/* Validates a decode step without running it (flashkda::validate_decode). */
+int32_t flashkda_validate_decode(const flashkda_decode_args* args, int32_t backend);
+
+/* Runs one decode step (flashkda::decode). stream: a cudaStream_t for the CUDA
+ * backend (NULL = legacy default stream); ignored by the CPU backends. */
+int32_t flashkda_decode(const flashkda_decode_args* args, int32_t backend, void* stream);
 
 /* Validates without running (flashkda::validate). */
 int32_t flashkda_validate(const flashkda_forward_args* args, int32_t backend);

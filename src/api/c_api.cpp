@@ -10,7 +10,9 @@
 namespace {
 
 using flashkda::Backend;
+using flashkda::DecodeArgs;
 using flashkda::DType;
+using flashkda::IndexType;
 using flashkda::ForwardArgs;
 using flashkda::Status;
 using flashkda::StatusCode;
@@ -27,6 +29,8 @@ static_assert(FLASHKDA_BACKEND_CUDA == static_cast<int32_t>(Backend::kCuda), "")
 static_assert(FLASHKDA_DTYPE_NONE == static_cast<int32_t>(DType::kNone), "");
 static_assert(FLASHKDA_DTYPE_BF16 == static_cast<int32_t>(DType::kBF16), "");
 static_assert(FLASHKDA_DTYPE_FP32 == static_cast<int32_t>(DType::kFP32), "");
+static_assert(FLASHKDA_INDEX_INT32 == static_cast<int32_t>(IndexType::kInt32), "");
+static_assert(FLASHKDA_INDEX_INT64 == static_cast<int32_t>(IndexType::kInt64), "");
 static_assert(std::is_same<std::underlying_type<Backend>::type, int32_t>::value, "");
 static_assert(std::is_same<std::underlying_type<DType>::type, int32_t>::value, "");
 
@@ -44,7 +48,15 @@ static_assert(offsetof(flashkda_forward_args, final_state_dtype) == 156, "");
 static_assert(offsetof(flashkda_forward_args, scale) == 160, "");
 static_assert(offsetof(flashkda_forward_args, lower_bound) == 164, "");
 static_assert(sizeof(flashkda_forward_args) == 168, "");
+static_assert(offsetof(flashkda_decode_args, per_token_states) == 104, "");
+static_assert(offsetof(flashkda_decode_args, num_seqs) == 112, "");
+static_assert(offsetof(flashkda_decode_args, head_dim_v) == 184, "");
+static_assert(offsetof(flashkda_decode_args, state_dtype) == 192, "");
+static_assert(offsetof(flashkda_decode_args, lower_bound) == 208, "");
+static_assert(sizeof(flashkda_decode_args) == 216, "");
 #endif
+static_assert(std::is_standard_layout<flashkda_decode_args>::value, "");
+static_assert(std::is_trivial<flashkda_decode_args>::value, "");
 
 thread_local std::string t_last_error;
 
@@ -83,6 +95,40 @@ ForwardArgs to_cpp(const flashkda_forward_args& c) {
   a.head_dim_v = c.head_dim_v;
   a.scale = c.scale;
   a.lower_bound = c.lower_bound;
+  return a;
+}
+
+DecodeArgs to_cpp(const flashkda_decode_args& c) {
+  DecodeArgs a;
+  a.q = c.q;
+  a.k = c.k;
+  a.v = c.v;
+  a.g = c.g;
+  a.beta = c.beta;
+  a.A_log = c.A_log;
+  a.dt_bias = c.dt_bias;
+  a.out = c.out;
+  a.num_seqs = c.num_seqs;
+  a.tokens_per_seq = c.tokens_per_seq;
+  a.cu_seqlens = c.cu_seqlens;
+  a.cu_seqlens_host = c.cu_seqlens_host;
+  a.total_tokens = c.total_tokens;
+  a.state_pool = c.state_pool;
+  a.state_dtype = static_cast<DType>(c.state_dtype);  // unknown values: validate_decode() rejects
+  a.pool_size = c.pool_size;
+  a.pool_stride = c.pool_stride;
+  a.state_out_pool = c.state_out_pool;
+  a.state_out_stride = c.state_out_stride;
+  a.state_indices = c.state_indices;
+  a.index_type = static_cast<IndexType>(c.index_type);
+  a.per_token_states = c.per_token_states;
+  a.num_heads = c.num_heads;
+  a.num_v_heads = c.num_v_heads;
+  a.head_dim_k = c.head_dim_k;
+  a.head_dim_v = c.head_dim_v;
+  a.scale = c.scale;
+  a.lower_bound = c.lower_bound;
+  a.programmatic_dependent_launch = c.programmatic_dependent_launch != 0;
   return a;
 }
 
@@ -135,6 +181,26 @@ int32_t flashkda_forward(const flashkda_forward_args* args, int32_t backend, voi
                                                                          : static_cast<size_t>(workspace_bytes);
     return record(flashkda::forward(to_cpp(*args), static_cast<Backend>(backend), workspace, ws, stream));
   });
+}
+
+void flashkda_decode_args_init(flashkda_decode_args* args) {
+  if (args == nullptr) return;
+  *args = flashkda_decode_args{};
+  const DecodeArgs defaults;
+  args->tokens_per_seq = defaults.tokens_per_seq;
+  args->state_dtype = static_cast<int32_t>(defaults.state_dtype);
+  args->index_type = static_cast<int32_t>(defaults.index_type);
+  args->lower_bound = defaults.lower_bound;
+}
+
+int32_t flashkda_validate_decode(const flashkda_decode_args* args, int32_t backend) {
+  if (args == nullptr) return null_args();
+  return guarded([&] { return record(flashkda::validate_decode(to_cpp(*args), static_cast<Backend>(backend))); });
+}
+
+int32_t flashkda_decode(const flashkda_decode_args* args, int32_t backend, void* stream) {
+  if (args == nullptr) return null_args();
+  return guarded([&] { return record(flashkda::decode(to_cpp(*args), static_cast<Backend>(backend), stream)); });
 }
 
 int32_t flashkda_cuda_available(void) {

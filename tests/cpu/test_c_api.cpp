@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "flashkda/flashkda.h"
+#include "tests/common/decode_problem.h"
 #include "tests/common/kda_problem.h"
 
 namespace {
@@ -125,5 +127,96 @@ void expect_same_as_cpp(bool varlen, int32_t backend) {
 TEST(CApi, ChunkedRunMatchesCppBitwise) { expect_same_as_cpp(false, FLASHKDA_BACKEND_CPU_CHUNKED); }
 TEST(CApi, ChunkedVarlenRunMatchesCppBitwise) { expect_same_as_cpp(true, FLASHKDA_BACKEND_CPU_CHUNKED); }
 TEST(CApi, ReferenceRunMatchesCppBitwise) { expect_same_as_cpp(true, FLASHKDA_BACKEND_CPU_REFERENCE); }
+
+// ---- decode ---------------------------------------------------------------------
+
+flashkda_decode_args to_c(const flashkda::DecodeArgs& a) {
+  flashkda_decode_args c;
+  flashkda_decode_args_init(&c);
+  c.q = a.q; c.k = a.k; c.v = a.v; c.g = a.g; c.beta = a.beta;
+  c.A_log = a.A_log; c.dt_bias = a.dt_bias; c.out = a.out;
+  c.cu_seqlens = a.cu_seqlens; c.cu_seqlens_host = a.cu_seqlens_host;
+  c.state_pool = a.state_pool; c.state_out_pool = a.state_out_pool; c.state_indices = a.state_indices;
+  c.per_token_states = a.per_token_states;
+  c.num_seqs = a.num_seqs; c.tokens_per_seq = a.tokens_per_seq; c.total_tokens = a.total_tokens;
+  c.pool_size = a.pool_size; c.pool_stride = a.pool_stride; c.state_out_stride = a.state_out_stride;
+  c.num_heads = a.num_heads; c.num_v_heads = a.num_v_heads; c.head_dim_k = a.head_dim_k; c.head_dim_v = a.head_dim_v;
+  c.state_dtype = static_cast<int32_t>(a.state_dtype);
+  c.index_type = static_cast<int32_t>(a.index_type);
+  c.programmatic_dependent_launch = a.programmatic_dependent_launch ? 1 : 0;
+  c.scale = a.scale; c.lower_bound = a.lower_bound;
+  return c;
+}
+
+TEST(CApi, DecodeLayoutAndInit) {
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_decode_args) == 216, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || offsetof(flashkda_decode_args, lower_bound) == 208, "C struct layout changed");
+  flashkda_decode_args a;
+  std::memset(&a, 0xff, sizeof a);
+  flashkda_decode_args_init(&a);
+  const flashkda::DecodeArgs defaults;
+  EXPECT_EQ(a.q, nullptr);
+  EXPECT_EQ(a.num_seqs, 0);
+  EXPECT_EQ(a.tokens_per_seq, defaults.tokens_per_seq);
+  EXPECT_EQ(a.state_dtype, FLASHKDA_DTYPE_FP32);
+  EXPECT_EQ(a.index_type, FLASHKDA_INDEX_INT32);
+  EXPECT_EQ(a.programmatic_dependent_launch, 0);
+  EXPECT_EQ(a.lower_bound, defaults.lower_bound);
+  EXPECT_EQ(a.reserved, 0);
+}
+
+// Varlen tokens, GVA, int64 indices with padding, per-token states: the C entry
+// point gives the C++ one's bytes.
+TEST(CApi, DecodeRunMatchesCppBitwise) {
+  flashkda::testing::DecodeSpec spec;
+  spec.num_seqs = 3;
+  spec.seq_tokens = {2, 1, 3};
+  spec.heads = 1;
+  spec.v_heads = 2;
+  spec.head_dim = 32;
+  spec.padding_entries = 1;
+  spec.int64_indices = true;
+  spec.per_token_states = true;
+  spec.state_dtype = DType::kBF16;
+  const auto p = flashkda::testing::make_decode_problem(spec, 5);
+  // Same poison on both sides: the padding entry's rows must stay as they were.
+  std::vector<uint16_t> out_cpp(static_cast<size_t>(p.T * p.HV * p.V), 0x7fc1), out_c(out_cpp);
+  std::vector<uint8_t> pool_cpp = p.pool_bytes(), pool_c = p.pool_bytes();
+  std::vector<uint8_t> tok_cpp(static_cast<size_t>(p.T * p.per_slot) * 2, 0xA5), tok_c(tok_cpp);
+  const flashkda::Status s = flashkda::decode(p.args(out_cpp.data(), pool_cpp.data(), tok_cpp.data()),
+                                              flashkda::Backend::kCpuReference, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message;
+  const flashkda_decode_args c = to_c(p.args(out_c.data(), pool_c.data(), tok_c.data()));
+  ASSERT_EQ(flashkda_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE, nullptr), FLASHKDA_STATUS_OK) << flashkda_last_error();
+  EXPECT_EQ(out_cpp, out_c);
+  EXPECT_EQ(pool_cpp, pool_c);
+  EXPECT_EQ(tok_cpp, tok_c);
+  // ... and the step did run: states and outputs of the real sequences changed.
+  EXPECT_NE(pool_c, p.pool_bytes());
+  EXPECT_NE(std::count(out_c.begin(), out_c.end(), uint16_t{0x7fc1}), static_cast<std::ptrdiff_t>(out_c.size()));
+}
+
+TEST(CApi, DecodeErrorCodeAndMessage) {
+  flashkda::testing::DecodeSpec spec;
+  spec.head_dim = 32;
+  const auto p = flashkda::testing::make_decode_problem(spec, 6);
+  std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
+  std::vector<uint8_t> pool = p.pool_bytes();
+  flashkda_decode_args c = to_c(p.args(out.data(), pool.data(), nullptr));
+  EXPECT_EQ(flashkda_validate_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE), FLASHKDA_STATUS_OK) << flashkda_last_error();
+  c.lower_bound = 0.5f;
+  EXPECT_EQ(flashkda_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE, nullptr), FLASHKDA_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(flashkda_last_error(), "lower_bound: expected a finite value in [-5, 0), got 0.5");
+  c.lower_bound = -5.f;
+  c.index_type = 9;  // unknown enum values are argument errors, not crashes
+  EXPECT_EQ(flashkda_validate_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE), FLASHKDA_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashkda_last_error()).find("index_type"), std::string::npos);
+  c.index_type = FLASHKDA_INDEX_INT32;
+  c.state_dtype = FLASHKDA_DTYPE_NONE;
+  EXPECT_EQ(flashkda_validate_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE), FLASHKDA_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashkda_last_error()).find("state_dtype"), std::string::npos);
+  EXPECT_EQ(flashkda_decode(nullptr, FLASHKDA_BACKEND_CPU_REFERENCE, nullptr), FLASHKDA_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(flashkda_last_error(), "args: null pointer");
+}
 
 }  // namespace
