@@ -70,8 +70,10 @@ int32_t null_args() {
   return FLASHKDA_STATUS_INVALID_ARGUMENT;
 }
 
-ForwardArgs to_cpp(const flashkda_forward_args& c) {
-  ForwardArgs a;
+// The fields both argument structs share, under the same names: the token
+// tensors, the output, the sequence boundaries, head counts and dims, scalars.
+template <class CArgs, class CppArgs>
+void copy_shared_fields(const CArgs& c, CppArgs& a) {
   a.q = c.q;
   a.k = c.k;
   a.v = c.v;
@@ -80,38 +82,33 @@ ForwardArgs to_cpp(const flashkda_forward_args& c) {
   a.A_log = c.A_log;
   a.dt_bias = c.dt_bias;
   a.out = c.out;
-  a.initial_state = c.initial_state;
-  a.initial_state_dtype = static_cast<DType>(c.initial_state_dtype);  // unknown values: validate() rejects
-  a.final_state = c.final_state;
-  a.final_state_dtype = static_cast<DType>(c.final_state_dtype);
   a.cu_seqlens = c.cu_seqlens;
   a.cu_seqlens_host = c.cu_seqlens_host;
   a.num_seqs = c.num_seqs;
-  a.batch = c.batch;
-  a.seqlen = c.seqlen;
   a.num_heads = c.num_heads;
   a.num_v_heads = c.num_v_heads;
   a.head_dim_k = c.head_dim_k;
   a.head_dim_v = c.head_dim_v;
   a.scale = c.scale;
   a.lower_bound = c.lower_bound;
+}
+
+ForwardArgs to_cpp(const flashkda_forward_args& c) {
+  ForwardArgs a;
+  copy_shared_fields(c, a);
+  a.initial_state = c.initial_state;
+  a.initial_state_dtype = static_cast<DType>(c.initial_state_dtype);  // unknown values: validate() rejects
+  a.final_state = c.final_state;
+  a.final_state_dtype = static_cast<DType>(c.final_state_dtype);
+  a.batch = c.batch;
+  a.seqlen = c.seqlen;
   return a;
 }
 
 DecodeArgs to_cpp(const flashkda_decode_args& c) {
   DecodeArgs a;
-  a.q = c.q;
-  a.k = c.k;
-  a.v = c.v;
-  a.g = c.g;
-  a.beta = c.beta;
-  a.A_log = c.A_log;
-  a.dt_bias = c.dt_bias;
-  a.out = c.out;
-  a.num_seqs = c.num_seqs;
+  copy_shared_fields(c, a);
   a.tokens_per_seq = c.tokens_per_seq;
-  a.cu_seqlens = c.cu_seqlens;
-  a.cu_seqlens_host = c.cu_seqlens_host;
   a.total_tokens = c.total_tokens;
   a.state_pool = c.state_pool;
   a.state_dtype = static_cast<DType>(c.state_dtype);  // unknown values: validate_decode() rejects
@@ -122,12 +119,6 @@ DecodeArgs to_cpp(const flashkda_decode_args& c) {
   a.state_indices = c.state_indices;
   a.index_type = static_cast<IndexType>(c.index_type);
   a.per_token_states = c.per_token_states;
-  a.num_heads = c.num_heads;
-  a.num_v_heads = c.num_v_heads;
-  a.head_dim_k = c.head_dim_k;
-  a.head_dim_v = c.head_dim_v;
-  a.scale = c.scale;
-  a.lower_bound = c.lower_bound;
   a.programmatic_dependent_launch = c.programmatic_dependent_launch != 0;
   return a;
 }

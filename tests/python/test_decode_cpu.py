@@ -481,18 +481,21 @@ def test_kda_decode_opcheck():
     torch.library.opcheck(torch.ops.flash_kda.kda_decode.default, args)
 
 
-def test_kda_decode_torch_compile_fullgraph_updates_the_pool():
-    # Two chained steps in one compiled graph: the second must read the pool the
-    # first wrote, which only holds if the op's mutation is declared.
-    p = make_decode(N=3, H=2, K=32, P=5, seed=33)
-
+def kda_decode_two_steps(p):
+    """A function of the pool running two chained kda_decode steps on problem p: the
+    second must read the pool the first wrote (only true when the op declares its
+    mutation, once compiled)."""
     def two_steps(pool):
-        o1 = flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
-                                  p["indices"], scale=p["scale"], lower_bound=p["lower_bound"])
-        o2 = flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
-                                  p["indices"], scale=p["scale"], lower_bound=p["lower_bound"])
-        return o1.float() + o2.float()
+        outs = [flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
+                                     p["indices"], scale=p["scale"], lower_bound=p["lower_bound"])
+                for _ in range(2)]
+        return outs[0].float() + outs[1].float()
+    return two_steps
 
+
+def test_kda_decode_torch_compile_fullgraph_updates_the_pool():
+    p = make_decode(N=3, H=2, K=32, P=5, seed=33)
+    two_steps = kda_decode_two_steps(p)
     pool_eager, pool_compiled = p["pool"].clone(), p["pool"].clone()
     eager = two_steps(pool_eager)
     compiled = torch.compile(two_steps, fullgraph=True, backend="aot_eager")(pool_compiled)

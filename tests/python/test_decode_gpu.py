@@ -21,7 +21,7 @@ import torch
 import flash_kda
 from gpu_skip import requires_cuda_backend
 from kda_reference import rel_rms
-from test_decode_cpu import make_decode
+from test_decode_cpu import kda_decode_two_steps, make_decode
 
 K = 128
 FP32_STATE_BAR = 1e-5
@@ -270,13 +270,7 @@ def test_kda_decode_op_compiled_equals_eager():
     # The custom op under torch.compile (inductor, fullgraph): two chained steps,
     # the second reading the pool the first wrote.
     p = to(make_decode(N=5, H=4, K=K, P=8, seed=112), "cuda")
-
-    def two_steps(pool):
-        o1 = flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
-                                  p["indices"], scale=p["scale"], lower_bound=p["lower_bound"])
-        o2 = flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
-                                  p["indices"], scale=p["scale"], lower_bound=p["lower_bound"])
-        return o1.float() + o2.float()
+    two_steps = kda_decode_two_steps(p)
 
     pool_eager, pool_compiled = p["pool"].clone(), p["pool"].clone()
     eager = two_steps(pool_eager)
