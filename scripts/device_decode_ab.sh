@@ -56,7 +56,7 @@ timeout $(( $(left) > 380 ? $(left) - 330 : 50 )) "$tests" --gtest_filter='*Deco
   --gtest_output="json:$OUT/decode_tests.json" >"$OUT/decode_tests.log" 2>&1
 rc=$?
 [ $rc -eq 0 ] || { status=1; echo "decode tests: exit $rc (124 = timed out)"; }
-# Per kernel choice (the test name's suffix after the case: d2, d2_pdl, fuse, ...): passed / failed.
+# Per kernel choice (the test name's suffix after the case: d2, d2_pdl, fuse_ef, ...): passed / failed.
 awk '
   /^\[       OK \]|^\[  FAILED  \]/ {
     name = $4; sub(/,$/, "", name);

@@ -2,7 +2,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstring>
 #include <string>
 
 #include "sm90/decode/decode_fused_kernel.cuh"
@@ -19,46 +18,38 @@ using DecodeKernel = void (*)(DecodeParams);
 struct DecodeVariant {
   const char* name;
   DecodeKernel fp32, bf16;
-  int slices;  // CTAs per (sequence, value head)
 };
 
 template <class P>
 constexpr DecodeVariant fused_variant(const char* name) {
-  return {name, &kda_decode_fused_kernel<true, P>, &kda_decode_fused_kernel<false, P>, P::kSlices};
+  return {name, &kda_decode_fused_kernel<true, P>, &kda_decode_fused_kernel<false, P>};
 }
 
-// What each variant changes and why is in decode_fused_kernel.cuh and
-// docs/perf-log.md (decode). Knobs: DecodePolicy<lanes per row, bf16 columns per
-// access, evict-first hints, min CTAs/SM fp32, min CTAs/SM bf16>.
-const DecodeVariant kDecodeVariants[] = {
-    {"d2", &kda_decode_kernel<true>, &kda_decode_kernel<false>, kDecodeSlices},
-    // d2 with the token's per-column vectors built per warp: no block barrier per token.
-    {"d3", &kda_decode_kernel<true, true>, &kda_decode_kernel<false, true>, kDecodeSlices},
-    // One lane reduction after the state load; 16-byte state accesses for bf16 too.
-    // fp32 capped at 128 registers: 4 CTAs/SM, as d2 (118 registers) gets.
-    fused_variant<DecodePolicy<4, 8, false, 4, 8>>("fuse"),
-    fused_variant<DecodePolicy<4, 8, true, 4, 8>>("fuse-ef"),    // + L1 no-allocate, L2 evict-first state
-    fused_variant<DecodePolicy<4, 8, false, 7, 8>>("fuse-occ"),  // + 7 CTAs/SM for fp32 (72 registers, no spill)
-    fused_variant<DecodePolicy<4, 8, true, 7, 8>>("fuse-ef-occ"),  // fuse-ef at 7 CTAs/SM for fp32: more state in flight
-    fused_variant<DecodePolicy<8, 8, false, 8, 8>>("lanes8"),    // 8 lanes a row, 16 rows a CTA, 8 CTAs/SM
+// Every variant has the same work split: kDecodeSlices CTAs per (sequence, head).
+// What they change and why is in decode_kernel.cuh, decode_fused_kernel.cuh and
+// docs/perf-log.md (decode), which also keeps the measurements of the variants
+// that lost and were removed (d3, fuse without cache hints, fuse-occ, lanes8).
+constexpr DecodeVariant kDecodeVariants[] = {
+    {"d2", &kda_decode_kernel<true>, &kda_decode_kernel<false>},
+    fused_variant<DecodePolicy<4, 8>>("fuse-ef"),      // one reduction pass, streaming cache hints
+    fused_variant<DecodePolicy<7, 8>>("fuse-ef-occ"),  // fuse-ef at 7 CTAs/SM for fp32: more state in flight
 };
 constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
+
 // Production choice, from the A/B table on the H200 (docs/perf-log.md, decode):
 // at a few sequences the step is a latency chain and d2's plain loads are
 // quickest; from 8 sequences x 32 heads (256 pairs, two CTAs per SM) on, the
 // pool's traffic rules and fuse-ef's evict-first state accesses and one
 // reduction pass win (N = 256, H = 32: 293 vs 300 µs fp32, 164 vs 176 µs bf16).
-constexpr const char* kLatencyDecodeVariant = "d2";
-constexpr const char* kBandwidthDecodeVariant = "fuse-ef";
+constexpr int kLatencyDecodeVariant = 0;      // d2
+constexpr int kBandwidthDecodeVariant = 1;    // fuse-ef
 constexpr int64_t kBandwidthFromPairs = 256;  // (sequence, value head) pairs
-int variant_index(const char* name) {
-  for (int v = 0; v < kNumDecodeVariants; ++v)
-    if (std::strcmp(kDecodeVariants[v].name, name) == 0) return v;
-  return 0;  // unreachable: both names are in the table (checked by the GPU tests' variant listing)
-}
+constexpr bool same_name(const char* a, const char* b) { return *a == *b && (*a == '\0' || same_name(a + 1, b + 1)); }
+static_assert(same_name(kDecodeVariants[kLatencyDecodeVariant].name, "d2") &&
+                  same_name(kDecodeVariants[kBandwidthDecodeVariant].name, "fuse-ef"),
+              "production indices name the measured kernels");
 int production_variant(int64_t pairs) {
-  static const int latency = variant_index(kLatencyDecodeVariant), bandwidth = variant_index(kBandwidthDecodeVariant);
-  return pairs >= kBandwidthFromPairs ? bandwidth : latency;
+  return pairs >= kBandwidthFromPairs ? kBandwidthDecodeVariant : kLatencyDecodeVariant;
 }
 
 std::atomic<int> g_decode_variant_override{-1};
@@ -112,10 +103,7 @@ Status decode(const DecodeArgs& a, void* stream) {
 
   const int forced = g_decode_variant_override.load();
   const DecodeVariant& var = kDecodeVariants[forced >= 0 ? forced : production_variant(a.num_seqs * HV)];
-  const int64_t ctas = a.num_seqs * HV * var.slices;
-  if (ctas > int64_t{0x7fffffff})
-    return Status::NotSupported(std::string("num_seqs x num_v_heads: too many CTAs for one launch of decode variant ") +
-                                var.name + " (" + std::to_string(ctas) + ")");
+  const int64_t ctas = a.num_seqs * HV * kDecodeSlices;  // below 2^31: check_decode_supported
 
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(ctas));

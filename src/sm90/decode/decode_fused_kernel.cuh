@@ -1,5 +1,6 @@
-// Variants of the decode kernel, for A/B measurement against kda_decode_kernel
-// (docs/perf-log.md, decode). Same work split (one 128-thread CTA per sequence,
+// The bandwidth-bound decode kernel (production from 256 (sequence, head) pairs;
+// fuse-ef and fuse-ef-occ in sm90_decode.cu, measured against kda_decode_kernel
+// in docs/perf-log.md, decode). Same work split (one 128-thread CTA per sequence,
 // value head and slice of rows of V; the state in registers; per-column vectors
 // in shared memory), with these changes:
 //
@@ -19,9 +20,11 @@
 // * bf16 pools moved in 16-byte accesses (8 columns), so a row's four lanes move
 //   64 contiguous bytes per instruction as for fp32; d2 moves 32 bytes per row
 //   per instruction for bf16 (8-byte accesses), one sector at a time.
-// * Policy knobs (DecodePolicy): lanes per row, columns per state vector access,
-//   L2 evict-first hints on state traffic, minimum CTAs per SM.
-// The variants built from these are listed in sm90_decode.cu.
+// * State loads skip L1, and state loads and stores carry an L2 evict-first
+//   policy: each state byte is read once and written once per step.
+// The one knob (DecodePolicy) is the minimum CTAs per SM; the variants built
+// are listed in sm90_decode.cu. Variants that lost the A/B (no cache hints,
+// 8 lanes a row, 8-byte bf16 accesses) are in the perf log, not here.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -31,27 +34,19 @@
 
 namespace flashkda::sm90 {
 
-// kLanes: threads sharing one row of V (4: 32 rows per CTA; 8: 16 rows per CTA,
-//         twice the CTAs, and a row's lanes move 128 contiguous bytes per access).
-// kVecBf16: columns per state access for bf16 pools (4: 8-byte accesses as in d2;
-//         8: 16-byte accesses, so a row's lanes move as many bytes per access as
-//         for fp32; the 4-column build spills at 64 registers, so every variant
-//         uses 8). fp32 pools always use 4 columns (16 bytes).
-// kEvictFirst: state loads skip L1 and state loads and stores carry an L2
-//         evict-first policy (each state byte is read once and written once).
-// kMinBlocksFp32 / kMinBlocksBf16: __launch_bounds__ minimum CTAs per SM.
-template <int kLanes_, int kVecBf16_, bool kEvictFirst_, int kMinBlocksFp32_, int kMinBlocksBf16_>
+// Four lanes share a row of V (32 rows per CTA); each state access is 16 bytes
+// (4 fp32 or 8 bf16 columns), so a row's lanes move 64 contiguous bytes per
+// instruction. kMinBlocksFp32 / kMinBlocksBf16: __launch_bounds__ minimum CTAs per SM.
+template <int kMinBlocksFp32_, int kMinBlocksBf16_>
 struct DecodePolicy {
-  static constexpr int kLanes = kLanes_;
-  static constexpr int kVecBf16 = kVecBf16_;
-  static constexpr bool kEvictFirst = kEvictFirst_;
+  static constexpr int kLanes = 4;
+  static constexpr int kVecBf16 = 8;
   static constexpr int kMinBlocksFp32 = kMinBlocksFp32_;
   static constexpr int kMinBlocksBf16 = kMinBlocksBf16_;
   static constexpr int kRows = kDecodeThreads / kLanes;  // rows of V per CTA
   static constexpr int kSlices = kDecodeDim / kRows;     // CTAs per (sequence, head)
   static constexpr int kCols = kDecodeDim / kLanes;      // state columns per thread
-  static_assert(kLanes == 4 || kLanes == 8, "a row's lanes reduce with shuffles inside a warp");
-  static_assert(kVecBf16 == 4 || kVecBf16 == 8, "bf16 state vectors of 8 or 16 bytes");
+  static_assert(kSlices == kDecodeSlices, "the same work split as kda_decode_kernel");
 };
 
 // An L2 policy that makes lines first in line for eviction.
@@ -61,52 +56,25 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   return policy;
 }
 
-// Raw 32-bit words of one state vector: two (8 bytes) or four (16 bytes).
-template <int kWords, bool kEvictFirst>
+// One 16-byte state vector as four raw 32-bit words, with the streaming hints.
 struct WordIO {
-  static_assert(kWords == 2 || kWords == 4, "8- or 16-byte accesses");
-  static __device__ __forceinline__ void load(const uint32_t* p, uint32_t (&w)[kWords], uint64_t policy) {
-    if constexpr (kEvictFirst) {
-      if constexpr (kWords == 4)
-        asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                     : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                     : "l"(p), "l"(policy));
-      else
-        asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-                     : "=r"(w[0]), "=r"(w[1])
-                     : "l"(p), "l"(policy));
-    } else {
-      (void)policy;
-      if constexpr (kWords == 4) {
-        const uint4 x = *reinterpret_cast<const uint4*>(p);
-        w[0] = x.x; w[1] = x.y; w[2] = x.z; w[3] = x.w;
-      } else {
-        const uint2 x = *reinterpret_cast<const uint2*>(p);
-        w[0] = x.x; w[1] = x.y;
-      }
-    }
+  static __device__ __forceinline__ void load(const uint32_t* p, uint32_t (&w)[4], uint64_t policy) {
+    asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "l"(p), "l"(policy));
   }
-  static __device__ __forceinline__ void store(uint32_t* p, const uint32_t (&w)[kWords], uint64_t policy) {
-    if constexpr (kEvictFirst) {
-      if constexpr (kWords == 4)
-        asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
-                     :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(policy) : "memory");
-      else
-        asm volatile("st.global.L1::no_allocate.L2::cache_hint.v2.u32 [%0], {%1, %2}, %3;"
-                     :: "l"(p), "r"(w[0]), "r"(w[1]), "l"(policy) : "memory");
-    } else {
-      (void)policy;
-      if constexpr (kWords == 4) *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-      else *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
-    }
+  static __device__ __forceinline__ void store(uint32_t* p, const uint32_t (&w)[4], uint64_t policy) {
+    asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+                 :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(policy) : "memory");
   }
 };
 
 // kVec consecutive state columns at element offset `off` (a multiple of kVec), as floats.
-template <bool kFp32, int kVec, bool kEvictFirst>
+template <bool kFp32, int kVec>
 struct StateVecIO {
   static constexpr int kWords = kFp32 ? kVec : kVec / 2;
-  using Words = WordIO<kWords, kEvictFirst>;
+  static_assert(kWords == 4, "16-byte state accesses");
+  using Words = WordIO;
   static __device__ __forceinline__ void load(const void* base, int64_t off, float* x, uint64_t policy) {
     uint32_t w[kWords];
     if constexpr (kFp32) {
@@ -169,7 +137,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   constexpr int kLanes = P::kLanes, kRows = P::kRows, kSlices = P::kSlices, kCols = P::kCols;
   constexpr int kVec = kFp32 ? 4 : P::kVecBf16;
   constexpr int kGroupsPerVec = kVec / 4, kGroups = kCols / 4;
-  using IO = StateVecIO<kFp32, kVec, P::kEvictFirst>;
+  using IO = StateVecIO<kFp32, kVec>;
   __shared__ __align__(16) float khat[kDecodeDim];
   __shared__ __align__(16) float decay[kDecodeDim];
   __shared__ __align__(16) float dkhat[kDecodeDim];  // decay · k̂
@@ -184,7 +152,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   const int hv = tile.hv, h = tile.h, slice = tile.slice;
   const int tid = threadIdx.x;
   const int row = slice * kRows + tid / kLanes, lane = tid % kLanes;
-  const uint64_t policy = P::kEvictFirst ? l2_evict_first_policy() : 0;
+  const uint64_t policy = l2_evict_first_policy();
   wait_for_prior_grids();
   allow_dependent_grids();
 

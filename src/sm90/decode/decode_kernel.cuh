@@ -143,51 +143,17 @@ __device__ __forceinline__ TokenInputs load_token_inputs(const DecodeParams& p, 
           bf16_at(p.v, vh * kDecodeDim + row)};
 }
 
-// d3's token inputs: columns 4·lane .. 4·lane+3 of q, k, g and row `row` of v.
-// Element loads: the API promises these tensors only 2-byte alignment.
-struct WarpTokenInputs {
-  float q[4], k[4], g[4], beta, v;
-};
-__device__ __forceinline__ WarpTokenInputs load_warp_token_inputs(const DecodeParams& p, int64_t t, int h, int hv,
-                                                                  int lane, int row) {
-  const int64_t qk_off = (t * p.num_heads + h) * kDecodeDim + 4 * lane;
-  const int64_t vh = t * p.num_v_heads + hv;
-  WarpTokenInputs in;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    in.q[e] = bf16_at(p.q, qk_off + e);
-    in.k[e] = bf16_at(p.k, qk_off + e);
-    in.g[e] = bf16_at(p.g, vh * kDecodeDim + 4 * lane + e);
-  }
-  in.beta = bf16_at(p.beta, vh);
-  in.v = bf16_at(p.v, vh * kDecodeDim + row);
-  return in;
-}
-
 // bf16 pools move half the bytes per thread: eight CTAs an SM (64 registers a
 // thread) keep enough of them in flight (measured 182 against 219 µs at N = 256,
 // H = 32). fp32 pools reached ~92 % of copy bandwidth with and without the cap,
 // and 3.36 against 3.14 µs at N = 1 with it, so they go without (docs/perf-log.md).
-//
-// kWarpLocal (variant d3): every warp builds the token's per-column vectors
-// (k̂, q̂·scale, decay) for all 128 columns itself, four columns a lane, with
-// warp shuffles for the norms, into its own shared rows: no block reduction and
-// no block barrier on the way from the token's inputs to the state update, only
-// __syncwarp. The state, its update and the output are as in d2.
-template <bool kFp32, bool kWarpLocal = false>
-// d3 is a latency variant (few sequences): no 8-CTA cap for bf16, which would spill its four columns a lane.
-__global__ void __launch_bounds__(kDecodeThreads, kFp32 || kWarpLocal ? 1 : 8)
-    kda_decode_kernel(const __grid_constant__ DecodeParams p) {
+template <bool kFp32>
+__global__ void __launch_bounds__(kDecodeThreads, kFp32 ? 1 : 8) kda_decode_kernel(const __grid_constant__ DecodeParams p) {
   using IO = StateIO<kFp32>;
-  constexpr int kVecRows = kWarpLocal ? kDecodeThreads / 32 : 1;  // one copy per warp, or one per CTA
-  __shared__ __align__(16) float khat_rows[kVecRows][kDecodeDim];
-  __shared__ __align__(16) float qhat_rows[kVecRows][kDecodeDim];  // scale folded in
-  __shared__ __align__(16) float decay_rows[kVecRows][kDecodeDim];
+  __shared__ __align__(16) float khat[kDecodeDim];
+  __shared__ __align__(16) float qhat[kDecodeDim];  // scale folded in
+  __shared__ __align__(16) float decay[kDecodeDim];
   __shared__ float2 scratch[kDecodeThreads / 32];
-  const int vec_row = kWarpLocal ? static_cast<int>(threadIdx.x >> 5) : 0;
-  float* khat = khat_rows[vec_row];
-  float* qhat = qhat_rows[vec_row];
-  float* decay = decay_rows[vec_row];
 
   const DecodeTile tile = decode_tile<kDecodeSlices>(p);
   const int64_t n = tile.n;
@@ -200,20 +166,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 || kWarpLocal ? 1 : 8)
   const DecodeSequence seq = decode_sequence(p, n);
   const int64_t t0 = seq.t0, t1 = seq.t1;
   const float exp_a = expf(p.A_log[hv]);
-  const int lane = tid & 31;
-  // d2: thread tid owns column tid; d3: lane owns columns 4·lane .. 4·lane+3.
-  const float dt_bias = kWarpLocal ? 0.f : p.dt_bias[static_cast<int64_t>(hv) * kDecodeDim + tid];
-  float dt_bias4[4] = {0.f, 0.f, 0.f, 0.f};
-  if constexpr (kWarpLocal) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dt_bias4[e] = p.dt_bias[static_cast<int64_t>(hv) * kDecodeDim + 4 * lane + e];
-  }
+  const float dt_bias = p.dt_bias[static_cast<int64_t>(hv) * kDecodeDim + tid];  // thread tid: column tid
   TokenInputs next{};
-  WarpTokenInputs next4{};
-  if (t0 < t1) {
-    if constexpr (kWarpLocal) next4 = load_warp_token_inputs(p, t0, h, hv, lane, slice * kDecodeRows + tid / 4);
-    else next = load_token_inputs(p, t0, h, hv, tid, slice * kDecodeRows + tid / 4);
-  }
+  if (t0 < t1) next = load_token_inputs(p, t0, h, hv, tid, slice * kDecodeRows + tid / 4);
   // Padding entries (negative), and indices past the pool, which only the host
   // could report and cannot see here: nothing is read or written.
   const int64_t slot = seq.slot;
@@ -234,51 +189,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 || kWarpLocal ? 1 : 8)
   for (int64_t t = t0; t < t1; ++t) {
     // Per-column quantities of this token: thread tid computes column tid. The
     // next token's inputs are requested now, so their latency hides behind this one.
+    const TokenInputs in = next;
+    if (t + 1 < t1) next = load_token_inputs(p, t + 1, h, hv, tid, row);
     const int64_t vh = t * p.num_v_heads + hv;
-    float vr, b;
-    if constexpr (kWarpLocal) {
-      const WarpTokenInputs in = next4;
-      if (t + 1 < t1) next4 = load_warp_token_inputs(p, t + 1, h, hv, lane, row);
-      vr = in.v;
-      b = 1.f / (1.f + expf(-in.beta));
-      float sq = 0.f, sk = 0.f;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sq = fmaf(in.q[e], in.q[e], sq);
-        sk = fmaf(in.k[e], in.k[e], sk);
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        sq += __shfl_xor_sync(0xffffffffu, sq, off);
-        sk += __shfl_xor_sync(0xffffffffu, sk, off);
-      }
-      const float rk = 1.f / sqrtf(sk + 1e-6f), rq = p.scale / sqrtf(sq + 1e-6f);
-      float dec[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = exp_a * (in.g[e] + dt_bias4[e]);
-        dec[e] = expf(p.lower_bound / (1.f + expf(-x)));  // exp(lower_bound·sigmoid(x))
-      }
-      *reinterpret_cast<float4*>(&khat[4 * lane]) =
-          make_float4(in.k[0] * rk, in.k[1] * rk, in.k[2] * rk, in.k[3] * rk);
-      *reinterpret_cast<float4*>(&qhat[4 * lane]) =
-          make_float4(in.q[0] * rq, in.q[1] * rq, in.q[2] * rq, in.q[3] * rq);
-      *reinterpret_cast<float4*>(&decay[4 * lane]) = make_float4(dec[0], dec[1], dec[2], dec[3]);
-      __syncwarp();
-    } else {
-      const TokenInputs in = next;
-      if (t + 1 < t1) next = load_token_inputs(p, t + 1, h, hv, tid, row);
-      const float qd = in.q, kd = in.k;
-      vr = in.v;
-      const float x = exp_a * (in.g + dt_bias);
-      const float dec = expf(p.lower_bound / (1.f + expf(-x)));  // exp(lower_bound·sigmoid(x))
-      b = 1.f / (1.f + expf(-in.beta));
-      const float2 ss = block_sum2(qd * qd, kd * kd, scratch);
-      khat[tid] = kd / sqrtf(ss.y + 1e-6f);
-      qhat[tid] = qd / sqrtf(ss.x + 1e-6f) * p.scale;
-      decay[tid] = dec;
-      __syncthreads();
-    }
+    const float qd = in.q, kd = in.k, vr = in.v;
+    const float x = exp_a * (in.g + dt_bias);
+    const float dec = expf(p.lower_bound / (1.f + expf(-x)));  // exp(lower_bound·sigmoid(x))
+    const float b = 1.f / (1.f + expf(-in.beta));
+    const float2 ss = block_sum2(qd * qd, kd * kd, scratch);
+    khat[tid] = kd / sqrtf(ss.y + 1e-6f);
+    qhat[tid] = qd / sqrtf(ss.x + 1e-6f) * p.scale;
+    decay[tid] = dec;
+    __syncthreads();
 
     // S ← S·diag(decay); sk = S k̂ (row dot, 4 lanes)
     float sk = 0.f;
@@ -319,10 +241,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 || kWarpLocal ? 1 : 8)
         IO::store4(p.per_token_states, base + 4 * (part + 4 * jj),
                    make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
     }
-    // The next token overwrites khat, qhat, decay (and scratch): its whole CTA,
-    // or (d3) only this warp, must be done reading them.
-    if constexpr (kWarpLocal) __syncwarp();
-    else __syncthreads();
+    __syncthreads();  // the next token overwrites khat, qhat, decay, scratch
   }
 
   const int64_t base = slot * p.out_stride + head_off;
