@@ -1,11 +1,13 @@
-// Shared by the benchmark tools: CUDA error checks, the bandwidth ceiling, and
-// device-side random fills (inputs are never zeros).
+// Shared by the benchmark tools: CUDA error checks, the bandwidth ceiling,
+// device-side random fills (inputs are never zeros) and list options.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #define CHECK_CUDA(expr)                                                                 \
   do {                                                                                   \
@@ -30,6 +32,26 @@ __device__ inline uint32_t hash32(uint64_t x) {
 __global__ inline void fill_uniform_f32(float* x, int64_t n, uint64_t seed, float scale) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = hash32(seed + i) * 2.3283064e-10f * scale;
+}
+
+// A comma-separated option value, "a,b,,c" -> {"a", "b", "c"}.
+inline std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b < s.size()) {
+    size_t e = s.find(',', b);
+    if (e == std::string::npos) e = s.size();
+    if (e > b) out.push_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
+
+// The same, as integers.
+inline std::vector<int> split_ints(const std::string& s) {
+  std::vector<int> out;
+  for (const std::string& x : split_list(s)) out.push_back(std::atoi(x.c_str()));
+  return out;
 }
 
 }  // namespace flashkda::bench

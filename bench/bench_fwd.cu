@@ -66,18 +66,6 @@ double published_ms(int heads, const char* name) {
   return 0;
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    size_t e = s.find(',', b);
-    if (e == std::string::npos) e = s.size();
-    if (e > b) out.push_back(s.substr(b, e - b));
-    b = e + 1;
-  }
-  return out;
-}
-
 struct Row {
   int heads;
   std::string name, state;
@@ -101,8 +89,8 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); std::exit(2); }
       return argv[++i];
     };
-    if (a == "--heads") { heads.clear(); for (auto& h : split(next())) heads.push_back(std::atoi(h.c_str())); }
-    else if (a == "--states") states = split(next());
+    if (a == "--heads") heads = split_ints(next());
+    else if (a == "--states") states = split_list(next());
     else if (a == "--iters") iters = std::atoi(next().c_str());
     else if (a == "--warmup") warmup = std::atoi(next().c_str());
     else if (a == "--v-split") forced.v_split = std::atoi(next().c_str());
