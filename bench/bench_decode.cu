@@ -11,11 +11,12 @@
 // --iters times with CUDA events around each replay; median / kStepsPerGraph.
 //
 // Without --variants: the production kernel, one table (as device_round.sh reads).
-// With --variants (A/B mode): each entry is a kernel variant name (d2, fuse-ef, ...,
+// With --variants (A/B mode): each entry is a kernel variant name (lat, fuse-ef-occ, ...,
 // see sm90_decode.cu) optionally suffixed "+pdl" (launched with programmatic
-// dependent launch), "all" for every variant with and without "+pdl", or "prod"
-// for the production choice. Unless --no-refs, reference columns follow, for the
-// same bytes and grid: "memcpy" (cudaMemcpyAsync D2D of the state, 20 per graph),
+// dependent launch; without it a variant runs with PDL off), "all" for every
+// variant with and without "+pdl", or "prod" for the production choice (PDL
+// as PdlMode::kAuto chooses; "prod+pdl" forces it on). Unless --no-refs,
+// reference columns follow, for the same bytes and grid: "memcpy" (cudaMemcpyAsync D2D of the state, 20 per graph),
 // "rmw" (a kernel reading and rewriting the state in place, 16 KB per 128-thread
 // CTA, no math: the floor of the decode's access pattern), "empty" and "empty+pdl"
 // (an empty kernel on the decode's grid: the per-node launch floor). All columns
@@ -46,7 +47,7 @@ using namespace flashkda::bench;
 constexpr int kDim = 128;
 constexpr int kStepsPerGraph = 20;  // amortises the graph launch itself
 constexpr int kRmwThreads = 128, kRmwVecsPerThread = 8;
-constexpr int64_t kRmwBytesPerCta = int64_t{kRmwThreads} * kRmwVecsPerThread * 16;  // 16 KB, as a d2 fp32 CTA
+constexpr int64_t kRmwBytesPerCta = int64_t{kRmwThreads} * kRmwVecsPerThread * 16;  // 16 KB, as a decode fp32 CTA
 
 __global__ void fill_bf16(uint16_t* x, int64_t n, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -90,7 +91,8 @@ struct Column {
   std::string label;
   Kind kind = Kind::kDecode;
   int variant = -1;  // kDecode: sm90 variant index, -1 = production
-  bool pdl = false;
+  bool pdl = false;  // kEmpty
+  flashkda::PdlMode mode = flashkda::PdlMode::kOff;  // kDecode
 };
 
 bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols) {
@@ -99,12 +101,16 @@ bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols
     if (item == "all") {
       for (int v = 0; v < nv; ++v)
         for (bool pdl : {false, true})
-          cols->push_back({std::string(flashkda::sm90::decode_variant_name(v)) + (pdl ? "+pdl" : ""), Kind::kDecode, v, pdl});
+          cols->push_back({std::string(flashkda::sm90::decode_variant_name(v)) + (pdl ? "+pdl" : ""), Kind::kDecode, v,
+                           pdl, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kOff});
       continue;
     }
     const bool pdl = item.size() > 4 && item.compare(item.size() - 4, 4, "+pdl") == 0;
     const std::string name = pdl ? item.substr(0, item.size() - 4) : item;
-    if (name == "prod") { cols->push_back({item, Kind::kDecode, -1, pdl}); continue; }
+    if (name == "prod") {
+      cols->push_back({item, Kind::kDecode, -1, pdl, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kAuto});
+      continue;
+    }
     int found = -1;
     for (int v = 0; v < nv; ++v)
       if (name == flashkda::sm90::decode_variant_name(v)) found = v;
@@ -114,7 +120,7 @@ bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols
       std::fprintf(stderr, " (each optionally +pdl), prod, all\n");
       return false;
     }
-    cols->push_back({item, Kind::kDecode, found, pdl});
+    cols->push_back({item, Kind::kDecode, found, pdl, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kOff});
   }
   if (refs) {
     cols->push_back({"memcpy", Kind::kMemcpy});
@@ -212,7 +218,7 @@ int main(int argc, char** argv) {
   if (ab) {
     if (!parse_columns(variants, refs, &cols)) return 2;
   } else {
-    cols.push_back({"prod", Kind::kDecode, -1, false});
+    cols.push_back({"prod", Kind::kDecode, -1, false, flashkda::PdlMode::kAuto});
     rounds = 1;
   }
   rounds = std::max(1, std::min(rounds, iters));
@@ -271,7 +277,7 @@ int main(int argc, char** argv) {
           switch (c.kind) {
             case Kind::kDecode: {
               flashkda::sm90::set_decode_variant_override(c.variant);
-              a.programmatic_dependent_launch = c.pdl;
+              a.programmatic_dependent_launch = c.mode;
               const flashkda::Status st = flashkda::decode(a, flashkda::Backend::kCuda, stream);
               flashkda::sm90::set_decode_variant_override(-1);
               if (!st.ok()) { std::fprintf(stderr, "decode (%s) failed: %s\n", c.label.c_str(), st.message.c_str()); return 1; }

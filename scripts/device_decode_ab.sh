@@ -6,11 +6,14 @@
 #      buffers, graph replays interleaved, with memcpy / in-place RMW / empty-kernel
 #      reference columns and the machine's measured copy bandwidth
 #      (N ∈ {1, 8, 64, 256, 1024}, H = 32, fp32 and bf16 pools);
-#   3. compute-sanitizer memcheck + racecheck on small decode cases, every variant.
+#   3. with --ncu: Nsight Compute on one N = 1 step (fp32 pool, H = 32) of each
+#      variant in NCU_VARIANTS (default lat): duration and active cycles;
+#   4. compute-sanitizer memcheck + racecheck on small decode cases, every variant.
 # Each step is time-boxed so the whole round fits one 600 s device call
 # (BUDGET_S, default 570). Logs, JSON and the tables go to $OUT.
 #
-#   scripts/device_decode_ab.sh BUILD_DIR [--no-sanitizer] [--bench-args "..."]
+#   [VARIANTS=lat,fuse-ef-occ,...] [NCU_VARIANTS="lat fuse-ef-occ"] \
+#     scripts/device_decode_ab.sh BUILD_DIR [--no-sanitizer] [--ncu] [--bench-args "..."]
 #
 # BUILD_DIR should hold a built flashkda_gpu_tests and flashkda-bench-decode;
 # when they are missing, only those two targets are built (configuring a fresh
@@ -24,10 +27,12 @@ shift
 OUT=${OUT:-/tmp/flashkda-out}
 mkdir -p "$OUT"
 sanitizer=1
+ncu_n1=0
 bench_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-sanitizer) sanitizer=0 ;;
+    --ncu) ncu_n1=1 ;;
     --bench-args) bench_args="$2"; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -56,7 +61,7 @@ timeout $(( $(left) > 380 ? $(left) - 330 : 50 )) "$tests" --gtest_filter='*Deco
   --gtest_output="json:$OUT/decode_tests.json" >"$OUT/decode_tests.log" 2>&1
 rc=$?
 [ $rc -eq 0 ] || { status=1; echo "decode tests: exit $rc (124 = timed out)"; }
-# Per kernel choice (the test name's suffix after the case: d2, d2_pdl, fuse_ef, ...): passed / failed.
+# Per kernel choice (the test name's suffix after the case: lat, lat_pdl, fuse_ef_occ, ...): passed / failed.
 awk '
   /^\[       OK \]|^\[  FAILED  \]/ {
     name = $4; sub(/,$/, "", name);
@@ -72,10 +77,23 @@ grep -E "^\[  FAILED  \]|Failure|error:" "$OUT/decode_tests.log" | head -40
 grep -E "^\[ errors \]" "$OUT/decode_tests.log" | grep -E "N=256 H=32 t=1|N=1 H=32" | head -24
 
 echo "== decode A/B benchmark (budget left $(left) s)"
-timeout $(( $(left) > 150 ? $(left) - 120 : 30 )) "$bench" --variants all --json "$OUT/bench_decode_ab.json" $bench_args \
+timeout $(( $(left) > 150 ? $(left) - 120 : 30 )) "$bench" --variants "${VARIANTS:-all}" --json "$OUT/bench_decode_ab.json" $bench_args \
   2>"$OUT/bench_decode_ab_progress.log" | tee "$OUT/bench_decode_ab.md"
 rc=${PIPESTATUS[0]}
 [ $rc -eq 0 ] || { status=1; echo "benchmark: exit $rc (124 = timed out; per-row medians so far are in bench_decode_ab_progress.log)"; tail -12 "$OUT/bench_decode_ab_progress.log"; }
+
+if [ $ncu_n1 -eq 1 ] && [ "$(left)" -gt 120 ]; then
+  echo "== ncu: one N = 1 step, fp32 pool, H = 32 (budget left $(left) s)"
+  # Caches left warm (--cache-control none), as in the graph of steps, where the
+  # 2 MB state stays in L2 from one step to the next.
+  for v in ${NCU_VARIANTS:-lat}; do
+    timeout 60 ncu --clock-control none --cache-control none -k "regex:kda_decode" --launch-skip 30 --launch-count 1 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      "$bench" --variants "$v" --seqs 1 --dtypes fp32 --iters 4 --rounds 1 --no-refs >"$OUT/ncu_n1_$v.txt" 2>&1
+    echo "-- $v: exit $?"
+    grep -E "Duration|Elapsed Cycles|SM Active Cycles|SM Frequency|Registers Per|Warp Cycles Per Issued" "$OUT/ncu_n1_$v.txt" | head -12
+  done
+fi
 
 if [ $sanitizer -eq 1 ]; then
   echo "== compute-sanitizer (memcheck, racecheck), small decode cases, every variant (budget left $(left) s)"

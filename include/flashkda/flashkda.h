@@ -117,6 +117,14 @@ bool cuda_backend_available(std::string* why = nullptr);
 
 enum class IndexType : int32_t { kInt32 = 0, kInt64 = 1 };
 
+// Programmatic dependent launch for the CUDA decode (DecodeArgs). The values
+// are those of the C ABI's field: -1 off, 0 auto, 1 on.
+enum class PdlMode : int32_t {
+  kOff = -1,
+  kAuto = 0,  // on for the latency-bound small steps, off for the bandwidth-bound large ones
+  kOn = 1,
+};
+
 // Arguments of one decode step. Sequence n has t_n >= 1 new tokens: t_n =
 // tokens_per_seq for every n, or cu_seqlens[n+1] − cu_seqlens[n] when cu_seqlens
 // is given. Tokens are laid out sequence after sequence (T = Σ t_n):
@@ -167,13 +175,14 @@ struct DecodeArgs {
   float scale = 0.f;
   float lower_bound = -5.f;
 
-  // kCuda only: launch with programmatic dependent launch (PDL), so the decode
-  // kernel may be scheduled while the previous kernel in the stream still runs,
-  // hiding its launch latency (in CUDA graphs too). Safe with any predecessor:
-  // the kernel reads and writes nothing before that kernel has completed and its
-  // writes are visible; it also lets the next kernel, if that one was launched
-  // with PDL, be scheduled early. Off until measured (docs/perf-log.md, decode).
-  bool programmatic_dependent_launch = false;
+  // kCuda only: whether to launch with programmatic dependent launch (PDL), so
+  // the decode kernel may be scheduled while the previous kernel in the stream
+  // still runs, hiding its launch latency (in CUDA graphs too). Safe with any
+  // predecessor: the kernel reads and writes nothing before that kernel has
+  // completed and its writes are visible; it also lets the next kernel, if that
+  // one was launched with PDL, be scheduled early. kAuto uses it where it was
+  // measured to help (docs/perf-log.md, decode).
+  PdlMode programmatic_dependent_launch = PdlMode::kAuto;
 };
 
 Status validate_decode(const DecodeArgs& args, Backend backend);

@@ -78,6 +78,13 @@ void flashkda_forward_args_init(flashkda_forward_args* args);
 #define FLASHKDA_INDEX_INT32 0
 #define FLASHKDA_INDEX_INT64 1
 
+/* Programmatic dependent launch of the CUDA decode (= flashkda::PdlMode). AUTO
+ * launches with PDL where it was measured to help: the latency-bound small
+ * steps, off for the bandwidth-bound large ones. */
+#define FLASHKDA_PDL_OFF (-1)
+#define FLASHKDA_PDL_AUTO 0
+#define FLASHKDA_PDL_ON 1
+
 /* Mirrors flashkda::DecodeArgs (one decode step on states in a pool); see there
  * for shapes and meaning. Call flashkda_decode_args_init() first. */
 typedef struct flashkda_decode_args {
@@ -107,14 +114,14 @@ typedef struct flashkda_decode_args {
   int64_t head_dim_v;             /* V */
   int32_t state_dtype;            /* FLASHKDA_DTYPE_FP32 or FLASHKDA_DTYPE_BF16 */
   int32_t index_type;             /* FLASHKDA_INDEX_* */
-  int32_t programmatic_dependent_launch; /* kCuda: nonzero = launch with PDL */
+  int32_t programmatic_dependent_launch; /* kCuda: FLASHKDA_PDL_AUTO (0, default), _ON (1) or _OFF (-1) */
   float scale;                    /* usually K^-0.5 */
   float lower_bound;              /* in [-5, 0) */
   int32_t reserved;               /* 0 */
 } flashkda_decode_args;
 
 /* Zeroes *args and sets the C++ defaults: tokens_per_seq = 1, state_dtype fp32,
- * int32 indices, lower_bound = -5. */
+ * int32 indices, lower_bound = -5, programmatic_dependent_launch FLASHKDA_PDL_AUTO. */
 void flashkda_decode_args_init(flashkda_decode_args* args);
 
 /* Validates a decode step without running it (flashkda::validate_decode). */

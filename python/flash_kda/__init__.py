@@ -44,8 +44,10 @@ if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
     # spelling where a torch lacks it).
     _current_raw_stream = getattr(_torch._C, "_cuda_getCurrentRawStream", None) or (
         lambda index: _torch.cuda.current_stream(index).cuda_stream)
+    _TorchTensor = _torch.Tensor
 else:  # pragma: no cover - exercised only without torch
     _torch = None
+    _TorchTensor = None
 
 __version__ = "0.1.0"
 __all__ = ["fwd", "decode", "kda_forward", "kda_decode", "workspace_size", "cuda_available", "cuda_status", "compiled_with_cuda"]
@@ -134,6 +136,19 @@ def _resolve_scalars(q, scale, lower_bound):
     return float(scale), float(lower_bound)
 
 
+def _pdl_mode(pdl) -> int:
+    """pdl= as the binding's pdl_mode (flashkda::PdlMode: 0 auto, 1 on, -1 off)."""
+    # Only None and real bools: an int would be ambiguous (the C ABI's 0 is auto,
+    # Python's 0 == False would be off). Identity tests: this is on every step's path.
+    if pdl is None:
+        return 0
+    if pdl is True:
+        return 1
+    if pdl is False:
+        return -1
+    raise TypeError(f"pdl: expected None (auto), True (on) or False (off), got {pdl!r}")
+
+
 def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
         initial_state=None, final_state=None, cu_seqlens=None, *,
         cu_seqlens_host=None, workspace=None, stream=None, backend="auto") -> None:
@@ -160,8 +175,17 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     invalid values) naming the argument; NotImplementedError for valid input the backend
     cannot run (e.g. K != 128 on CUDA); RuntimeError for CUDA errors.
     """
-    scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
-    alloc, stream = _runtime(q, stream)
+    # _resolve_scalars and _runtime written out for the common case (a torch CUDA
+    # tensor, torch's current stream): the four Python calls they take were a
+    # measurable part of a small call's host time. Same results, same order.
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    lower_bound = float(DEFAULT_LOWER_BOUND if lower_bound is None else lower_bound)
+    if stream is None and type(q) is _TorchTensor and q.is_cuda:
+        index = q.get_device()
+        stream = _current_raw_stream(index)
+        alloc = _cuda_allocators.get(index) or _cuda_allocator(index)
+    else:
+        alloc, stream = _runtime(q, stream)
     # Positional: the cheapest call into the extension (this is on every step's path).
     _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
            cu_seqlens_host, workspace, alloc, stream, backend)
@@ -182,7 +206,7 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
 
 def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,
            lower_bound=None, cu_seqlens=None, state_out_pool=None, per_token_states=None,
-           cu_seqlens_host=None, stream=None, pdl=False):
+           cu_seqlens_host=None, stream=None, pdl=None):
     """One KDA decode step: a few new tokens per running sequence, states in a pool.
 
     Sequence n's tokens run the recurrence (the same math as :func:`fwd`) starting from
@@ -208,16 +232,20 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
             after every token (speculative verify).
         cu_seqlens_host: optional int64 CPU copy of cu_seqlens (validated; CUDA only).
         stream: cudaStream_t as int; default torch's current stream on q's device.
-        pdl: launch the CUDA kernel with programmatic dependent launch: it may be
-            scheduled while the previous kernel on the stream still runs (it waits for
-            that kernel before touching memory), hiding part of the launch latency
-            between back-to-back steps. Ignored on the CPU.
+        pdl: programmatic dependent launch of the CUDA kernel: it may then be scheduled
+            while the previous kernel on the stream still runs (it waits for that kernel
+            before touching memory), hiding part of the launch latency between
+            back-to-back steps. None (default, auto): launched with PDL where measured to
+            help: the latency-bound small steps (below 512 (sequence, value head)
+            pairs for fp32 pools, 256 for bf16); off for larger steps. True: always; False: never. Anything else is a
+            TypeError. Ignored on the CPU.
 
     Returns ``out``. CPU tensors run the float64 CPU decode; CUDA tensors the sm_90a
     kernel (K = V = 128), asynchronously, capturable in a CUDA graph. Errors as for
     :func:`fwd`: TypeError / ValueError naming the argument, NotImplementedError for what
     the backend cannot run, RuntimeError for CUDA errors.
     """
+    pdl_mode = _pdl_mode(pdl)  # before allocating anything
     if out is None:
         if not _is_torch(v):
             raise TypeError("out: pass an output array (bf16, the shape of v) for non-torch inputs; "
@@ -226,7 +254,7 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     _, stream = _runtime(q, stream, need_alloc=False)
     _C.decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound, cu_seqlens,
-              cu_seqlens_host, state_out_pool, per_token_states, stream, bool(pdl))
+              cu_seqlens_host, state_out_pool, per_token_states, stream, pdl_mode)
     return out
 
 

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import DEFAULT_LOWER_BOUND, decode, fwd
+from . import DEFAULT_LOWER_BOUND, _pdl_mode, decode, fwd
 
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -112,7 +112,7 @@ def _kda_decode_op(
     per_token_states: Optional[torch.Tensor],
     scale: float,
     lower_bound: float,
-    pdl: bool,
+    pdl: Optional[bool],
 ) -> torch.Tensor:
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, out=out, scale=scale,
@@ -140,17 +140,21 @@ def kda_decode(
     lower_bound: Optional[float] = DEFAULT_LOWER_BOUND,
     cu_seqlens: Optional[torch.Tensor] = None,
     per_token_states: Optional[torch.Tensor] = None,
-    pdl: bool = False,
+    pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """One decode step as a custom op: returns a new ``out``; ``state_pool`` (and
     ``per_token_states`` when given) are updated in place, as by :func:`flash_kda.decode`,
     whose tensors and rules these are. Traceable by torch.compile (``fullgraph=True``):
     the op declares what it mutates, so compiled graphs see the pool's update.
     For a separate output pool use :func:`flash_kda.decode`. Forward only (no autograd).
+    ``pdl``: None (default, auto: launched with PDL where measured to help: the
+    latency-bound small steps (below 512 (sequence, value head) pairs for fp32
+    pools, 256 for bf16); off for larger steps), True (on) or False (off); see :func:`flash_kda.decode`.
     """
+    _pdl_mode(pdl)  # the TypeError naming pdl here, not from inside the op
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if lower_bound is None:
         lower_bound = DEFAULT_LOWER_BOUND
     return _kda_decode_op(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, cu_seqlens,
-                          per_token_states, float(scale), float(lower_bound), bool(pdl))
+                          per_token_states, float(scale), float(lower_bound), pdl)

@@ -14,6 +14,7 @@ using flashkda::DecodeArgs;
 using flashkda::DType;
 using flashkda::IndexType;
 using flashkda::ForwardArgs;
+using flashkda::PdlMode;
 using flashkda::Status;
 using flashkda::StatusCode;
 
@@ -31,8 +32,13 @@ static_assert(FLASHKDA_DTYPE_BF16 == static_cast<int32_t>(DType::kBF16), "");
 static_assert(FLASHKDA_DTYPE_FP32 == static_cast<int32_t>(DType::kFP32), "");
 static_assert(FLASHKDA_INDEX_INT32 == static_cast<int32_t>(IndexType::kInt32), "");
 static_assert(FLASHKDA_INDEX_INT64 == static_cast<int32_t>(IndexType::kInt64), "");
+static_assert(FLASHKDA_PDL_OFF == static_cast<int32_t>(PdlMode::kOff), "");
+static_assert(FLASHKDA_PDL_AUTO == static_cast<int32_t>(PdlMode::kAuto), "");
+static_assert(FLASHKDA_PDL_ON == static_cast<int32_t>(PdlMode::kOn), "");
 static_assert(std::is_same<std::underlying_type<Backend>::type, int32_t>::value, "");
 static_assert(std::is_same<std::underlying_type<DType>::type, int32_t>::value, "");
+// Every int32 the C field can hold is then a PdlMode value the cast keeps, for validate_decode to judge.
+static_assert(std::is_same<std::underlying_type<PdlMode>::type, int32_t>::value, "");
 
 // ---- the documented layout (64-bit ABI): 12 pointers, 7 int64, 2 int32, 2 float
 static_assert(std::is_standard_layout<flashkda_forward_args>::value, "");
@@ -119,7 +125,8 @@ DecodeArgs to_cpp(const flashkda_decode_args& c) {
   a.state_indices = c.state_indices;
   a.index_type = static_cast<IndexType>(c.index_type);
   a.per_token_states = c.per_token_states;
-  a.programmatic_dependent_launch = c.programmatic_dependent_launch != 0;
+  // Unknown values: validate_decode() rejects (so an old caller's "nonzero = on" other than 1 is an error, not "on").
+  a.programmatic_dependent_launch = static_cast<PdlMode>(c.programmatic_dependent_launch);
   return a;
 }
 
@@ -182,6 +189,7 @@ void flashkda_decode_args_init(flashkda_decode_args* args) {
   args->state_dtype = static_cast<int32_t>(defaults.state_dtype);
   args->index_type = static_cast<int32_t>(defaults.index_type);
   args->lower_bound = defaults.lower_bound;
+  args->programmatic_dependent_launch = static_cast<int32_t>(defaults.programmatic_dependent_launch);
 }
 
 int32_t flashkda_validate_decode(const flashkda_decode_args* args, int32_t backend) {

@@ -70,6 +70,11 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
     return Status::Invalid(cat("pool_size: pool_size * pool_stride overflows int64"));
   if (a.index_type != IndexType::kInt32 && a.index_type != IndexType::kInt64)
     return Status::Invalid(cat("index_type: unknown value ", static_cast<int32_t>(a.index_type)));
+  // Checked on every backend although only kCuda reads it: a bad value is a caller bug either way.
+  if (a.programmatic_dependent_launch != PdlMode::kOff && a.programmatic_dependent_launch != PdlMode::kAuto &&
+      a.programmatic_dependent_launch != PdlMode::kOn)
+    return Status::Invalid(cat("programmatic_dependent_launch: expected -1 (off), 0 (auto) or 1 (on), got ",
+                               static_cast<int32_t>(a.programmatic_dependent_launch)));
 
   // ---- pointers ----------------------------------------------------------------
   struct Req {

@@ -6,6 +6,7 @@
 #include <new>
 #include <string>
 
+#include "api/forward_internal.h"
 #include "api/guarded.h"
 #include "cpu/cpu_backends.h"
 #include "flashkda/flashkda.h"
@@ -25,36 +26,54 @@ Status workspace_size(const ForwardArgs& args, Backend backend, size_t* bytes) {
   });
 }
 
+namespace {
+
+// forward() after validate(args, backend) returned Ok.
+Status dispatch(const ForwardArgs& args, Backend backend, void* workspace, size_t workspace_bytes, void* stream) {
+  switch (backend) {
+    case Backend::kCpuReference:
+      return cpu::reference_forward_f64(args);
+    case Backend::kCpuChunked:
+      return cpu::chunked_forward_f32(args);
+    case Backend::kCuda: {
+      // No device check here: validate() ran sm90::check_supported, which starts
+      // with sm90::device_supported (and answers "not built" in a build without
+      // the kernels), on this same current device.
+      size_t required = 0;
+      Status s = sm90::workspace_size(args, &required);
+      if (!s.ok()) return s;
+      if (required > 0) {
+        if (workspace == nullptr || workspace_bytes < required)
+          return Status::Invalid("workspace: expected at least " + std::to_string(required) + " bytes, got " +
+                                 (workspace == nullptr ? std::string("a null pointer")
+                                                       : std::to_string(workspace_bytes)));
+        if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+          return Status::Invalid("workspace: expected a 256-byte aligned pointer");
+      }
+      return sm90::forward(args, workspace, workspace_bytes, stream);
+    }
+  }
+  return Status::Invalid("backend: unknown value");  // unreachable: validate() rejects it
+}
+
+}  // namespace
+
 Status forward(const ForwardArgs& args, Backend backend, void* workspace, size_t workspace_bytes, void* stream) {
   return guarded(backend, "forward", [&]() -> Status {
     Status s = validate(args, backend);  // for kCuda this includes sm90::check_supported
     if (!s.ok()) return s;
-    switch (backend) {
-      case Backend::kCpuReference:
-        return cpu::reference_forward_f64(args);
-      case Backend::kCpuChunked:
-        return cpu::chunked_forward_f32(args);
-      case Backend::kCuda: {
-        std::string why;
-        if (!sm90::compiled_in() || !sm90::device_supported(&why))
-          return Status::NotSupported(why.empty() ? "backend kCuda: not available" : why);
-        size_t required = 0;
-        s = sm90::workspace_size(args, &required);
-        if (!s.ok()) return s;
-        if (required > 0) {
-          if (workspace == nullptr || workspace_bytes < required)
-            return Status::Invalid("workspace: expected at least " + std::to_string(required) + " bytes, got " +
-                                   (workspace == nullptr ? std::string("a null pointer")
-                                                         : std::to_string(workspace_bytes)));
-          if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-            return Status::Invalid("workspace: expected a 256-byte aligned pointer");
-        }
-        return sm90::forward(args, workspace, workspace_bytes, stream);
-      }
-    }
-    return Status::Invalid("backend: unknown value");  // unreachable: validate() rejects it
+    return dispatch(args, backend, workspace, workspace_bytes, stream);
   });
 }
+
+namespace api {
+Status forward_prevalidated(const ForwardArgs& args, Backend backend, void* workspace, size_t workspace_bytes,
+                            void* stream) {
+  return guarded(backend, "forward", [&]() -> Status {
+    return dispatch(args, backend, workspace, workspace_bytes, stream);
+  });
+}
+}  // namespace api
 
 bool cuda_backend_available(std::string* why) {
   try {

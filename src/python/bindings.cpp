@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "api/forward_internal.h"
 #include "flashkda/flashkda.h"
 
 #ifdef FLASHKDA_WITH_CUDA
@@ -618,7 +619,7 @@ size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
               nb::handle alloc, uintptr_t stream, const std::string& backend) {
   Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
                    cu_seqlens_host, backend);
-  const size_t need = required_workspace(c);
+  const size_t need = required_workspace(c);  // validates c.args: forward_prevalidated below relies on it
 
   void* ws = nullptr;
   size_t ws_bytes = 0;
@@ -654,7 +655,7 @@ size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
   {
     nb::gil_scoped_release release;
     DeviceGuard guard(c.q.dev);
-    st = flashkda::forward(c.args, c.backend, ws, ws_bytes, reinterpret_cast<void*>(stream));
+    st = flashkda::api::forward_prevalidated(c.args, c.backend, ws, ws_bytes, reinterpret_cast<void*>(stream));
   }
   if (!st.ok()) raise_status(st);
   return need;
@@ -785,10 +786,11 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
 void decode_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle A_log,
                nb::handle dt_bias, nb::handle out, nb::handle state_pool, nb::handle state_indices, double scale,
                double lower_bound, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle state_out_pool,
-               nb::handle per_token_states, uintptr_t stream, bool pdl) {
+               nb::handle per_token_states, uintptr_t stream, int32_t pdl_mode) {
   DecodeCall c = prepare_decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound,
                                 cu_seqlens, cu_seqlens_host, state_out_pool, per_token_states);
-  c.args.programmatic_dependent_launch = pdl;
+  // An int (not a bool) so auto can be told from off; flashkda::decode rejects values outside {-1, 0, 1}.
+  c.args.programmatic_dependent_launch = static_cast<flashkda::PdlMode>(pdl_mode);
   flashkda::Status st;
   {
     nb::gil_scoped_release release;
@@ -827,11 +829,12 @@ NB_MODULE(_C, m) {
   m.def("decode", &decode_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),
         "A_log"_a.none(), "dt_bias"_a.none(), "out"_a.none(), "state_pool"_a.none(), "state_indices"_a.none(),
         "scale"_a, "lower_bound"_a, "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(),
-        "state_out_pool"_a = nb::none(), "per_token_states"_a = nb::none(), "stream"_a = 0, "pdl"_a = false,
+        "state_out_pool"_a = nb::none(), "per_token_states"_a = nb::none(), "stream"_a = 0, "pdl_mode"_a = 0,
         "One decode step: each sequence n's new tokens run the recurrence on slot state_indices[n] of "
         "state_pool (in place, or into state_out_pool), writing `out` in place. Tensors: see flash_kda.decode. "
         "CPU tensors run the float64 CPU decode, CUDA tensors the kCuda kernel on `stream` "
-        "(cudaStream_t as an int).");
+        "(cudaStream_t as an int). `pdl_mode`: programmatic dependent launch of that kernel, "
+        "0 auto, 1 on, -1 off (flash_kda.decode's pdl=None/True/False).");
   m.def("cuda_status", &cuda_status,
         "(available, reason): whether the CUDA backend can run in this process, and why not.");
   m.def("cuda_available", []() { return flashkda::cuda_backend_available(nullptr); },

@@ -9,14 +9,12 @@
 namespace flashkda::sm90 {
 
 template <int kStateWarps, int kStages>
-cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, cudaStream_t stream) {
+cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream) {
   using Cfg = RecurrenceConfig<kStateWarps, kStages>;
   constexpr size_t kSmemBytes = sizeof(typename Cfg::Smem);
-  auto kernel = kda_recurrence_kernel<kStateWarps, kStages>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (err != cudaSuccess) return err;
-  kernel<<<dim3(static_cast<unsigned>(num_ctas)), dim3(Cfg::kThreads), kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  static SmemLimitSet limit;  // one per instantiation: each is its own kernel
+  return launch_with_smem(reinterpret_cast<const void*>(&kda_recurrence_kernel<kStateWarps, kStages>), limit, device,
+                          dim3(static_cast<unsigned>(num_ctas)), dim3(Cfg::kThreads), kSmemBytes, stream, p);
 }
 
 }  // namespace flashkda::sm90

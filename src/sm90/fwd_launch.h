@@ -2,23 +2,72 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "sm90/kernel/params.h"
 
 namespace flashkda::sm90 {
 
+// Device ordinals below this get per-device cached facts (SM count, compute
+// capability, kernel attributes); higher ones are queried on every call.
+constexpr int kMaxCachedDevices = 64;
+
 // Kernel 1: the token-parallel prologue, grid (chunk slots, value heads).
-cudaError_t launch_prologue(const FwdParams& p, cudaStream_t stream);
+// `device`: the current device (its ordinal), where the launch goes.
+cudaError_t launch_prologue(const FwdParams& p, int device, cudaStream_t stream);
 
 // Kernel 2: the recurrence, one CTA per (sequence, value head, V-slice);
 // kStateWarps = 8 / v_split warps, 16 rows of V each; kStages chunks in flight.
 template <int kStateWarps, int kStages>
-cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, cudaStream_t stream);
+cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream);
 
-extern template cudaError_t launch_recurrence<8, 4>(const FwdParams&, int64_t, cudaStream_t);  // V split 1
-extern template cudaError_t launch_recurrence<4, 4>(const FwdParams&, int64_t, cudaStream_t);  // V split 2
-extern template cudaError_t launch_recurrence<4, 3>(const FwdParams&, int64_t, cudaStream_t);  // V split 2, 3 stages
-extern template cudaError_t launch_recurrence<2, 4>(const FwdParams&, int64_t, cudaStream_t);  // V split 4
+extern template cudaError_t launch_recurrence<8, 4>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 1
+extern template cudaError_t launch_recurrence<4, 4>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2
+extern template cudaError_t launch_recurrence<4, 3>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2, 3 stages
+extern template cudaError_t launch_recurrence<2, 4>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 4
+
+// Which devices one kernel's dynamic shared memory limit has been raised on
+// (bit d: device d). The attribute belongs to the kernel's per-context function
+// and never changes here (one fixed size per kernel), so it is set once per
+// device rather than before every launch, where it was a driver call per kernel
+// on the path of every small call. Zero-initialised as a namespace- or
+// function-scope static.
+struct SmemLimitSet {
+  std::atomic<uint64_t> devices;
+};
+
+// Launches `kernel(p)` with `smem_bytes` of dynamic shared memory on `device`
+// (the current device), raising the kernel's limit there first if not yet done.
+// Returns the launch's error, else any error pending on this thread (cleared),
+// as `kernel<<<...>>>(p); return cudaGetLastError();` does.
+inline cudaError_t launch_with_smem(const void* kernel, SmemLimitSet& limit, int device, dim3 grid, dim3 block,
+                                    size_t smem_bytes, cudaStream_t stream, const FwdParams& p) {
+  const uint64_t bit = device >= 0 && device < kMaxCachedDevices ? uint64_t{1} << device : 0;
+  const bool was_set = bit != 0 && (limit.devices.load(std::memory_order_acquire) & bit) != 0;
+  auto raise_limit = [&]() -> cudaError_t {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
+    if (e == cudaSuccess && bit != 0) limit.devices.fetch_or(bit, std::memory_order_release);
+    return e;
+  };
+  if (!was_set) {
+    const cudaError_t e = raise_limit();
+    if (e != cudaSuccess) return e;
+  }
+  void* args[] = {const_cast<FwdParams*>(&p)};
+  cudaError_t err = cudaLaunchKernel(kernel, grid, block, args, smem_bytes, stream);
+  if (err != cudaSuccess && was_set) {
+    // A failed launch queued nothing, so it may be retried. The cached bit can be
+    // stale: cudaDeviceReset() destroys the context, and with it the attribute.
+    // Any other error comes back again from the second attempt.
+    cudaGetLastError();
+    limit.devices.fetch_and(~bit, std::memory_order_release);
+    err = raise_limit();
+    if (err == cudaSuccess) err = cudaLaunchKernel(kernel, grid, block, args, smem_bytes, stream);
+  }
+  const cudaError_t pending = cudaGetLastError();
+  return err != cudaSuccess ? err : pending;
+}
 
 }  // namespace flashkda::sm90

@@ -4,8 +4,9 @@
 #include <atomic>
 #include <string>
 
+#include "sm90/decode/decode_common.cuh"
 #include "sm90/decode/decode_fused_kernel.cuh"
-#include "sm90/decode/decode_kernel.cuh"
+#include "sm90/decode/decode_latency_kernel.cuh"
 #include "sm90/sm90_decode.h"
 #include "sm90/sm90_forward.h"
 
@@ -25,31 +26,50 @@ constexpr DecodeVariant fused_variant(const char* name) {
   return {name, &kda_decode_fused_kernel<true, P>, &kda_decode_fused_kernel<false, P>};
 }
 
-// Every variant has the same work split: kDecodeSlices CTAs per (sequence, head).
-// What they change and why is in decode_kernel.cuh, decode_fused_kernel.cuh and
-// docs/perf-log.md (decode), which also keeps the measurements of the variants
-// that lost and were removed (d3, fuse without cache hints, fuse-occ, lanes8).
+// Every variant has the same work items: kDecodeSlices CTAs per (sequence, head).
+// What they change and why is in decode_latency_kernel.cuh,
+// decode_fused_kernel.cuh and docs/perf-log.md (decode), which also keeps the
+// measurements of the variants that lost and were removed (d2, d3, fuse without
+// cache hints, fuse-ef at 4 CTAs/SM, fuse-occ, lanes8, stream).
 constexpr DecodeVariant kDecodeVariants[] = {
-    {"d2", &kda_decode_kernel<true>, &kda_decode_kernel<false>},
-    fused_variant<DecodePolicy<4, 8>>("fuse-ef"),      // one reduction pass, streaming cache hints
-    fused_variant<DecodePolicy<7, 8>>("fuse-ef-occ"),  // fuse-ef at 7 CTAs/SM for fp32: more state in flight
+    // Warp-built token vectors with approximate intrinsics, one state pass for both dot products.
+    {"lat", &kda_decode_latency_kernel<true, 4>, &kda_decode_latency_kernel<false, 4>},
+    // One reduction pass, streaming cache hints, 7 CTAs/SM for fp32 pools.
+    fused_variant<DecodePolicy<7, 8>>("fuse-ef-occ"),
+    fused_variant<DecodePolicy<7, 8, true>>("fuse-ef-occ-fm"),  // + approximate intrinsics for the token math
 };
 constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
 
-// Production choice, from the A/B table on the H200 (docs/perf-log.md, decode):
-// at a few sequences the step is a latency chain and d2's plain loads are
-// quickest; from 8 sequences x 32 heads (256 pairs, two CTAs per SM) on, the
-// pool's traffic rules and fuse-ef's evict-first state accesses and one
-// reduction pass win (N = 256, H = 32: 293 vs 300 µs fp32, 164 vs 176 µs bf16).
-constexpr int kLatencyDecodeVariant = 0;      // d2
-constexpr int kBandwidthDecodeVariant = 1;    // fuse-ef
-constexpr int64_t kBandwidthFromPairs = 256;  // (sequence, value head) pairs
+// Production choice, from the A/B tables on the H200 (docs/perf-log.md, decode,
+// 2026-11-30). At a few sequences the step is a latency chain: lat is quickest
+// (H = 32, N = 1: 3.07 µs fp32, 2.83 bf16, against 3.35 / 3.18 for d2, before
+// PDL). With more sequences the pool's traffic rules: fuse-ef-occ wins from N = 8
+// on for bf16 pools (6.66 against 8.11 µs: lat's 8-byte bf16 accesses at 4 CTAs
+// per SM keep too little in flight) and at N = 64 for fp32 pools (70.9 against
+// 75.6 µs), while lat still wins fp32 at N = 8 (8.74 against 9.28 µs).
+constexpr int kLatencyDecodeVariant = 0;  // lat
+constexpr int kBandwidthDecodeVariant = 1;  // fuse-ef-occ
+// (sequence, value head) pairs from which the bandwidth kernel runs: 256 pairs
+// are N = 8 at H = 32, measured; the fp32 bound lies between 256 and 2048 pairs
+// (N = 8 and 64), where it was not measured more finely.
+constexpr int64_t kBandwidthFromPairsFp32 = 512;
+constexpr int64_t kBandwidthFromPairsBf16 = 256;
 constexpr bool same_name(const char* a, const char* b) { return *a == *b && (*a == '\0' || same_name(a + 1, b + 1)); }
-static_assert(same_name(kDecodeVariants[kLatencyDecodeVariant].name, "d2") &&
-                  same_name(kDecodeVariants[kBandwidthDecodeVariant].name, "fuse-ef"),
+static_assert(same_name(kDecodeVariants[kLatencyDecodeVariant].name, "lat") &&
+                  same_name(kDecodeVariants[kBandwidthDecodeVariant].name, "fuse-ef-occ"),
               "production indices name the measured kernels");
-int production_variant(int64_t pairs) {
-  return pairs >= kBandwidthFromPairs ? kBandwidthDecodeVariant : kLatencyDecodeVariant;
+int production_variant(int64_t pairs, bool fp32) {
+  return pairs >= (fp32 ? kBandwidthFromPairsFp32 : kBandwidthFromPairsBf16) ? kBandwidthDecodeVariant
+                                                                             : kLatencyDecodeVariant;
+}
+
+// PdlMode::kAuto: PDL with the latency kernel, where hiding the next launch
+// behind this grid saved 0.3 µs at N = 1 (lat: 3.07 -> 2.76 µs fp32, 2.83 ->
+// 2.54 bf16) and 0.2 µs at N = 8; off with the bandwidth kernel, where it was
+// within the run-to-run spread at N = 64-1024.
+bool use_pdl(PdlMode mode, int variant) {
+  if (mode == PdlMode::kAuto) return variant == kLatencyDecodeVariant;
+  return mode == PdlMode::kOn;
 }
 
 std::atomic<int> g_decode_variant_override{-1};
@@ -101,9 +121,13 @@ Status decode(const DecodeArgs& a, void* stream) {
   p.scale = a.scale;
   p.lower_bound = a.lower_bound;
 
+  const int64_t pairs = a.num_seqs * HV;
+  const bool fp32 = a.state_dtype == DType::kFP32;
   const int forced = g_decode_variant_override.load();
-  const DecodeVariant& var = kDecodeVariants[forced >= 0 ? forced : production_variant(a.num_seqs * HV)];
-  const int64_t ctas = a.num_seqs * HV * kDecodeSlices;  // below 2^31: check_decode_supported
+  const int variant = forced >= 0 ? forced : production_variant(pairs, fp32);
+  const DecodeKernel kernel = fp32 ? kDecodeVariants[variant].fp32 : kDecodeVariants[variant].bf16;
+  const int64_t ctas = pairs * kDecodeSlices;  // below 2^31: check_decode_supported
+  if (ctas == 0) return Status::Ok();
 
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(ctas));
@@ -116,8 +140,8 @@ Status decode(const DecodeArgs& a, void* stream) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = a.programmatic_dependent_launch ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, a.state_dtype == DType::kFP32 ? var.fp32 : var.bf16, p);
+  cfg.numAttrs = use_pdl(a.programmatic_dependent_launch, variant) ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p);
   if (err != cudaSuccess)
     return {StatusCode::kCudaError, std::string("backend kCuda: launching the decode kernel: ") + cudaGetErrorString(err)};
   return Status::Ok();

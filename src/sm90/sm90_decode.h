@@ -13,7 +13,7 @@ Status decode(const DecodeArgs& args, void* stream);
 // decode). Variant 0 is the production kernel; decode() runs it unless an
 // override is set.
 int decode_variant_count();
-// Short name of variant v ("d2", "fuse-ef", ...), or null when v is out of range.
+// Short name of variant v ("lat", "fuse-ef-occ", ...), or null when v is out of range.
 const char* decode_variant_name(int v);
 // For benchmarks and tests: force variant v (0 .. count-1) on later calls; -1
 // restores the production choice. Process-wide, not thread-safe against

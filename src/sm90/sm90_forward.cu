@@ -31,6 +31,49 @@ int32_t state_type(DType t) {
   }
 }
 
+// Facts of a device that cannot change while the process runs (the ordinals are
+// fixed at CUDA's initialisation), read once per device: a Python fwd call read
+// the compute capability three times (two validations, the dispatch) and the
+// SM count once, seven runtime calls on the path of every small call. 0: not
+// read yet (no device has compute capability 0.0 or no SMs). Racing first
+// readers store equal values.
+struct DeviceFacts {
+  std::atomic<int> compute_capability;  // major * 1000 + minor
+  std::atomic<int> num_sms;
+};
+DeviceFacts g_device_facts[kMaxCachedDevices];
+
+DeviceFacts* facts_of(int dev) { return dev >= 0 && dev < kMaxCachedDevices ? &g_device_facts[dev] : nullptr; }
+
+// A failed query leaves 0 in *major / *minor and is not cached (as before the cache).
+void compute_capability(int dev, int* major, int* minor) {
+  DeviceFacts* f = facts_of(dev);
+  const int cached = f != nullptr ? f->compute_capability.load(std::memory_order_relaxed) : 0;
+  if (cached != 0) {
+    *major = cached / 1000;
+    *minor = cached % 1000;
+    return;
+  }
+  *major = 0;
+  *minor = 0;
+  const cudaError_t e1 = cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev);
+  const cudaError_t e2 = cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (f != nullptr && e1 == cudaSuccess && e2 == cudaSuccess && *major > 0)
+    f->compute_capability.store(*major * 1000 + *minor, std::memory_order_relaxed);
+}
+
+cudaError_t sm_count(int dev, int* num_sms) {
+  DeviceFacts* f = facts_of(dev);
+  const int cached = f != nullptr ? f->num_sms.load(std::memory_order_relaxed) : 0;
+  if (cached != 0) {
+    *num_sms = cached;
+    return cudaSuccess;
+  }
+  const cudaError_t err = cudaDeviceGetAttribute(num_sms, cudaDevAttrMultiProcessorCount, dev);
+  if (f != nullptr && err == cudaSuccess && *num_sms > 0) f->num_sms.store(*num_sms, std::memory_order_relaxed);
+  return err;
+}
+
 }  // namespace
 
 bool compiled_in() { return true; }
@@ -44,8 +87,7 @@ bool device_supported(std::string* why) {
     return false;
   }
   int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  compute_capability(dev, &major, &minor);
   if (major != 9 || minor != 0) {
     if (why)
       *why = "backend kCuda: the kernels are built for sm_90a (Hopper, compute capability 9.0); device " +
@@ -172,7 +214,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
 
   int dev = 0, num_sms = 0;
   cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err == cudaSuccess) err = sm_count(dev, &num_sms);
   if (err != cudaSuccess) return cuda_status(err, "reading the device's SM count");
 
   const LaunchPlan plan = effective_launch_plan(problem_shape(args), num_sms);
@@ -180,15 +222,16 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   const int64_t num_ctas = n * hv * p.v_split;
   auto s = static_cast<cudaStream_t>(stream);
   if (p.num_slots > 0) {
-    err = launch_prologue(p, s);
+    err = launch_prologue(p, dev, s);
     if (err != cudaSuccess) return cuda_status(err, "launching the prologue kernel");
   }
   switch (p.v_split) {
-    case 1: err = launch_recurrence<8, 4>(p, num_ctas, s); break;
+    case 1: err = launch_recurrence<8, 4>(p, num_ctas, dev, s); break;
     case 2:
-      err = plan.stages == 3 ? launch_recurrence<4, 3>(p, num_ctas, s) : launch_recurrence<4, 4>(p, num_ctas, s);
+      err = plan.stages == 3 ? launch_recurrence<4, 3>(p, num_ctas, dev, s)
+                             : launch_recurrence<4, 4>(p, num_ctas, dev, s);
       break;
-    default: err = launch_recurrence<2, 4>(p, num_ctas, s); break;
+    default: err = launch_recurrence<2, 4>(p, num_ctas, dev, s); break;
   }
   if (err != cudaSuccess) return cuda_status(err, "launching the recurrence kernel");
   return Status::Ok();

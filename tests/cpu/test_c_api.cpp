@@ -143,7 +143,7 @@ flashkda_decode_args to_c(const flashkda::DecodeArgs& a) {
   c.num_heads = a.num_heads; c.num_v_heads = a.num_v_heads; c.head_dim_k = a.head_dim_k; c.head_dim_v = a.head_dim_v;
   c.state_dtype = static_cast<int32_t>(a.state_dtype);
   c.index_type = static_cast<int32_t>(a.index_type);
-  c.programmatic_dependent_launch = a.programmatic_dependent_launch ? 1 : 0;
+  c.programmatic_dependent_launch = static_cast<int32_t>(a.programmatic_dependent_launch);
   c.scale = a.scale; c.lower_bound = a.lower_bound;
   return c;
 }
@@ -160,7 +160,8 @@ TEST(CApi, DecodeLayoutAndInit) {
   EXPECT_EQ(a.tokens_per_seq, defaults.tokens_per_seq);
   EXPECT_EQ(a.state_dtype, FLASHKDA_DTYPE_FP32);
   EXPECT_EQ(a.index_type, FLASHKDA_INDEX_INT32);
-  EXPECT_EQ(a.programmatic_dependent_launch, 0);
+  EXPECT_EQ(a.programmatic_dependent_launch, FLASHKDA_PDL_AUTO);
+  EXPECT_EQ(a.programmatic_dependent_launch, 0);  // the value the C header documents as the default
   EXPECT_EQ(a.lower_bound, defaults.lower_bound);
   EXPECT_EQ(a.reserved, 0);
 }
@@ -217,6 +218,30 @@ TEST(CApi, DecodeErrorCodeAndMessage) {
   EXPECT_NE(std::string(flashkda_last_error()).find("state_dtype"), std::string::npos);
   EXPECT_EQ(flashkda_decode(nullptr, FLASHKDA_BACKEND_CPU_REFERENCE, nullptr), FLASHKDA_STATUS_INVALID_ARGUMENT);
   EXPECT_STREQ(flashkda_last_error(), "args: null pointer");
+}
+
+// The field is a three-way mode now (it was a flag): any value but -1, 0, 1 is an
+// argument error, also on the CPU backends that never launch anything.
+TEST(CApi, DecodePdlModeValues) {
+  flashkda::testing::DecodeSpec spec;
+  spec.head_dim = 32;
+  const auto p = flashkda::testing::make_decode_problem(spec, 7);
+  std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
+  std::vector<uint8_t> pool = p.pool_bytes();
+  flashkda_decode_args c = to_c(p.args(out.data(), pool.data(), nullptr));
+  for (int32_t mode : {FLASHKDA_PDL_OFF, FLASHKDA_PDL_AUTO, FLASHKDA_PDL_ON}) {
+    c.programmatic_dependent_launch = mode;
+    EXPECT_EQ(flashkda_validate_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE), FLASHKDA_STATUS_OK)
+        << mode << ": " << flashkda_last_error();
+    EXPECT_EQ(flashkda_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE, nullptr), FLASHKDA_STATUS_OK)
+        << mode << ": " << flashkda_last_error();
+  }
+  c.programmatic_dependent_launch = 7;
+  EXPECT_EQ(flashkda_validate_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE), FLASHKDA_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(flashkda_last_error(), "programmatic_dependent_launch: expected -1 (off), 0 (auto) or 1 (on), got 7");
+  c.programmatic_dependent_launch = -2;
+  EXPECT_EQ(flashkda_decode(&c, FLASHKDA_BACKEND_CPU_CHUNKED, nullptr), FLASHKDA_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(flashkda_last_error(), "programmatic_dependent_launch: expected -1 (off), 0 (auto) or 1 (on), got -2");
 }
 
 }  // namespace

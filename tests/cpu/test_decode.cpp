@@ -147,6 +147,33 @@ TEST(DecodeValidation, MessagesNameTheArgument) {
   expect_invalid(decode_with(p, [](DecodeArgs& a) { a.pool_size = 1; }), "state_indices");
   expect_invalid(decode_with(p, [](DecodeArgs& a) { a.num_v_heads = 3; }), "num_v_heads");
   expect_invalid(decode_with(p, [](DecodeArgs& a) { a.tokens_per_seq = 0; }), "tokens_per_seq");
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.programmatic_dependent_launch = static_cast<PdlMode>(5); }),
+                 "programmatic_dependent_launch");
+}
+
+// The CPU backends ignore the PDL mode, but validate_decode still rejects a value
+// outside the enum (C++ callers can cast one in), whichever backend is asked.
+TEST(DecodeValidation, PdlModeOutsideTheEnumIsRejected) {
+  DecodeSpec spec;
+  spec.head_dim = 16;
+  const DecodeProblem p = make_decode_problem(spec, 14);
+  std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
+  std::vector<uint8_t> pool = p.pool_bytes();
+  DecodeArgs a = p.args(out.data(), pool.data(), nullptr);
+  EXPECT_EQ(a.programmatic_dependent_launch, PdlMode::kAuto);  // the default
+  for (PdlMode m : {PdlMode::kOff, PdlMode::kAuto, PdlMode::kOn}) {
+    a.programmatic_dependent_launch = m;
+    for (Backend b : {Backend::kCpuReference, Backend::kCpuChunked}) {
+      const Status s = validate_decode(a, b);
+      EXPECT_TRUE(s.ok()) << static_cast<int>(m) << ": " << s.message;
+    }
+  }
+  a.programmatic_dependent_launch = static_cast<PdlMode>(5);
+  for (Backend b : {Backend::kCpuReference, Backend::kCpuChunked, Backend::kCuda}) {
+    const Status s = validate_decode(a, b);
+    EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+    EXPECT_EQ(s.message, "programmatic_dependent_launch: expected -1 (off), 0 (auto) or 1 (on), got 5");
+  }
 }
 
 }  // namespace

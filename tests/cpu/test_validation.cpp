@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "api/forward_internal.h"
 #include "flashkda/flashkda.h"
 #include "tests/common/kda_problem.h"
 
@@ -384,6 +385,24 @@ TEST(Validation, WorkspaceSizeNullOutput) {
   const Status s = flashkda::workspace_size(f.args, Backend::kCpuChunked, nullptr);
   EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
   EXPECT_NE(s.message.find("bytes"), std::string::npos);
+}
+
+// The Python binding's path: workspace_size validates, then forward_prevalidated
+// runs without validating again. Same results as forward on the CPU backends.
+TEST(Validation, ForwardPrevalidatedMatchesForward) {
+  for (const ProblemSpec& spec : {Fixture::small_spec(), Fixture::varlen_spec()}) {
+    for (Backend b : {Backend::kCpuReference, Backend::kCpuChunked}) {
+      Fixture a(spec), p(spec);
+      size_t ws = 123;
+      ASSERT_TRUE(flashkda::workspace_size(p.args, b, &ws).ok());
+      const Status sa = flashkda::forward(a.args, b, nullptr, 0, nullptr);
+      const Status sp = flashkda::api::forward_prevalidated(p.args, b, nullptr, ws, nullptr);
+      ASSERT_TRUE(sa.ok()) << sa.message;
+      ASSERT_TRUE(sp.ok()) << sp.message;
+      EXPECT_EQ(a.out, p.out);
+      EXPECT_EQ(a.fin, p.fin);
+    }
+  }
 }
 
 TEST(Validation, ToStringNames) {

@@ -86,7 +86,8 @@ DecodeResult run_decode_cuda(const DecodeProblem& p, KernelChoice choice, bool g
   a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr; a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
   a.state_indices = p.spec.int64_indices ? static_cast<const void*>(idx64.ptr) : idx32.ptr;
   if (!p.cu_seqlens.empty()) a.cu_seqlens = cu.ptr;
-  a.programmatic_dependent_launch = choice.pdl;
+  // Explicit on / off, never kAuto: each test pins the launch it is named after.
+  a.programmatic_dependent_launch = choice.pdl ? PdlMode::kOn : PdlMode::kOff;
   const VariantScope scope(choice.variant);
   DecodeResult r;
   cudaStream_t s = nullptr;

@@ -209,6 +209,28 @@ TEST_F(GpuForward, SameCallTwiceIsBitwiseIdentical) {
   EXPECT_EQ(a.state_bytes, b.state_bytes);
 }
 
+// The kernels' dynamic shared memory limits are raised once per device and
+// remembered (sm90/fwd_launch.h); cudaDeviceReset() destroys the context that
+// held them, and the next call must raise them again rather than fail.
+TEST_F(GpuForward, EveryLaunchPlanRunsAgainAfterDeviceReset) {
+  ProblemSpec spec;
+  spec.seqlens = {40, 3};
+  spec.heads = 2;
+  const HostProblem p = make_problem(spec, fresh_seed());
+  for (const sm90::LaunchOverride plan : {sm90::LaunchOverride{1, 0}, sm90::LaunchOverride{2, 3},
+                                          sm90::LaunchOverride{2, 4}, sm90::LaunchOverride{4, 0}}) {
+    sm90::set_launch_override(plan);
+    const RunResult before = run_cuda(p);
+    ASSERT_TRUE(before.status.ok()) << before.status.message;
+    ASSERT_EQ(cudaDeviceReset(), cudaSuccess);
+    const RunResult after = run_cuda(p);
+    ASSERT_TRUE(after.status.ok()) << "v_split " << plan.v_split << ", stages " << plan.stages << ": "
+                                   << after.status.message;
+    EXPECT_EQ(before.out_bits, after.out_bits);
+    EXPECT_EQ(before.state_bytes, after.state_bytes);
+  }
+}
+
 TEST_F(GpuForward, UnsupportedHeadDimIsRejectedWithMessage) {
   ProblemSpec spec = fixed(32, 2);
   spec.head_dim = 64;

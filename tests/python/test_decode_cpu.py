@@ -143,12 +143,26 @@ def test_single_token_matches_reference(state_dtype, index_dtype):
     assert torch.equal(pool[unused], p["pool"][unused])
 
 
-def test_pdl_flag_is_accepted_and_changes_nothing_on_the_cpu():
+def test_pdl_modes_are_accepted_and_change_nothing_on_the_cpu():
     # pdl= only changes how the CUDA kernel is launched; CPU tensors ignore it.
     p = make_decode(N=3, H=2, K=32, P=5, seed=4)
-    out_a, pool_a = run(p)
-    out_b, pool_b = run(p, pdl=True)
-    assert torch.equal(out_a, out_b) and torch.equal(pool_a, pool_b)
+    out_a, pool_a = run(p)  # pdl=None: auto
+    for pdl in (None, True, False):
+        out_b, pool_b = run(p, pdl=pdl)
+        assert torch.equal(out_a, out_b) and torch.equal(pool_a, pool_b), pdl
+
+
+@pytest.mark.parametrize("pdl", ["yes", 1, 0, -1])
+def test_pdl_other_than_none_or_bool_is_rejected(pdl):
+    # Ints too: 0 is auto in the C ABI but would be False here.
+    p = make_decode(N=3, H=2, K=32, P=5, seed=4)
+    pool = p["pool"].clone()
+    with pytest.raises(TypeError, match=r"^pdl: expected None \(auto\), True \(on\) or False \(off\), got "):
+        run(p, pool=pool, pdl=pdl)
+    with pytest.raises(TypeError, match=r"^pdl: "):
+        flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
+                             p["indices"], pdl=pdl)
+    assert torch.equal(pool, p["pool"])  # rejected before anything ran
 
 
 def test_gva_and_unequal_head_dims():
@@ -474,10 +488,12 @@ def test_kda_decode_op_equals_decode():
     assert torch.equal(per_tok, ref_tok)
 
 
-def test_kda_decode_opcheck():
+@pytest.mark.parametrize("pdl", [None, False, True])
+def test_kda_decode_opcheck(pdl):
+    # pdl is an optional bool in the op's schema (None = auto).
     p = make_decode(N=3, H=2, K=32, P=5, seed=32)
     args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], p["pool"].clone(), p["indices"],
-            p["cu_seqlens"], None, p["scale"], p["lower_bound"], False)
+            p["cu_seqlens"], None, p["scale"], p["lower_bound"], pdl)
     torch.library.opcheck(torch.ops.flash_kda.kda_decode.default, args)
 
 

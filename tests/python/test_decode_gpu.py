@@ -250,17 +250,19 @@ def test_unsupported_head_dim_is_not_implemented():
         call(p, p["pool"].clone())
 
 
+@pytest.mark.parametrize("pdl", [True, False, None])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-def test_pdl_launch_chained_steps_match_cpu(state_dtype):
+def test_pdl_launch_chained_steps_match_cpu(state_dtype, pdl):
     # pdl=True lets a step's kernel be scheduled while the previous one runs; it must
     # still see the pool the previous step wrote. Three chained steps on one pool,
-    # back to back on the stream, against three CPU steps.
+    # back to back on the stream, against three CPU steps. False (never PDL) and None
+    # (auto: PDL at this small size) must give the same.
     p = make_decode(N=7, H=4, K=K, P=12, state_dtype=state_dtype, seed=111)
     pc, pg = to(p, "cpu"), to(p, "cuda")
     pool_c, pool_g = p["pool"].clone(), p["pool"].clone().cuda()
     for _ in range(3):
         out_c = call(pc, pool_c)
-        out_g = call(pg, pool_g, pdl=True)
+        out_g = call(pg, pool_g, pdl=pdl)
     torch.cuda.synchronize()
     assert_state(pool_g.cpu(), pool_c)
     assert_out_within_one_ulp(out_g.cpu(), out_c)

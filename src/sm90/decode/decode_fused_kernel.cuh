@@ -1,8 +1,9 @@
-// The bandwidth-bound decode kernel (production from 256 (sequence, head) pairs;
-// fuse-ef and fuse-ef-occ in sm90_decode.cu, measured against kda_decode_kernel
-// in docs/perf-log.md, decode). Same work split (one 128-thread CTA per sequence,
-// value head and slice of rows of V; the state in registers; per-column vectors
-// in shared memory), with these changes:
+// The bandwidth-bound decode kernel (production from 256-512 (sequence, head)
+// pairs as fuse-ef-occ; the variants and the rule are in sm90_decode.cu, the
+// measurements in docs/perf-log.md, decode). It started from d2, the first
+// decode kernel (removed: the latency kernel replaced it), with the same work
+// split (one 128-thread CTA per sequence, value head and slice of rows of V; the
+// state in registers; per-column vectors in shared memory) and these changes:
 //
 // * One lane reduction after the state arrives instead of two. The output row is
 //   S_new q̂ = (S_dec + coef k̂ᵀ) q̂ = S_dec q̂ + coef (k̂·q̂), so S_dec k̂ and S_dec q̂
@@ -22,27 +23,33 @@
 //   per instruction for bf16 (8-byte accesses), one sector at a time.
 // * State loads skip L1, and state loads and stores carry an L2 evict-first
 //   policy: each state byte is read once and written once per step.
-// The one knob (DecodePolicy) is the minimum CTAs per SM; the variants built
-// are listed in sm90_decode.cu. Variants that lost the A/B (no cache hints,
-// 8 lanes a row, 8-byte bf16 accesses) are in the perf log, not here.
+// The knobs (DecodePolicy) are the minimum CTAs per SM and the token math's
+// intrinsics; the variants built are listed in sm90_decode.cu. Variants that
+// lost the A/B (no cache hints, 8 lanes a row, 8-byte bf16 accesses) are in the
+// perf log, not here.
 #pragma once
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
-#include "sm90/decode/decode_kernel.cuh"
+#include "sm90/decode/decode_common.cuh"
 
 namespace flashkda::sm90 {
 
 // Four lanes share a row of V (32 rows per CTA); each state access is 16 bytes
 // (4 fp32 or 8 bf16 columns), so a row's lanes move 64 contiguous bytes per
 // instruction. kMinBlocksFp32 / kMinBlocksBf16: __launch_bounds__ minimum CTAs per SM.
-template <int kMinBlocksFp32_, int kMinBlocksBf16_>
+// kFastMath: the token's gates and norms with the approximate intrinsics
+// (__expf, __fdividef, rsqrtf; a few ulp) instead of the IEEE functions and
+// their slow-path branches: a shorter compute phase between a CTA's load and
+// its store (as in the latency kernel, decode_latency_kernel.cuh).
+template <int kMinBlocksFp32_, int kMinBlocksBf16_, bool kFastMath_ = false>
 struct DecodePolicy {
   static constexpr int kLanes = 4;
   static constexpr int kVecBf16 = 8;
   static constexpr int kMinBlocksFp32 = kMinBlocksFp32_;
   static constexpr int kMinBlocksBf16 = kMinBlocksBf16_;
+  static constexpr bool kFastMath = kFastMath_;
   static constexpr int kRows = kDecodeThreads / kLanes;  // rows of V per CTA
   static constexpr int kSlices = kDecodeDim / kRows;     // CTAs per (sequence, head)
   static constexpr int kCols = kDecodeDim / kLanes;      // state columns per thread
@@ -132,72 +139,77 @@ __device__ __forceinline__ float3 block_sum3(float a, float b, float c, float4* 
 // the shared per-column vectors are read in 4-column groups: group g of the
 // thread (s[4g .. 4g+3]) is columns kVec·(lane + kLanes·(g / (kVec/4))) + 4·(g % (kVec/4)).
 template <bool kFp32, class P>
-__global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P::kMinBlocksBf16)
-    kda_decode_fused_kernel(const __grid_constant__ DecodeParams p) {
-  constexpr int kLanes = P::kLanes, kRows = P::kRows, kSlices = P::kSlices, kCols = P::kCols;
-  constexpr int kVec = kFp32 ? 4 : P::kVecBf16;
-  constexpr int kGroupsPerVec = kVec / 4, kGroups = kCols / 4;
+struct FusedLayout {
+  static constexpr int kLanes = P::kLanes, kRows = P::kRows, kSlices = P::kSlices, kCols = P::kCols;
+  static constexpr int kVec = kFp32 ? 4 : P::kVecBf16;
+  static constexpr int kGroupsPerVec = kVec / 4, kGroups = kCols / 4;
   using IO = StateVecIO<kFp32, kVec>;
-  __shared__ __align__(16) float khat[kDecodeDim];
-  __shared__ __align__(16) float decay[kDecodeDim];
-  __shared__ __align__(16) float dkhat[kDecodeDim];  // decay · k̂
-  __shared__ __align__(16) float dqhat[kDecodeDim];  // decay · q̂ · scale
-  __shared__ float4 scratch[kDecodeThreads / 32];
+  static __device__ __forceinline__ int col_of_group(int g, int lane) {
+    return kVec * (lane + kLanes * (g / kGroupsPerVec)) + 4 * (g % kGroupsPerVec);
+  }
+  // Element offset, within a row, of the thread's j-th state vector.
+  static __device__ __forceinline__ int col_of_vec(int j, int lane) { return kVec * (lane + kLanes * j); }
+};
+
+// The token's per-column vectors, shared by the CTA.
+struct FusedVectors {
+  __align__(16) float khat[kDecodeDim];
+  __align__(16) float decay[kDecodeDim];
+  __align__(16) float dkhat[kDecodeDim];  // decay · k̂
+  __align__(16) float dqhat[kDecodeDim];  // decay · q̂ · scale
+  float4 scratch[kDecodeThreads / 32];
   // k̂·q̂ (scale folded in): one shared value rather than a register kept across the
   // state pass, which the 64-register bf16 builds would spill.
-  __shared__ float kq_shared;
+  float kq;
+};
 
-  const DecodeTile tile = decode_tile<kSlices>(p);
-  const int64_t n = tile.n;
-  const int hv = tile.hv, h = tile.h, slice = tile.slice;
+// Tokens [t0, t1) of one sequence on the thread's state columns s (row `row` of
+// value head hv), writing out (and the per-token states). `next` holds token t0's
+// inputs; each token requests the following one's before its own math. The
+// caller needs a barrier before `sh` is written again after this returns.
+template <bool kFp32, class P>
+__device__ __forceinline__ void fused_tokens(const DecodeParams& p, FusedVectors& sh, float (&s)[P::kCols],
+                                             TokenInputs next, int64_t t0, int64_t t1, int h, int hv, int row,
+                                             int lane, float exp_a, float dt_bias, uint64_t policy) {
+  using L = FusedLayout<kFp32, P>;
   const int tid = threadIdx.x;
-  const int row = slice * kRows + tid / kLanes, lane = tid % kLanes;
-  const uint64_t policy = l2_evict_first_policy();
-  wait_for_prior_grids();
-  allow_dependent_grids();
-
-  // As in d2: everything that does not depend on the pool slot is requested first.
-  const DecodeSequence seq = decode_sequence(p, n);
-  const int64_t slot = seq.slot, t0 = seq.t0, t1 = seq.t1;
-  const float exp_a = expf(p.A_log[hv]);
-  const float dt_bias = p.dt_bias[static_cast<int64_t>(hv) * kDecodeDim + tid];  // thread tid: column tid
-  TokenInputs next{};
-  if (t0 < t1) next = load_token_inputs(p, t0, h, hv, tid, row);
-  if (slot < 0 || slot >= p.pool_size) return;  // padding entry or index past the pool: no access
-
   const int64_t head_off = (static_cast<int64_t>(hv) * kDecodeDim + row) * kDecodeDim;
-  auto col_of_group = [&](int g) { return kVec * (lane + kLanes * (g / kGroupsPerVec)) + 4 * (g % kGroupsPerVec); };
-
-  float s[kCols];
-  {
-    const int64_t base = slot * p.pool_stride + head_off;
-#pragma unroll
-    for (int j = 0; j < kCols / kVec; ++j) IO::load(p.pool, base + kVec * (lane + kLanes * j), &s[kVec * j], policy);
-  }
   for (int64_t t = t0; t < t1; ++t) {
     const TokenInputs in = next;
     if (t + 1 < t1) next = load_token_inputs(p, t + 1, h, hv, tid, row);
     const int64_t vh = t * p.num_v_heads + hv;
     const float x = exp_a * (in.g + dt_bias);
-    const float dec = expf(p.lower_bound / (1.f + expf(-x)));  // exp(lower_bound·sigmoid(x))
-    const float b = 1.f / (1.f + expf(-in.beta));
-    const float3 ss = block_sum3(in.q * in.q, in.k * in.k, in.q * in.k, scratch);
-    const float qn = sqrtf(ss.x + 1e-6f), kn = sqrtf(ss.y + 1e-6f);
-    const float kh_d = in.k / kn, qh_d = in.q / qn * p.scale;
-    khat[tid] = kh_d;
-    decay[tid] = dec;
-    dkhat[tid] = dec * kh_d;
-    dqhat[tid] = dec * qh_d;
-    if (tid == 0) kq_shared = ss.z / (qn * kn) * p.scale;
+    float dec, b, kh_d, qh_d, kq_token;
+    const float3 ss = block_sum3(in.q * in.q, in.k * in.k, in.q * in.k, sh.scratch);
+    if constexpr (P::kFastMath) {
+      dec = __expf(p.lower_bound * __fdividef(1.f, 1.f + __expf(-x)));  // exp(lower_bound·sigmoid(x))
+      b = __fdividef(1.f, 1.f + __expf(-in.beta));
+      const float rq = rsqrtf(ss.x + 1e-6f), rk = rsqrtf(ss.y + 1e-6f);
+      kh_d = in.k * rk;
+      qh_d = in.q * rq * p.scale;
+      kq_token = ss.z * rq * rk * p.scale;
+    } else {
+      dec = expf(p.lower_bound / (1.f + expf(-x)));
+      b = 1.f / (1.f + expf(-in.beta));
+      const float qn = sqrtf(ss.x + 1e-6f), kn = sqrtf(ss.y + 1e-6f);
+      kh_d = in.k / kn;
+      qh_d = in.q / qn * p.scale;
+      kq_token = ss.z / (qn * kn) * p.scale;
+    }
+    sh.khat[tid] = kh_d;
+    sh.decay[tid] = dec;
+    sh.dkhat[tid] = dec * kh_d;
+    sh.dqhat[tid] = dec * qh_d;
+    if (tid == 0) sh.kq = kq_token;
     __syncthreads();
 
     // (S·diag(decay)) k̂ and (S·diag(decay)) q̂ in two chains each, then one lane reduction.
     float2 sk2 = make_float2(0.f, 0.f), sq2 = sk2;
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      const int c = col_of_group(g);
-      const float4 dk = *reinterpret_cast<const float4*>(&dkhat[c]);
-      const float4 dq = *reinterpret_cast<const float4*>(&dqhat[c]);
+    for (int g = 0; g < L::kGroups; ++g) {
+      const int c = L::col_of_group(g, lane);
+      const float4 dk = *reinterpret_cast<const float4*>(&sh.dkhat[c]);
+      const float4 dq = *reinterpret_cast<const float4*>(&sh.dqhat[c]);
       const float* sg = &s[4 * g];
       sk2.x = fmaf(sg[1], dk.y, fmaf(sg[0], dk.x, sk2.x));
       sk2.y = fmaf(sg[3], dk.w, fmaf(sg[2], dk.z, sk2.y));
@@ -206,22 +218,22 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
     }
     float sk = sk2.x + sk2.y, sq = sq2.x + sq2.y;
 #pragma unroll
-    for (int off = 1; off < kLanes; off <<= 1) {
+    for (int off = 1; off < L::kLanes; off <<= 1) {
       sk += __shfl_xor_sync(0xffffffffu, sk, off);
       sq += __shfl_xor_sync(0xffffffffu, sq, off);
     }
     // S ← S·diag(decay) + b (v − S k̂) k̂ᵀ; o = scale · S q̂ = sq + coef · (k̂·q̂)
     const float coef = b * (in.v - sk);
-    const float kq = kq_shared;
+    const float kq = sh.kq;
     if (lane == 0) {
       const __nv_bfloat16 ob = __float2bfloat16_rn(fmaf(coef, kq, sq));
       p.out[vh * kDecodeDim + row] = *reinterpret_cast<const uint16_t*>(&ob);
     }
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      const int c = col_of_group(g);
-      const float4 dc = *reinterpret_cast<const float4*>(&decay[c]);
-      const float4 kh = *reinterpret_cast<const float4*>(&khat[c]);
+    for (int g = 0; g < L::kGroups; ++g) {
+      const int c = L::col_of_group(g, lane);
+      const float4 dc = *reinterpret_cast<const float4*>(&sh.decay[c]);
+      const float4 kh = *reinterpret_cast<const float4*>(&sh.khat[c]);
       float* sg = &s[4 * g];
       sg[0] = fmaf(coef, kh.x, sg[0] * dc.x); sg[1] = fmaf(coef, kh.y, sg[1] * dc.y);
       sg[2] = fmaf(coef, kh.z, sg[2] * dc.z); sg[3] = fmaf(coef, kh.w, sg[3] * dc.w);
@@ -229,15 +241,48 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
     if (p.per_token_states != nullptr) {
       const int64_t base = t * p.num_v_heads * int64_t{kDecodeDim} * kDecodeDim + head_off;
 #pragma unroll
-      for (int j = 0; j < kCols / kVec; ++j)
-        IO::store(p.per_token_states, base + kVec * (lane + kLanes * j), &s[kVec * j], policy);
+      for (int j = 0; j < L::kCols / L::kVec; ++j)
+        L::IO::store(p.per_token_states, base + L::col_of_vec(j, lane), &s[L::kVec * j], policy);
     }
     if (t + 1 < t1) __syncthreads();  // the next token overwrites the shared vectors and scratch
   }
+}
 
-  const int64_t base = slot * p.out_stride + head_off;
+template <bool kFp32, class P>
+__global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P::kMinBlocksBf16)
+    kda_decode_fused_kernel(const __grid_constant__ DecodeParams p) {
+  using L = FusedLayout<kFp32, P>;
+  __shared__ FusedVectors sh;
+
+  const DecodeTile tile = decode_tile<L::kSlices>(p);
+  const int tid = threadIdx.x;
+  const int row = tile.slice * L::kRows + tid / L::kLanes, lane = tid % L::kLanes;
+  const uint64_t policy = l2_evict_first_policy();
+  wait_for_prior_grids();
+  allow_dependent_grids();
+
+  // As in d2: everything that does not depend on the pool slot is requested first.
+  const DecodeSequence seq = decode_sequence(p, tile.n);
+  const float exp_a = expf(p.A_log[tile.hv]);
+  const float dt_bias = p.dt_bias[static_cast<int64_t>(tile.hv) * kDecodeDim + tid];  // thread tid: column tid
+  TokenInputs first{};
+  if (seq.t0 < seq.t1) first = load_token_inputs(p, seq.t0, tile.h, tile.hv, tid, row);
+  if (seq.slot < 0 || seq.slot >= p.pool_size) return;  // padding entry or index past the pool: no access
+
+  const int64_t head_off = (static_cast<int64_t>(tile.hv) * kDecodeDim + row) * kDecodeDim;
+  float s[L::kCols];
+  {
+    const int64_t base = seq.slot * p.pool_stride + head_off;
 #pragma unroll
-  for (int j = 0; j < kCols / kVec; ++j) IO::store(p.out_pool, base + kVec * (lane + kLanes * j), &s[kVec * j], policy);
+    for (int j = 0; j < L::kCols / L::kVec; ++j)
+      L::IO::load(p.pool, base + L::col_of_vec(j, lane), &s[L::kVec * j], policy);
+  }
+  fused_tokens<kFp32, P>(p, sh, s, first, seq.t0, seq.t1, tile.h, tile.hv, row, lane, exp_a, dt_bias, policy);
+
+  const int64_t base = seq.slot * p.out_stride + head_off;
+#pragma unroll
+  for (int j = 0; j < L::kCols / L::kVec; ++j)
+    L::IO::store(p.out_pool, base + L::col_of_vec(j, lane), &s[L::kVec * j], policy);
 }
 
 }  // namespace flashkda::sm90

@@ -4,14 +4,15 @@
 
 namespace flashkda::sm90 {
 
-cudaError_t launch_prologue(const FwdParams& p, cudaStream_t stream) {
+namespace {
+SmemLimitSet g_prologue_limit;
+}
+
+cudaError_t launch_prologue(const FwdParams& p, int device, cudaStream_t stream) {
   constexpr size_t kSmemBytes = sizeof(PrologueSmem);
-  cudaError_t err =
-      cudaFuncSetAttribute(kda_chunk_prologue_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.num_slots), static_cast<unsigned>(p.num_v_heads));
-  kda_chunk_prologue_kernel<<<grid, dim3(kPrologueThreads), kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_with_smem(reinterpret_cast<const void*>(&kda_chunk_prologue_kernel), g_prologue_limit, device, grid,
+                          dim3(kPrologueThreads), kSmemBytes, stream, p);
 }
 
 }  // namespace flashkda::sm90

@@ -1,0 +1,143 @@
+// What the decode kernels share: their parameters, work items, state accesses
+// and token inputs. A decode step reads a few tokens per sequence and the
+// sequence's state from an engine's pool, and writes the state back. Memory-
+// bound at many sequences (every byte of state read and written once, the rest
+// small), a latency chain at a few.
+//
+// Work split (every kernel): one CTA of 128 threads per work item (sequence,
+// value head, slice of 32 rows of V); four threads share a row of V and hold
+// 32 of its 128 key columns in registers; row dot products reduce over the
+// row's four lanes. The kernels: decode_latency_kernel.cuh (few sequences) and
+// decode_fused_kernel.cuh (many); their A/B history is in docs/perf-log.md.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace flashkda::sm90 {
+
+struct DecodeParams {
+  const uint16_t* q;     // [T, H,  K] bf16
+  const uint16_t* k;
+  const uint16_t* v;     // [T, HV, V]
+  const uint16_t* g;     // [T, HV, K]
+  const uint16_t* beta;  // [T, HV]
+  const float* A_log;    // [HV]
+  const float* dt_bias;  // [HV, K]
+  uint16_t* out;         // [T, HV, V]
+  const int64_t* cu_seqlens;  // [N+1] or null: tokens_per_seq each
+  int64_t tokens_per_seq;
+  void* pool;              // slot s at pool + s·pool_stride elements
+  void* out_pool;          // where the final states go (== pool in place)
+  void* per_token_states;  // [T, HV, V, K] or null
+  int64_t pool_stride, out_stride, pool_size;
+  const void* indices;  // [N]
+  int32_t index_is_64;
+  int32_t num_heads, num_v_heads;
+  float scale, lower_bound;
+};
+
+constexpr int kDecodeDim = 128;                                // K = V
+constexpr int kDecodeRows = 32;                                // rows of V per CTA
+constexpr int kDecodeThreads = 128;                            // 4 threads per row
+constexpr int kDecodeSlices = kDecodeDim / kDecodeRows;        // CTAs per (sequence, head)
+constexpr int kDecodeColsPerThread = kDecodeDim / 4;           // 32
+
+template <bool kFp32>
+struct StateIO {
+  // Columns 4c .. 4c+3 of element offset `off` (a multiple of 4).
+  static __device__ __forceinline__ float4 load4(const void* base, int64_t off) {
+    if constexpr (kFp32) {
+      return *reinterpret_cast<const float4*>(static_cast<const float*>(base) + off);
+    } else {
+      const uint2 w = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(base) + off);
+      return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
+                         __uint_as_float(w.y & 0xffff0000u));
+    }
+  }
+  static __device__ __forceinline__ void store4(void* base, int64_t off, float4 x) {
+    if constexpr (kFp32) {
+      *reinterpret_cast<float4*>(static_cast<float*>(base) + off) = x;
+    } else {
+      __nv_bfloat162 a = __floats2bfloat162_rn(x.x, x.y), b = __floats2bfloat162_rn(x.z, x.w);
+      uint2 w;
+      w.x = *reinterpret_cast<uint32_t*>(&a);
+      w.y = *reinterpret_cast<uint32_t*>(&b);
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(base) + off) = w;
+    }
+  }
+};
+
+__device__ __forceinline__ float bf16_at(const uint16_t* p, int64_t i) { return __uint_as_float(uint32_t(p[i]) << 16); }
+
+// Programmatic dependent launch (DecodeArgs::programmatic_dependent_launch). With
+// the launch attribute the grid may start while the previous kernel in the stream
+// is still running; griddepcontrol.wait returns once that kernel has completed and
+// its writes are visible. Every input (indices, tokens, weights, the pool) may be
+// that kernel's output, and the pool may still be read by it, so the wait comes
+// before the first global read and the first global write. Without the attribute
+// the wait returns at once. launch_dependents lets the next kernel in the stream,
+// if it was launched with the attribute, be scheduled now; it still waits for
+// this grid's completion before reading, so signalling early is always safe.
+// It is signalled right after the wait, so at most two decode grids are resident
+// at a time and the next one's launch overlaps this one's work.
+__device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void allow_dependent_grids() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Which (sequence n, value head hv, slice of rows) work item `item` is, with
+// hv's query/key head h (item = blockIdx.x: one CTA per item). Index arithmetic
+// only: safe before wait_for_prior_grids().
+// kDivide32: items number below 2^31 (check_decode_supported), so 32-bit
+// division does, and 64-bit division is a ~70-instruction call on the path
+// from launch to the first load (the latency kernel uses 32 bits). The
+// register-capped fused builds spill 32-56 bytes with it (ptxas), so they keep
+// the 64-bit path, whose cost the bandwidth-bound steps hide.
+struct DecodeTile {
+  int64_t n;
+  int hv, h, slice;
+};
+template <int kSlices, bool kDivide32 = false>
+__device__ __forceinline__ DecodeTile decode_tile(const DecodeParams& p, int64_t item = blockIdx.x) {
+  DecodeTile w;
+  if constexpr (kDivide32) {
+    const uint32_t it = static_cast<uint32_t>(item), heads = static_cast<uint32_t>(p.num_v_heads);
+    const uint32_t sh = it / kSlices;
+    w.slice = static_cast<int>(it % kSlices);
+    w.hv = static_cast<int>(sh % heads);
+    w.n = static_cast<int64_t>(sh / heads);
+  } else {
+    w.slice = static_cast<int>(item % kSlices);
+    const int64_t sh = item / kSlices;
+    w.hv = static_cast<int>(sh % p.num_v_heads);
+    w.n = sh / p.num_v_heads;
+  }
+  w.h = w.hv / (p.num_v_heads / p.num_heads);
+  return w;
+}
+
+// Sequence n's pool slot (negative: padding) and its tokens [t0, t1). Reads
+// inputs: only after wait_for_prior_grids().
+struct DecodeSequence {
+  int64_t slot, t0, t1;
+};
+__device__ __forceinline__ DecodeSequence decode_sequence(const DecodeParams& p, int64_t n) {
+  DecodeSequence seq;
+  seq.slot = p.index_is_64 ? static_cast<const int64_t*>(p.indices)[n] : static_cast<const int32_t*>(p.indices)[n];
+  seq.t0 = p.cu_seqlens != nullptr ? p.cu_seqlens[n] : n * p.tokens_per_seq;
+  seq.t1 = p.cu_seqlens != nullptr ? p.cu_seqlens[n + 1] : seq.t0 + p.tokens_per_seq;
+  return seq;
+}
+
+// One token's inputs for thread tid (column tid of q, k, g; row `row` of v).
+struct TokenInputs {
+  float q, k, g, beta, v;
+};
+__device__ __forceinline__ TokenInputs load_token_inputs(const DecodeParams& p, int64_t t, int h, int hv, int tid,
+                                                         int row) {
+  const int64_t qk_off = (t * p.num_heads + h) * kDecodeDim + tid;
+  const int64_t vh = t * p.num_v_heads + hv;
+  return {bf16_at(p.q, qk_off), bf16_at(p.k, qk_off), bf16_at(p.g, vh * kDecodeDim + tid), bf16_at(p.beta, vh),
+          bf16_at(p.v, vh * kDecodeDim + row)};
+}
+
+}  // namespace flashkda::sm90

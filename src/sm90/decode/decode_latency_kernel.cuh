@@ -1,0 +1,195 @@
+// The latency decode kernel ("lat"; A/B against d2 in docs/perf-log.md, decode).
+//
+// At a few sequences a decode step is one CTA per SM, and Nsight Compute put
+// d2's CTA at ~4,400 active cycles for one token (N = 1, H = 32, fp32 pool),
+// against ~1,000 for the same loads and stores without the math (rmw): ~600
+// instructions a warp, mostly a dependent chain. Two chains meet before the
+// state update: the state (pool index, then the slot's rows) and the token's
+// per-column vectors (norms, gates). d2 builds the vectors CTA-wide (a block
+// reduction, two barriers) with IEEE divisions, square roots and expf, each
+// with a slow-path branch, which takes longer than the state's two round
+// trips; its state pass then runs two dependent dot products (S k̂, then S q̂
+// after the update). Here:
+//  * every warp builds the token's vectors itself (4 columns a lane, butterfly
+//    reductions, no block barrier, only __syncwarp), with the approximate
+//    intrinsics (__expf, __fdividef, rsqrtf: a few ulp, far inside the error
+//    bars of the tests), so they are ready before the state is;
+//  * one pass over the state gives (S·diag(decay)) k̂ and (S·diag(decay)) q̂ in
+//    eight independent FMA chains; o = S_dec q̂ + coef·(k̂·q̂) is stored before
+//    the state update, which is off the output's path.
+// Same work split and state layout as d2 (decode_kernel.cuh): 128 threads per
+// (sequence, value head, 32 rows of V); thread (row, part) holds the columns
+// 4·(part + 4·jj) + e, jj < 8, e < 4.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "sm90/decode/decode_common.cuh"
+
+namespace flashkda::sm90 {
+
+constexpr int kLatWarps = kDecodeThreads / 32;
+constexpr int kLatColsPerLane = kDecodeDim / 32;  // 4: lane l builds columns 4l .. 4l+3
+
+// One warp's copy of the token's per-column vectors.
+struct LatencyVectors {
+  __align__(16) float dkhat[kDecodeDim];  // decay · k̂
+  __align__(16) float dqhat[kDecodeDim];  // decay · q̂ · scale
+  __align__(16) float decay[kDecodeDim];
+  __align__(16) float khat[kDecodeDim];
+};
+
+// Token t's inputs for lane `lane` (columns 4·lane .. 4·lane + 3) and for the
+// thread's row of v. Element loads: the API promises these tensors only 2-byte
+// alignment.
+struct WarpTokenInputs {
+  float q[kLatColsPerLane], k[kLatColsPerLane], g[kLatColsPerLane], beta, v;
+};
+__device__ __forceinline__ WarpTokenInputs load_warp_token_inputs(const DecodeParams& p, int64_t t, int h, int hv,
+                                                                  int lane, int row) {
+  const int64_t qk_off = (t * p.num_heads + h) * kDecodeDim + kLatColsPerLane * lane;
+  const int64_t vh = t * p.num_v_heads + hv;
+  WarpTokenInputs in;
+#pragma unroll
+  for (int e = 0; e < kLatColsPerLane; ++e) {
+    in.q[e] = bf16_at(p.q, qk_off + e);
+    in.k[e] = bf16_at(p.k, qk_off + e);
+    in.g[e] = bf16_at(p.g, vh * kDecodeDim + kLatColsPerLane * lane + e);
+  }
+  in.beta = bf16_at(p.beta, vh);
+  in.v = bf16_at(p.v, vh * kDecodeDim + row);
+  return in;
+}
+
+// kMinBlocks: four CTAs an SM (128 registers) for both pool dtypes; the kernel
+// serves the steps with fewer than 256 (sequence, head) pairs, at most two
+// waves of 4 x 132 CTAs.
+template <bool kFp32, int kMinBlocks>
+__global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
+    kda_decode_latency_kernel(const __grid_constant__ DecodeParams p) {
+  using IO = StateIO<kFp32>;
+  __shared__ LatencyVectors vecs[kLatWarps];
+
+  const DecodeTile tile = decode_tile<kDecodeSlices, true>(p);
+  const int hv = tile.hv, h = tile.h;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int row = tile.slice * kDecodeRows + tid / 4, part = tid & 3;
+  LatencyVectors& sh = vecs[tid / 32];
+  wait_for_prior_grids();
+  allow_dependent_grids();
+
+  // Everything that does not depend on the pool slot is requested before the
+  // slot is known (as in d2).
+  const DecodeSequence seq = decode_sequence(p, tile.n);
+  const int64_t t0 = seq.t0, t1 = seq.t1;
+  const float exp_a = __expf(p.A_log[hv]);
+  float dt_bias[kLatColsPerLane];
+#pragma unroll
+  for (int e = 0; e < kLatColsPerLane; ++e)
+    dt_bias[e] = p.dt_bias[static_cast<int64_t>(hv) * kDecodeDim + kLatColsPerLane * lane + e];
+  WarpTokenInputs next{};
+  if (t0 < t1) next = load_warp_token_inputs(p, t0, h, hv, lane, row);
+  const int64_t slot = seq.slot;
+  if (slot < 0 || slot >= p.pool_size) return;  // padding entry or index past the pool: no access
+
+  const int64_t head_off = (static_cast<int64_t>(hv) * kDecodeDim + row) * kDecodeDim;
+  float s[kDecodeColsPerThread];  // s[4·jj + e] = S[row][4·(part + 4·jj) + e]
+  {
+    const int64_t base = slot * p.pool_stride + head_off;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const float4 x = IO::load4(p.pool, base + 4 * (part + 4 * jj));
+      s[4 * jj] = x.x; s[4 * jj + 1] = x.y; s[4 * jj + 2] = x.z; s[4 * jj + 3] = x.w;
+    }
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    const WarpTokenInputs in = next;
+    if (t + 1 < t1) next = load_warp_token_inputs(p, t + 1, h, hv, lane, row);
+    const int64_t vh = t * p.num_v_heads + hv;
+
+    // The token's vectors, built by this warp alone.
+    float qq = 0.f, kk = 0.f, qk = 0.f;
+#pragma unroll
+    for (int e = 0; e < kLatColsPerLane; ++e) {
+      qq = fmaf(in.q[e], in.q[e], qq);
+      kk = fmaf(in.k[e], in.k[e], kk);
+      qk = fmaf(in.q[e], in.k[e], qk);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      qq += __shfl_xor_sync(0xffffffffu, qq, off);
+      kk += __shfl_xor_sync(0xffffffffu, kk, off);
+      qk += __shfl_xor_sync(0xffffffffu, qk, off);
+    }
+    const float rq = rsqrtf(qq + 1e-6f), rk = rsqrtf(kk + 1e-6f);
+    const float q_scale = rq * p.scale;
+    const float kq = qk * rk * q_scale;  // k̂·q̂·scale
+    float kh[kLatColsPerLane], dc[kLatColsPerLane], dk[kLatColsPerLane], dq[kLatColsPerLane];
+#pragma unroll
+    for (int e = 0; e < kLatColsPerLane; ++e) {
+      const float x = exp_a * (in.g[e] + dt_bias[e]);
+      dc[e] = __expf(p.lower_bound * __fdividef(1.f, 1.f + __expf(-x)));  // exp(lower_bound·sigmoid(x))
+      kh[e] = in.k[e] * rk;
+      dk[e] = dc[e] * kh[e];
+      dq[e] = dc[e] * (in.q[e] * q_scale);
+    }
+    const int c0 = kLatColsPerLane * lane;
+    *reinterpret_cast<float4*>(&sh.khat[c0]) = make_float4(kh[0], kh[1], kh[2], kh[3]);
+    *reinterpret_cast<float4*>(&sh.decay[c0]) = make_float4(dc[0], dc[1], dc[2], dc[3]);
+    *reinterpret_cast<float4*>(&sh.dkhat[c0]) = make_float4(dk[0], dk[1], dk[2], dk[3]);
+    *reinterpret_cast<float4*>(&sh.dqhat[c0]) = make_float4(dq[0], dq[1], dq[2], dq[3]);
+    const float b = __fdividef(1.f, 1.f + __expf(-in.beta));
+    __syncwarp();
+
+    // (S·diag(decay)) k̂ and (S·diag(decay)) q̂: eight independent chains, one
+    // reduction over the row's four lanes.
+    float skp[4] = {0.f, 0.f, 0.f, 0.f}, sqp[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const int c = 4 * (part + 4 * jj);
+      const float4 vk = *reinterpret_cast<const float4*>(&sh.dkhat[c]);
+      const float4 vq = *reinterpret_cast<const float4*>(&sh.dqhat[c]);
+      const float* sg = &s[4 * jj];
+      skp[0] = fmaf(sg[0], vk.x, skp[0]); skp[1] = fmaf(sg[1], vk.y, skp[1]);
+      skp[2] = fmaf(sg[2], vk.z, skp[2]); skp[3] = fmaf(sg[3], vk.w, skp[3]);
+      sqp[0] = fmaf(sg[0], vq.x, sqp[0]); sqp[1] = fmaf(sg[1], vq.y, sqp[1]);
+      sqp[2] = fmaf(sg[2], vq.z, sqp[2]); sqp[3] = fmaf(sg[3], vq.w, sqp[3]);
+    }
+    float sk = (skp[0] + skp[1]) + (skp[2] + skp[3]), sq = (sqp[0] + sqp[1]) + (sqp[2] + sqp[3]);
+    sk += __shfl_xor_sync(0xffffffffu, sk, 1);
+    sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+    sk += __shfl_xor_sync(0xffffffffu, sk, 2);
+    sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+    // S ← S·diag(decay) + b (v − S k̂) k̂ᵀ; o = scale · S q̂ = sq + coef · (k̂·q̂)
+    const float coef = b * (in.v - sk);
+    if (part == 0) {
+      const __nv_bfloat16 ob = __float2bfloat16_rn(fmaf(coef, kq, sq));
+      p.out[vh * kDecodeDim + row] = *reinterpret_cast<const uint16_t*>(&ob);
+    }
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const int c = 4 * (part + 4 * jj);
+      const float4 d = *reinterpret_cast<const float4*>(&sh.decay[c]);
+      const float4 k = *reinterpret_cast<const float4*>(&sh.khat[c]);
+      float* sg = &s[4 * jj];
+      sg[0] = fmaf(coef, k.x, sg[0] * d.x); sg[1] = fmaf(coef, k.y, sg[1] * d.y);
+      sg[2] = fmaf(coef, k.z, sg[2] * d.z); sg[3] = fmaf(coef, k.w, sg[3] * d.w);
+    }
+    if (p.per_token_states != nullptr) {
+      const int64_t base = t * p.num_v_heads * int64_t{kDecodeDim} * kDecodeDim + head_off;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj)
+        IO::store4(p.per_token_states, base + 4 * (part + 4 * jj),
+                   make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
+    }
+    if (t + 1 < t1) __syncwarp();  // the next token rewrites this warp's vectors
+  }
+
+  const int64_t base = slot * p.out_stride + head_off;
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj)
+    IO::store4(p.out_pool, base + 4 * (part + 4 * jj), make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
+}
+
+}  // namespace flashkda::sm90
