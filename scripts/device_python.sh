@@ -16,7 +16,8 @@
 #   decode    bench/compare_fla.py --no-forward: decode steps against fla's
 #             fused_recurrent_kda under CUDA graphs (90 s) -> $OUT/compare_fla_decode.md
 # and the log of the benchmarks in $OUT/bench.txt. All four stay inside one 10-minute call.
-# FORWARD_ARGS="--heads 64 --cases varlen6,8x1024" narrows the forward step; fla's
+# FORWARD_ARGS="--heads 64 --cases varlen6,8x1024" narrows the forward step;
+# TESTS_TIMEOUT / FORWARD_TIMEOUT (seconds) replace the tests' and forward's limits; fla's
 # compiled kernels come back as $OUT/triton-cache.tgz (unpack into
 # .devbuild/triton-cache and carry it: the next call skips their compilation).
 # Exits non-zero when the install, a test or a benchmark fails.
@@ -76,7 +77,7 @@ for s in "${steps[@]}"; do
   case "$s" in
     tests)
       step "pytest tests/python (GPU tests included)"
-      timeout 270 python3 -m pytest tests/python -q -rs -p no:cacheprovider --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.txt"
+      timeout "${TESTS_TIMEOUT:-270}" python3 -m pytest tests/python -q -rs -p no:cacheprovider --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.txt"
       rc=${PIPESTATUS[0]} ;;
     overhead)
       step "bench/host_overhead.py (host time per call, GPU idle)"
@@ -85,7 +86,7 @@ for s in "${steps[@]}"; do
     forward)
       step "bench/compare_fla.py (standard forward table, fp32 state)"
       # shellcheck disable=SC2086  # FORWARD_ARGS is a list of options
-      timeout 150 python3 bench/compare_fla.py $FORWARD_ARGS --png "$OUT/compare_fla.png" --md "$OUT/compare_fla.md" 2>&1 |
+      timeout "${FORWARD_TIMEOUT:-150}" python3 bench/compare_fla.py $FORWARD_ARGS --png "$OUT/compare_fla.png" --md "$OUT/compare_fla.md" 2>&1 |
         tee -a "$OUT/bench.txt"
       rc=${PIPESTATUS[0]} ;;
     decode)

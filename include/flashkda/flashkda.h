@@ -121,7 +121,7 @@ enum class IndexType : int32_t { kInt32 = 0, kInt64 = 1 };
 // are those of the C ABI's field: -1 off, 0 auto, 1 on.
 enum class PdlMode : int32_t {
   kOff = -1,
-  kAuto = 0,  // on for the latency-bound small steps, off for the bandwidth-bound large ones
+  kAuto = 0,  // the measured choice per step size; currently on everywhere (docs/perf-log.md)
   kOn = 1,
 };
 
@@ -180,8 +180,8 @@ struct DecodeArgs {
   // still runs, hiding its launch latency (in CUDA graphs too). Safe with any
   // predecessor: the kernel reads and writes nothing before that kernel has
   // completed and its writes are visible; it also lets the next kernel, if that
-  // one was launched with PDL, be scheduled early. kAuto uses it where it was
-  // measured to help (docs/perf-log.md, decode).
+  // one was launched with PDL, be scheduled early. kAuto is the measured choice
+  // per step size (docs/perf-log.md, decode): currently on everywhere.
   PdlMode programmatic_dependent_launch = PdlMode::kAuto;
 };
 

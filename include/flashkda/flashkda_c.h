@@ -79,8 +79,7 @@ void flashkda_forward_args_init(flashkda_forward_args* args);
 #define FLASHKDA_INDEX_INT64 1
 
 /* Programmatic dependent launch of the CUDA decode (= flashkda::PdlMode). AUTO
- * launches with PDL where it was measured to help: the latency-bound small
- * steps, off for the bandwidth-bound large ones. */
+ * is the measured choice: currently PDL at every size. */
 #define FLASHKDA_PDL_OFF (-1)
 #define FLASHKDA_PDL_AUTO 0
 #define FLASHKDA_PDL_ON 1

@@ -235,9 +235,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
         pdl: programmatic dependent launch of the CUDA kernel: it may then be scheduled
             while the previous kernel on the stream still runs (it waits for that kernel
             before touching memory), hiding part of the launch latency between
-            back-to-back steps. None (default, auto): launched with PDL where measured to
-            help: the latency-bound small steps (below 512 (sequence, value head)
-            pairs for fp32 pools, 256 for bf16); off for larger steps. True: always; False: never. Anything else is a
+            back-to-back steps. None (default, auto): the measured choice, currently
+            PDL at every size. True: always; False: never. Anything else is a
             TypeError. Ignored on the CPU.
 
     Returns ``out``. CPU tensors run the float64 CPU decode; CUDA tensors the sm_90a

@@ -147,9 +147,8 @@ def kda_decode(
     whose tensors and rules these are. Traceable by torch.compile (``fullgraph=True``):
     the op declares what it mutates, so compiled graphs see the pool's update.
     For a separate output pool use :func:`flash_kda.decode`. Forward only (no autograd).
-    ``pdl``: None (default, auto: launched with PDL where measured to help: the
-    latency-bound small steps (below 512 (sequence, value head) pairs for fp32
-    pools, 256 for bf16); off for larger steps), True (on) or False (off); see :func:`flash_kda.decode`.
+    ``pdl``: None (default, auto: the measured choice, currently PDL at every size),
+    True (on) or False (off); see :func:`flash_kda.decode`.
     """
     _pdl_mode(pdl)  # the TypeError naming pdl here, not from inside the op
     if scale is None:

@@ -30,13 +30,13 @@ constexpr DecodeVariant fused_variant(const char* name) {
 // What they change and why is in decode_latency_kernel.cuh,
 // decode_fused_kernel.cuh and docs/perf-log.md (decode), which also keeps the
 // measurements of the variants that lost and were removed (d2, d3, fuse without
-// cache hints, fuse-ef at 4 CTAs/SM, fuse-occ, lanes8, stream).
+// cache hints, fuse-ef at 4 CTAs/SM, fuse-ef-occ with approximate intrinsics,
+// fuse-occ, lanes8, stream, bulk).
 constexpr DecodeVariant kDecodeVariants[] = {
     // Warp-built token vectors with approximate intrinsics, one state pass for both dot products.
     {"lat", &kda_decode_latency_kernel<true, 4>, &kda_decode_latency_kernel<false, 4>},
     // One reduction pass, streaming cache hints, 7 CTAs/SM for fp32 pools.
     fused_variant<DecodePolicy<7, 8>>("fuse-ef-occ"),
-    fused_variant<DecodePolicy<7, 8, true>>("fuse-ef-occ-fm"),  // + approximate intrinsics for the token math
 };
 constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
 
@@ -49,9 +49,10 @@ constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / si
 // 75.6 µs), while lat still wins fp32 at N = 8 (8.74 against 9.28 µs).
 constexpr int kLatencyDecodeVariant = 0;  // lat
 constexpr int kBandwidthDecodeVariant = 1;  // fuse-ef-occ
-// (sequence, value head) pairs from which the bandwidth kernel runs: 256 pairs
-// are N = 8 at H = 32, measured; the fp32 bound lies between 256 and 2048 pairs
-// (N = 8 and 64), where it was not measured more finely.
+// (sequence, value head) pairs from which the bandwidth kernel runs (H = 32:
+// 256 pairs are N = 8, 512 are N = 16). fp32: lat wins at N = 8 (8.72 against
+// 9.25 µs), fuse-ef-occ at N = 16 (15.25 against 15.63). bf16: fuse-ef-occ
+// wins from N = 8 on.
 constexpr int64_t kBandwidthFromPairsFp32 = 512;
 constexpr int64_t kBandwidthFromPairsBf16 = 256;
 constexpr bool same_name(const char* a, const char* b) { return *a == *b && (*a == '\0' || same_name(a + 1, b + 1)); }
@@ -63,14 +64,12 @@ int production_variant(int64_t pairs, bool fp32) {
                                                                              : kLatencyDecodeVariant;
 }
 
-// PdlMode::kAuto: PDL with the latency kernel, where hiding the next launch
-// behind this grid saved 0.3 µs at N = 1 (lat: 3.07 -> 2.76 µs fp32, 2.83 ->
-// 2.54 bf16) and 0.2 µs at N = 8; off with the bandwidth kernel, where it was
-// within the run-to-run spread at N = 64-1024.
-bool use_pdl(PdlMode mode, int variant) {
-  if (mode == PdlMode::kAuto) return variant == kLatencyDecodeVariant;
-  return mode == PdlMode::kOn;
-}
+// PdlMode::kAuto: PDL on. With the latency kernel it saved 0.3 µs at N = 1
+// (lat: 3.07 -> 2.76 µs fp32, 2.83 -> 2.54 bf16) and 0.2 µs at N = 8; with
+// fuse-ef-occ it was level or ahead by up to 0.6 % at N = 64-1024 in two runs
+// (docs/perf-log.md, decode). The mode stays a choice so that a size where it
+// loses can turn it off without an API change.
+bool use_pdl(PdlMode mode) { return mode != PdlMode::kOff; }
 
 std::atomic<int> g_decode_variant_override{-1};
 
@@ -140,7 +139,7 @@ Status decode(const DecodeArgs& a, void* stream) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = use_pdl(a.programmatic_dependent_launch, variant) ? 1 : 0;
+  cfg.numAttrs = use_pdl(a.programmatic_dependent_launch) ? 1 : 0;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p);
   if (err != cudaSuccess)
     return {StatusCode::kCudaError, std::string("backend kCuda: launching the decode kernel: ") + cudaGetErrorString(err)};

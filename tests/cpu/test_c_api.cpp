@@ -197,13 +197,25 @@ TEST(CApi, DecodeRunMatchesCppBitwise) {
   EXPECT_NE(std::count(out_c.begin(), out_c.end(), uint16_t{0x7fc1}), static_cast<std::ptrdiff_t>(out_c.size()));
 }
 
+// A small valid decode step (K = V = 32) as C arguments, with its buffers.
+struct SmallCDecode {
+  flashkda::testing::DecodeProblem p;
+  std::vector<uint16_t> out;
+  std::vector<uint8_t> pool;
+  flashkda_decode_args c;
+  explicit SmallCDecode(uint64_t seed) : p(make(seed)), out(static_cast<size_t>(p.T * p.HV * p.V)), pool(p.pool_bytes()) {
+    c = to_c(p.args(out.data(), pool.data(), nullptr));
+  }
+  static flashkda::testing::DecodeProblem make(uint64_t seed) {
+    flashkda::testing::DecodeSpec spec;
+    spec.head_dim = 32;
+    return flashkda::testing::make_decode_problem(spec, seed);
+  }
+};
+
 TEST(CApi, DecodeErrorCodeAndMessage) {
-  flashkda::testing::DecodeSpec spec;
-  spec.head_dim = 32;
-  const auto p = flashkda::testing::make_decode_problem(spec, 6);
-  std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
-  std::vector<uint8_t> pool = p.pool_bytes();
-  flashkda_decode_args c = to_c(p.args(out.data(), pool.data(), nullptr));
+  SmallCDecode d(6);
+  flashkda_decode_args& c = d.c;
   EXPECT_EQ(flashkda_validate_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE), FLASHKDA_STATUS_OK) << flashkda_last_error();
   c.lower_bound = 0.5f;
   EXPECT_EQ(flashkda_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE, nullptr), FLASHKDA_STATUS_INVALID_ARGUMENT);
@@ -223,12 +235,8 @@ TEST(CApi, DecodeErrorCodeAndMessage) {
 // The field is a three-way mode now (it was a flag): any value but -1, 0, 1 is an
 // argument error, also on the CPU backends that never launch anything.
 TEST(CApi, DecodePdlModeValues) {
-  flashkda::testing::DecodeSpec spec;
-  spec.head_dim = 32;
-  const auto p = flashkda::testing::make_decode_problem(spec, 7);
-  std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
-  std::vector<uint8_t> pool = p.pool_bytes();
-  flashkda_decode_args c = to_c(p.args(out.data(), pool.data(), nullptr));
+  SmallCDecode d(7);
+  flashkda_decode_args& c = d.c;
   for (int32_t mode : {FLASHKDA_PDL_OFF, FLASHKDA_PDL_AUTO, FLASHKDA_PDL_ON}) {
     c.programmatic_dependent_launch = mode;
     EXPECT_EQ(flashkda_validate_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE), FLASHKDA_STATUS_OK)

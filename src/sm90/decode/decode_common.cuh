@@ -128,6 +128,15 @@ __device__ __forceinline__ DecodeSequence decode_sequence(const DecodeParams& p,
   return seq;
 }
 
+// Four state columns c .. c+3 of a row: S ← S·diag(decay) + coef·k̂ᵀ, from the
+// token's shared per-column vectors.
+__device__ __forceinline__ void decay_and_update4(float* sg, float coef, const float* decay, const float* khat, int c) {
+  const float4 d = *reinterpret_cast<const float4*>(decay + c);
+  const float4 k = *reinterpret_cast<const float4*>(khat + c);
+  sg[0] = fmaf(coef, k.x, sg[0] * d.x); sg[1] = fmaf(coef, k.y, sg[1] * d.y);
+  sg[2] = fmaf(coef, k.z, sg[2] * d.z); sg[3] = fmaf(coef, k.w, sg[3] * d.w);
+}
+
 // One token's inputs for thread tid (column tid of q, k, g; row `row` of v).
 struct TokenInputs {
   float q, k, g, beta, v;

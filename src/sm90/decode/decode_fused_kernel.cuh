@@ -23,8 +23,8 @@
 //   per instruction for bf16 (8-byte accesses), one sector at a time.
 // * State loads skip L1, and state loads and stores carry an L2 evict-first
 //   policy: each state byte is read once and written once per step.
-// The knobs (DecodePolicy) are the minimum CTAs per SM and the token math's
-// intrinsics; the variants built are listed in sm90_decode.cu. Variants that
+// The one knob (DecodePolicy) is the minimum CTAs per SM; the variants built
+// are listed in sm90_decode.cu. Variants that
 // lost the A/B (no cache hints, 8 lanes a row, 8-byte bf16 accesses) are in the
 // perf log, not here.
 #pragma once
@@ -39,17 +39,12 @@ namespace flashkda::sm90 {
 // Four lanes share a row of V (32 rows per CTA); each state access is 16 bytes
 // (4 fp32 or 8 bf16 columns), so a row's lanes move 64 contiguous bytes per
 // instruction. kMinBlocksFp32 / kMinBlocksBf16: __launch_bounds__ minimum CTAs per SM.
-// kFastMath: the token's gates and norms with the approximate intrinsics
-// (__expf, __fdividef, rsqrtf; a few ulp) instead of the IEEE functions and
-// their slow-path branches: a shorter compute phase between a CTA's load and
-// its store (as in the latency kernel, decode_latency_kernel.cuh).
-template <int kMinBlocksFp32_, int kMinBlocksBf16_, bool kFastMath_ = false>
+template <int kMinBlocksFp32_, int kMinBlocksBf16_>
 struct DecodePolicy {
   static constexpr int kLanes = 4;
   static constexpr int kVecBf16 = 8;
   static constexpr int kMinBlocksFp32 = kMinBlocksFp32_;
   static constexpr int kMinBlocksBf16 = kMinBlocksBf16_;
-  static constexpr bool kFastMath = kFastMath_;
   static constexpr int kRows = kDecodeThreads / kLanes;  // rows of V per CTA
   static constexpr int kSlices = kDecodeDim / kRows;     // CTAs per (sequence, head)
   static constexpr int kCols = kDecodeDim / kLanes;      // state columns per thread
@@ -163,6 +158,27 @@ struct FusedVectors {
   float kq;
 };
 
+// The token's per-column vectors into `sh` (thread tid: column tid), k̂·q̂·scale
+// into sh.kq, and the token's beta gate, returned. Ends with a block barrier:
+// `sh` is then readable by every thread.
+__device__ __forceinline__ float fused_token_vectors(const DecodeParams& p, FusedVectors& sh, const TokenInputs& in,
+                                                     float exp_a, float dt_bias) {
+  const int tid = threadIdx.x;
+  const float x = exp_a * (in.g + dt_bias);
+  const float dec = expf(p.lower_bound / (1.f + expf(-x)));  // exp(lower_bound·sigmoid(x))
+  const float b = 1.f / (1.f + expf(-in.beta));
+  const float3 ss = block_sum3(in.q * in.q, in.k * in.k, in.q * in.k, sh.scratch);
+  const float qn = sqrtf(ss.x + 1e-6f), kn = sqrtf(ss.y + 1e-6f);
+  const float kh_d = in.k / kn, qh_d = in.q / qn * p.scale;
+  sh.khat[tid] = kh_d;
+  sh.decay[tid] = dec;
+  sh.dkhat[tid] = dec * kh_d;
+  sh.dqhat[tid] = dec * qh_d;
+  if (tid == 0) sh.kq = ss.z / (qn * kn) * p.scale;
+  __syncthreads();
+  return b;
+}
+
 // Tokens [t0, t1) of one sequence on the thread's state columns s (row `row` of
 // value head hv), writing out (and the per-token states). `next` holds token t0's
 // inputs; each token requests the following one's before its own math. The
@@ -178,30 +194,7 @@ __device__ __forceinline__ void fused_tokens(const DecodeParams& p, FusedVectors
     const TokenInputs in = next;
     if (t + 1 < t1) next = load_token_inputs(p, t + 1, h, hv, tid, row);
     const int64_t vh = t * p.num_v_heads + hv;
-    const float x = exp_a * (in.g + dt_bias);
-    float dec, b, kh_d, qh_d, kq_token;
-    const float3 ss = block_sum3(in.q * in.q, in.k * in.k, in.q * in.k, sh.scratch);
-    if constexpr (P::kFastMath) {
-      dec = __expf(p.lower_bound * __fdividef(1.f, 1.f + __expf(-x)));  // exp(lower_bound·sigmoid(x))
-      b = __fdividef(1.f, 1.f + __expf(-in.beta));
-      const float rq = rsqrtf(ss.x + 1e-6f), rk = rsqrtf(ss.y + 1e-6f);
-      kh_d = in.k * rk;
-      qh_d = in.q * rq * p.scale;
-      kq_token = ss.z * rq * rk * p.scale;
-    } else {
-      dec = expf(p.lower_bound / (1.f + expf(-x)));
-      b = 1.f / (1.f + expf(-in.beta));
-      const float qn = sqrtf(ss.x + 1e-6f), kn = sqrtf(ss.y + 1e-6f);
-      kh_d = in.k / kn;
-      qh_d = in.q / qn * p.scale;
-      kq_token = ss.z / (qn * kn) * p.scale;
-    }
-    sh.khat[tid] = kh_d;
-    sh.decay[tid] = dec;
-    sh.dkhat[tid] = dec * kh_d;
-    sh.dqhat[tid] = dec * qh_d;
-    if (tid == 0) sh.kq = kq_token;
-    __syncthreads();
+    const float b = fused_token_vectors(p, sh, in, exp_a, dt_bias);
 
     // (S·diag(decay)) k̂ and (S·diag(decay)) q̂ in two chains each, then one lane reduction.
     float2 sk2 = make_float2(0.f, 0.f), sq2 = sk2;
@@ -230,14 +223,7 @@ __device__ __forceinline__ void fused_tokens(const DecodeParams& p, FusedVectors
       p.out[vh * kDecodeDim + row] = *reinterpret_cast<const uint16_t*>(&ob);
     }
 #pragma unroll
-    for (int g = 0; g < L::kGroups; ++g) {
-      const int c = L::col_of_group(g, lane);
-      const float4 dc = *reinterpret_cast<const float4*>(&sh.decay[c]);
-      const float4 kh = *reinterpret_cast<const float4*>(&sh.khat[c]);
-      float* sg = &s[4 * g];
-      sg[0] = fmaf(coef, kh.x, sg[0] * dc.x); sg[1] = fmaf(coef, kh.y, sg[1] * dc.y);
-      sg[2] = fmaf(coef, kh.z, sg[2] * dc.z); sg[3] = fmaf(coef, kh.w, sg[3] * dc.w);
-    }
+    for (int g = 0; g < L::kGroups; ++g) decay_and_update4(&s[4 * g], coef, sh.decay, sh.khat, L::col_of_group(g, lane));
     if (p.per_token_states != nullptr) {
       const int64_t base = t * p.num_v_heads * int64_t{kDecodeDim} * kDecodeDim + head_off;
 #pragma unroll

@@ -168,14 +168,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
       p.out[vh * kDecodeDim + row] = *reinterpret_cast<const uint16_t*>(&ob);
     }
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-      const int c = 4 * (part + 4 * jj);
-      const float4 d = *reinterpret_cast<const float4*>(&sh.decay[c]);
-      const float4 k = *reinterpret_cast<const float4*>(&sh.khat[c]);
-      float* sg = &s[4 * jj];
-      sg[0] = fmaf(coef, k.x, sg[0] * d.x); sg[1] = fmaf(coef, k.y, sg[1] * d.y);
-      sg[2] = fmaf(coef, k.z, sg[2] * d.z); sg[3] = fmaf(coef, k.w, sg[3] * d.w);
-    }
+    for (int jj = 0; jj < 8; ++jj) decay_and_update4(&s[4 * jj], coef, sh.decay, sh.khat, 4 * (part + 4 * jj));
     if (p.per_token_states != nullptr) {
       const int64_t base = t * p.num_v_heads * int64_t{kDecodeDim} * kDecodeDim + head_off;
 #pragma unroll
