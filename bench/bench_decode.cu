@@ -91,8 +91,7 @@ struct Column {
   std::string label;
   Kind kind = Kind::kDecode;
   int variant = -1;  // kDecode: sm90 variant index, -1 = production
-  bool pdl = false;  // kEmpty
-  flashkda::PdlMode mode = flashkda::PdlMode::kOff;  // kDecode
+  flashkda::PdlMode mode = flashkda::PdlMode::kOff;  // kDecode; kEmpty: kOn or kOff
 };
 
 bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols) {
@@ -102,13 +101,13 @@ bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols
       for (int v = 0; v < nv; ++v)
         for (bool pdl : {false, true})
           cols->push_back({std::string(flashkda::sm90::decode_variant_name(v)) + (pdl ? "+pdl" : ""), Kind::kDecode, v,
-                           pdl, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kOff});
+                           pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kOff});
       continue;
     }
     const bool pdl = item.size() > 4 && item.compare(item.size() - 4, 4, "+pdl") == 0;
     const std::string name = pdl ? item.substr(0, item.size() - 4) : item;
     if (name == "prod") {
-      cols->push_back({item, Kind::kDecode, -1, pdl, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kAuto});
+      cols->push_back({item, Kind::kDecode, -1, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kAuto});
       continue;
     }
     int found = -1;
@@ -120,13 +119,13 @@ bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols
       std::fprintf(stderr, " (each optionally +pdl), prod, all\n");
       return false;
     }
-    cols->push_back({item, Kind::kDecode, found, pdl, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kOff});
+    cols->push_back({item, Kind::kDecode, found, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kOff});
   }
   if (refs) {
     cols->push_back({"memcpy", Kind::kMemcpy});
     cols->push_back({"rmw", Kind::kRmw});
-    cols->push_back({"empty", Kind::kEmpty, -1, false});
-    cols->push_back({"empty+pdl", Kind::kEmpty, -1, true});
+    cols->push_back({"empty", Kind::kEmpty, -1, flashkda::PdlMode::kOff});
+    cols->push_back({"empty+pdl", Kind::kEmpty, -1, flashkda::PdlMode::kOn});
   }
   return true;
 }
@@ -218,7 +217,7 @@ int main(int argc, char** argv) {
   if (ab) {
     if (!parse_columns(variants, refs, &cols)) return 2;
   } else {
-    cols.push_back({"prod", Kind::kDecode, -1, false, flashkda::PdlMode::kAuto});
+    cols.push_back({"prod", Kind::kDecode, -1, flashkda::PdlMode::kAuto});
     rounds = 1;
   }
   rounds = std::max(1, std::min(rounds, iters));
@@ -292,7 +291,7 @@ int main(int argc, char** argv) {
               CHECK_CUDA(cudaGetLastError());
               break;
             case Kind::kEmpty:
-              CHECK_CUDA(launch_empty(dim3(static_cast<unsigned>(int64_t{N} * H * 4)), c.pdl, stream));
+              CHECK_CUDA(launch_empty(dim3(static_cast<unsigned>(int64_t{N} * H * 4)), c.mode == flashkda::PdlMode::kOn, stream));
               break;
           }
         }

@@ -44,10 +44,8 @@ if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
     # spelling where a torch lacks it).
     _current_raw_stream = getattr(_torch._C, "_cuda_getCurrentRawStream", None) or (
         lambda index: _torch.cuda.current_stream(index).cuda_stream)
-    _TorchTensor = _torch.Tensor
 else:  # pragma: no cover - exercised only without torch
     _torch = None
-    _TorchTensor = None
 
 __version__ = "0.1.0"
 __all__ = ["fwd", "decode", "kda_forward", "kda_decode", "workspace_size", "cuda_available", "cuda_status", "compiled_with_cuda"]
@@ -175,17 +173,8 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     invalid values) naming the argument; NotImplementedError for valid input the backend
     cannot run (e.g. K != 128 on CUDA); RuntimeError for CUDA errors.
     """
-    # _resolve_scalars and _runtime written out for the common case (a torch CUDA
-    # tensor, torch's current stream): the four Python calls they take were a
-    # measurable part of a small call's host time. Same results, same order.
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    lower_bound = float(DEFAULT_LOWER_BOUND if lower_bound is None else lower_bound)
-    if stream is None and type(q) is _TorchTensor and q.is_cuda:
-        index = q.get_device()
-        stream = _current_raw_stream(index)
-        alloc = _cuda_allocators.get(index) or _cuda_allocator(index)
-    else:
-        alloc, stream = _runtime(q, stream)
+    scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
+    alloc, stream = _runtime(q, stream)
     # Positional: the cheapest call into the extension (this is on every step's path).
     _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
            cu_seqlens_host, workspace, alloc, stream, backend)

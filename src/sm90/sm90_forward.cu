@@ -34,43 +34,24 @@ int32_t state_type(DType t) {
 // Facts of a device that cannot change while the process runs (the ordinals are
 // fixed at CUDA's initialisation), read once per device: a Python fwd call read
 // the compute capability three times (two validations, the dispatch) and the
-// SM count once, seven runtime calls on the path of every small call. 0: not
-// read yet (no device has compute capability 0.0 or no SMs). Racing first
-// readers store equal values.
+// SM count once, seven runtime calls on the path of every small call. Each slot
+// holds the value + 1 (0: not read yet; compute capability minor 0 is a value).
+// Racing first readers store equal values; a failed query is not cached.
 struct DeviceFacts {
-  std::atomic<int> compute_capability;  // major * 1000 + minor
-  std::atomic<int> num_sms;
+  std::atomic<int> cc_major, cc_minor, num_sms;
 };
 DeviceFacts g_device_facts[kMaxCachedDevices];
 
-DeviceFacts* facts_of(int dev) { return dev >= 0 && dev < kMaxCachedDevices ? &g_device_facts[dev] : nullptr; }
-
-// A failed query leaves 0 in *major / *minor and is not cached (as before the cache).
-void compute_capability(int dev, int* major, int* minor) {
-  DeviceFacts* f = facts_of(dev);
-  const int cached = f != nullptr ? f->compute_capability.load(std::memory_order_relaxed) : 0;
+cudaError_t cached_attribute(std::atomic<int> DeviceFacts::*slot, cudaDeviceAttr attr, int dev, int* value) {
+  std::atomic<int>* cache = dev >= 0 && dev < kMaxCachedDevices ? &(g_device_facts[dev].*slot) : nullptr;
+  const int cached = cache != nullptr ? cache->load(std::memory_order_relaxed) : 0;
   if (cached != 0) {
-    *major = cached / 1000;
-    *minor = cached % 1000;
-    return;
-  }
-  *major = 0;
-  *minor = 0;
-  const cudaError_t e1 = cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev);
-  const cudaError_t e2 = cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (f != nullptr && e1 == cudaSuccess && e2 == cudaSuccess && *major > 0)
-    f->compute_capability.store(*major * 1000 + *minor, std::memory_order_relaxed);
-}
-
-cudaError_t sm_count(int dev, int* num_sms) {
-  DeviceFacts* f = facts_of(dev);
-  const int cached = f != nullptr ? f->num_sms.load(std::memory_order_relaxed) : 0;
-  if (cached != 0) {
-    *num_sms = cached;
+    *value = cached - 1;
     return cudaSuccess;
   }
-  const cudaError_t err = cudaDeviceGetAttribute(num_sms, cudaDevAttrMultiProcessorCount, dev);
-  if (f != nullptr && err == cudaSuccess && *num_sms > 0) f->num_sms.store(*num_sms, std::memory_order_relaxed);
+  *value = 0;
+  const cudaError_t err = cudaDeviceGetAttribute(value, attr, dev);
+  if (cache != nullptr && err == cudaSuccess) cache->store(*value + 1, std::memory_order_relaxed);
   return err;
 }
 
@@ -87,7 +68,8 @@ bool device_supported(std::string* why) {
     return false;
   }
   int major = 0, minor = 0;
-  compute_capability(dev, &major, &minor);
+  cached_attribute(&DeviceFacts::cc_major, cudaDevAttrComputeCapabilityMajor, dev, &major);
+  cached_attribute(&DeviceFacts::cc_minor, cudaDevAttrComputeCapabilityMinor, dev, &minor);
   if (major != 9 || minor != 0) {
     if (why)
       *why = "backend kCuda: the kernels are built for sm_90a (Hopper, compute capability 9.0); device " +
@@ -214,7 +196,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
 
   int dev = 0, num_sms = 0;
   cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = sm_count(dev, &num_sms);
+  if (err == cudaSuccess) err = cached_attribute(&DeviceFacts::num_sms, cudaDevAttrMultiProcessorCount, dev, &num_sms);
   if (err != cudaSuccess) return cuda_status(err, "reading the device's SM count");
 
   const LaunchPlan plan = effective_launch_plan(problem_shape(args), num_sms);
