@@ -18,7 +18,9 @@
 // as PdlMode::kAuto chooses; "prod+pdl" forces it on). Unless --no-refs,
 // reference columns follow, for the same bytes and grid: "memcpy" (cudaMemcpyAsync D2D of the state, 20 per graph),
 // "rmw" (a kernel reading and rewriting the state in place, 16 KB per 128-thread
-// CTA, no math: the floor of the decode's access pattern), "empty" and "empty+pdl"
+// CTA, no math: the floor of the decode's access pattern), "rmw-rows" (the same
+// with the decode's row-segment access shape) and "rmw-rows-idx" (and its slot
+// read from the index array first), "empty" and "empty+pdl"
 // (an empty kernel on the decode's grid: the per-node launch floor). All columns
 // of one (N, pool) run in the same process on the same buffers; their graph
 // replays are interleaved (--rounds rounds, each round visiting every column
@@ -80,13 +82,36 @@ __global__ void __launch_bounds__(kRmwThreads) rmw_state(uint4* state, uint32_t 
     base[j * kRmwThreads] = make_uint4(x[j].x ^ flip, x[j].y ^ flip, x[j].z ^ flip, x[j].w ^ flip);
 }
 
+// The decode kernels' per-CTA access shape without their math, in two steps
+// from rmw_state (reference columns "rmw-rows" and "rmw-rows-idx"): thread
+// (row, part) of the CTA's 32 rows of 512 bytes (an fp32 slice) moves the 16-byte
+// chunks part + 4·jj of its row, so a warp's access is eight 64-byte segments
+// rather than 512 contiguous bytes; with kIndexed the CTA first reads its slot
+// from the index array, as a decode CTA does, and only then its state.
+template <bool kIndexed>
+__global__ void __launch_bounds__(kRmwThreads) rmw_rows(uint4* pool, const int32_t* idx, int64_t slot_vecs,
+                                                         uint32_t flip) {
+  constexpr int64_t kCtaVecs = kRmwBytesPerCta / 16, kRowVecs = 32;
+  const int64_t ctas_per_slot = slot_vecs / kCtaVecs;
+  const int64_t n = blockIdx.x / ctas_per_slot;
+  const int64_t slot = kIndexed ? idx[n] : n;
+  const int row = threadIdx.x / 4, part = threadIdx.x % 4;
+  uint4* base = pool + slot * slot_vecs + (blockIdx.x % ctas_per_slot) * kCtaVecs + row * kRowVecs + part;
+  uint4 x[kRmwVecsPerThread];
+#pragma unroll
+  for (int j = 0; j < kRmwVecsPerThread; ++j) x[j] = base[4 * j];
+#pragma unroll
+  for (int j = 0; j < kRmwVecsPerThread; ++j)
+    base[4 * j] = make_uint4(x[j].x ^ flip, x[j].y ^ flip, x[j].z ^ flip, x[j].w ^ flip);
+}
+
 // Nothing but the programmatic-launch handshake (a no-op without the attribute).
 __global__ void empty_kernel() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-enum class Kind { kDecode, kMemcpy, kRmw, kEmpty };
+enum class Kind { kDecode, kMemcpy, kRmw, kRmwRows, kRmwRowsIdx, kEmpty };
 struct Column {
   std::string label;
   Kind kind = Kind::kDecode;
@@ -124,6 +149,8 @@ bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols
   if (refs) {
     cols->push_back({"memcpy", Kind::kMemcpy});
     cols->push_back({"rmw", Kind::kRmw});
+    cols->push_back({"rmw-rows", Kind::kRmwRows});
+    cols->push_back({"rmw-rows-idx", Kind::kRmwRowsIdx});
     cols->push_back({"empty", Kind::kEmpty, -1, flashkda::PdlMode::kOff});
     cols->push_back({"empty+pdl", Kind::kEmpty, -1, flashkda::PdlMode::kOn});
   }
@@ -290,6 +317,14 @@ int main(int argc, char** argv) {
                   static_cast<uint4*>(pool), 0u);
               CHECK_CUDA(cudaGetLastError());
               break;
+            case Kind::kRmwRows:
+            case Kind::kRmwRowsIdx: {
+              const auto kernel = c.kind == Kind::kRmwRowsIdx ? rmw_rows<true> : rmw_rows<false>;
+              kernel<<<static_cast<unsigned>(state_bytes / kRmwBytesPerCta), kRmwThreads, 0, stream>>>(
+                  static_cast<uint4*>(pool), idx, state_bytes / N / 16, 0u);
+              CHECK_CUDA(cudaGetLastError());
+              break;
+            }
             case Kind::kEmpty:
               CHECK_CUDA(launch_empty(dim3(static_cast<unsigned>(int64_t{N} * H * 4)), c.mode == flashkda::PdlMode::kOn, stream));
               break;

@@ -19,11 +19,17 @@ using DecodeKernel = void (*)(DecodeParams);
 struct DecodeVariant {
   const char* name;
   DecodeKernel fp32, bf16;
+  int slices = kDecodeSlices;  // work items per (sequence, value head)
+  bool persistent = false;     // a grid of resident CTAs walks the items (else one CTA per item)
 };
 
 template <class P>
 constexpr DecodeVariant fused_variant(const char* name) {
-  return {name, &kda_decode_fused_kernel<true, P>, &kda_decode_fused_kernel<false, P>};
+  return {name, &kda_decode_fused_kernel<true, P>, &kda_decode_fused_kernel<false, P>, P::kSlices};
+}
+template <class P>
+constexpr DecodeVariant fused_loop_variant(const char* name) {
+  return {name, &kda_decode_fused_loop_kernel<true, P>, &kda_decode_fused_loop_kernel<false, P>, P::kSlices, true};
 }
 
 // Every variant has the same work items: kDecodeSlices CTAs per (sequence, head).
@@ -37,6 +43,11 @@ constexpr DecodeVariant kDecodeVariants[] = {
     {"lat", &kda_decode_latency_kernel<true, 4>, &kda_decode_latency_kernel<false, 4>},
     // One reduction pass, streaming cache hints, 7 CTAs/SM for fp32 pools.
     fused_variant<DecodePolicy<7, 8>>("fuse-ef-occ"),
+    // 8 lanes a row: a warp's state access covers whole 128-byte lines (fp32), as the
+    // rmw reference's do; 16 rows a CTA, 16 state columns a thread, 8 CTAs/SM.
+    fused_variant<DecodePolicy<8, 8, 8>>("lanes8-ef"),
+    // fuse-ef-occ as a persistent grid, each item's pool slot requested one item ahead.
+    fused_loop_variant<DecodePolicy<7, 7>>("fuse-ef-occ-loop"),
 };
 constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
 
@@ -73,6 +84,28 @@ bool use_pdl(PdlMode mode) { return mode != PdlMode::kOff; }
 
 std::atomic<int> g_decode_variant_override{-1};
 
+// Resident CTAs per SM times SMs, per device, variant and state dtype: the grid
+// of a persistent variant, looked up once (a small step is latency-bound).
+Status persistent_grid(int variant, bool fp32, DecodeKernel kernel, int64_t* ctas) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int64_t> cache[kMaxDevices][kNumDecodeVariants][2];  // 0: not yet known
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  std::atomic<int64_t>* slot = e == cudaSuccess && dev >= 0 && dev < kMaxDevices ? &cache[dev][variant][fp32] : nullptr;
+  int64_t grid = slot != nullptr ? slot->load(std::memory_order_relaxed) : 0;
+  if (grid == 0 && e == cudaSuccess) {
+    int sms = 0, per_sm = 0;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kDecodeThreads, 0);
+    grid = int64_t{per_sm > 0 ? per_sm : 1} * sms;
+    if (e == cudaSuccess && slot != nullptr) slot->store(grid, std::memory_order_relaxed);
+  }
+  if (e != cudaSuccess)
+    return {StatusCode::kCudaError, std::string("backend kCuda: sizing the persistent decode grid: ") + cudaGetErrorString(e)};
+  if (grid < *ctas) *ctas = grid;
+  return Status::Ok();
+}
+
 }  // namespace
 
 int decode_variant_count() { return kNumDecodeVariants; }
@@ -87,7 +120,7 @@ Status check_decode_supported(const DecodeArgs& args) {
                                 std::to_string(args.head_dim_k) + ", V=" + std::to_string(args.head_dim_v) +
                                 "); the CPU backends run any head dim");
   const int64_t hv = args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;
-  if (args.num_seqs * hv * kDecodeSlices > int64_t{0x7fffffff})
+  if (args.num_seqs * hv * kMaxDecodeSlices > int64_t{0x7fffffff})
     return Status::NotSupported("num_seqs x num_v_heads: too many (sequence, head) pairs for one launch (" +
                                 std::to_string(args.num_seqs * hv) + ")");
   return Status::Ok();
@@ -125,8 +158,13 @@ Status decode(const DecodeArgs& a, void* stream) {
   const int forced = g_decode_variant_override.load();
   const int variant = forced >= 0 ? forced : production_variant(pairs, fp32);
   const DecodeKernel kernel = fp32 ? kDecodeVariants[variant].fp32 : kDecodeVariants[variant].bf16;
-  const int64_t ctas = pairs * kDecodeSlices;  // below 2^31: check_decode_supported
+  p.num_work = pairs * kDecodeVariants[variant].slices;  // below 2^31: check_decode_supported
+  int64_t ctas = p.num_work;
   if (ctas == 0) return Status::Ok();
+  if (kDecodeVariants[variant].persistent) {
+    const Status s = persistent_grid(variant, fp32, kernel, &ctas);
+    if (!s.ok()) return s;
+  }
 
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(ctas));

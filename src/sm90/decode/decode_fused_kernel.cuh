@@ -36,19 +36,22 @@
 
 namespace flashkda::sm90 {
 
-// Four lanes share a row of V (32 rows per CTA); each state access is 16 bytes
-// (4 fp32 or 8 bf16 columns), so a row's lanes move 64 contiguous bytes per
-// instruction. kMinBlocksFp32 / kMinBlocksBf16: __launch_bounds__ minimum CTAs per SM.
-template <int kMinBlocksFp32_, int kMinBlocksBf16_>
+// kLanes lanes share a row of V (4: 32 rows per CTA; 8: 16 rows per CTA, twice
+// the CTAs); each state access is 16 bytes (4 fp32 or 8 bf16 columns), so a
+// row's lanes move 16·kLanes contiguous bytes per instruction (8 lanes: whole
+// 128-byte lines for fp32). kMinBlocksFp32 / kMinBlocksBf16: __launch_bounds__
+// minimum CTAs per SM.
+template <int kMinBlocksFp32_, int kMinBlocksBf16_, int kLanes_ = 4>
 struct DecodePolicy {
-  static constexpr int kLanes = 4;
+  static constexpr int kLanes = kLanes_;
   static constexpr int kVecBf16 = 8;
   static constexpr int kMinBlocksFp32 = kMinBlocksFp32_;
   static constexpr int kMinBlocksBf16 = kMinBlocksBf16_;
   static constexpr int kRows = kDecodeThreads / kLanes;  // rows of V per CTA
   static constexpr int kSlices = kDecodeDim / kRows;     // CTAs per (sequence, head)
   static constexpr int kCols = kDecodeDim / kLanes;      // state columns per thread
-  static_assert(kSlices == kDecodeSlices, "the same work split as kda_decode_kernel");
+  static_assert(kLanes == 4 || kLanes == 8, "a row's lanes reduce with shuffles inside a warp");
+  static_assert(kSlices <= kMaxDecodeSlices, "check_decode_supported bounds the grid with kMaxDecodeSlices");
 };
 
 // An L2 policy that makes lines first in line for eviction.
@@ -269,6 +272,57 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
 #pragma unroll
   for (int j = 0; j < L::kCols / L::kVec; ++j)
     L::IO::store(p.out_pool, base + L::col_of_vec(j, lane), &s[L::kVec * j], policy);
+}
+
+// Persistent form (A/B candidate): a grid of resident CTAs walks the work items
+// (item += gridDim.x), and each item's pool slot is requested one item ahead, so
+// the index round trip that starts every one-item CTA's chain overlaps the
+// previous item's state traffic. Same math, layout and cache hints.
+template <bool kFp32, class P>
+__global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P::kMinBlocksBf16)
+    kda_decode_fused_loop_kernel(const __grid_constant__ DecodeParams p) {
+  using L = FusedLayout<kFp32, P>;
+  __shared__ FusedVectors sh;
+
+  const int tid = threadIdx.x, lane = tid % L::kLanes;
+  const uint64_t policy = l2_evict_first_policy();
+  wait_for_prior_grids();
+  allow_dependent_grids();
+
+  int64_t item = blockIdx.x;
+  DecodeTile tile = decode_tile<L::kSlices>(p, item);
+  DecodeSequence seq{};
+  if (item < p.num_work) seq = decode_sequence(p, tile.n);
+  for (; item < p.num_work; item += gridDim.x) {
+    const int64_t next_item = item + gridDim.x;
+    DecodeTile next_tile{};
+    DecodeSequence next_seq{};
+    if (next_item < p.num_work) {
+      next_tile = decode_tile<L::kSlices>(p, next_item);
+      next_seq = decode_sequence(p, next_tile.n);
+    }
+    if (seq.slot >= 0 && seq.slot < p.pool_size) {  // CTA-uniform: the barrier below is reached by all or none
+      const int row = tile.slice * L::kRows + tid / L::kLanes;
+      const float exp_a = expf(p.A_log[tile.hv]);
+      const float dt_bias = p.dt_bias[static_cast<int64_t>(tile.hv) * kDecodeDim + tid];
+      TokenInputs first{};
+      if (seq.t0 < seq.t1) first = load_token_inputs(p, seq.t0, tile.h, tile.hv, tid, row);
+      const int64_t head_off = (static_cast<int64_t>(tile.hv) * kDecodeDim + row) * kDecodeDim;
+      float s[L::kCols];
+      const int64_t in_base = seq.slot * p.pool_stride + head_off;
+#pragma unroll
+      for (int j = 0; j < L::kCols / L::kVec; ++j)
+        L::IO::load(p.pool, in_base + L::col_of_vec(j, lane), &s[L::kVec * j], policy);
+      fused_tokens<kFp32, P>(p, sh, s, first, seq.t0, seq.t1, tile.h, tile.hv, row, lane, exp_a, dt_bias, policy);
+      const int64_t out_base = seq.slot * p.out_stride + head_off;
+#pragma unroll
+      for (int j = 0; j < L::kCols / L::kVec; ++j)
+        L::IO::store(p.out_pool, out_base + L::col_of_vec(j, lane), &s[L::kVec * j], policy);
+      __syncthreads();  // the next item's token vectors overwrite sh
+    }
+    tile = next_tile;
+    seq = next_seq;
+  }
 }
 
 }  // namespace flashkda::sm90
