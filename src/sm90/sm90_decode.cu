@@ -48,6 +48,12 @@ constexpr DecodeVariant kDecodeVariants[] = {
     fused_variant<DecodePolicy<8, 8, 8>>("lanes8-ef"),
     // fuse-ef-occ as a persistent grid, each item's pool slot requested one item ahead.
     fused_loop_variant<DecodePolicy<7, 7>>("fuse-ef-occ-loop"),
+    // 8 lanes a row, two rows a thread (16 apart): whole 128-byte lines per warp access
+    // with fuse-ef-occ's 32 rows a CTA, 32 state columns a thread and 7 CTAs/SM.
+    fused_variant<DecodePolicy<7, 7, 8, 2>>("rows2-ef"),
+    // 2 lanes a row, 64 state columns a thread: more state bytes in flight per SM
+    // (4 CTAs x 32 KB) than fuse-ef-occ (7 x 16 KB), at half the CTAs.
+    fused_variant<DecodePolicy<4, 4, 2>>("lanes2-ef"),
 };
 constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
 

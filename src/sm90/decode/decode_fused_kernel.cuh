@@ -39,19 +39,23 @@ namespace flashkda::sm90 {
 // kLanes lanes share a row of V (4: 32 rows per CTA; 8: 16 rows per CTA, twice
 // the CTAs); each state access is 16 bytes (4 fp32 or 8 bf16 columns), so a
 // row's lanes move 16·kLanes contiguous bytes per instruction (8 lanes: whole
-// 128-byte lines for fp32). kMinBlocksFp32 / kMinBlocksBf16: __launch_bounds__
-// minimum CTAs per SM.
-template <int kMinBlocksFp32_, int kMinBlocksBf16_, int kLanes_ = 4>
+// 128-byte lines for fp32). kRowsPerThread: rows a thread holds, kDecodeThreads /
+// kLanes apart (2 with 8 lanes: 32 rows per CTA and 32 state columns a thread,
+// as with 4 lanes, but whole lines). kMinBlocksFp32 / kMinBlocksBf16:
+// __launch_bounds__ minimum CTAs per SM.
+template <int kMinBlocksFp32_, int kMinBlocksBf16_, int kLanes_ = 4, int kRowsPerThread_ = 1>
 struct DecodePolicy {
   static constexpr int kLanes = kLanes_;
+  static constexpr int kRowsPerThread = kRowsPerThread_;
   static constexpr int kVecBf16 = 8;
   static constexpr int kMinBlocksFp32 = kMinBlocksFp32_;
   static constexpr int kMinBlocksBf16 = kMinBlocksBf16_;
-  static constexpr int kRows = kDecodeThreads / kLanes;  // rows of V per CTA
-  static constexpr int kSlices = kDecodeDim / kRows;     // CTAs per (sequence, head)
-  static constexpr int kCols = kDecodeDim / kLanes;      // state columns per thread
-  static_assert(kLanes == 4 || kLanes == 8, "a row's lanes reduce with shuffles inside a warp");
-  static_assert(kSlices <= kMaxDecodeSlices, "check_decode_supported bounds the grid with kMaxDecodeSlices");
+  static constexpr int kRowStep = kDecodeThreads / kLanes;       // rows between a thread's rows
+  static constexpr int kRows = kRowStep * kRowsPerThread;        // rows of V per CTA
+  static constexpr int kSlices = kDecodeDim / kRows;             // CTAs per (sequence, head)
+  static constexpr int kCols = kDecodeDim / kLanes;              // state columns per thread and row
+  static_assert(kLanes == 2 || kLanes == 4 || kLanes == 8, "a row's lanes reduce with shuffles inside a warp");
+  static_assert(kSlices >= 1 && kSlices <= kMaxDecodeSlices, "check_decode_supported bounds the grid with kMaxDecodeSlices");
 };
 
 // An L2 policy that makes lines first in line for eviction.
@@ -139,6 +143,7 @@ __device__ __forceinline__ float3 block_sum3(float a, float b, float c, float4* 
 template <bool kFp32, class P>
 struct FusedLayout {
   static constexpr int kLanes = P::kLanes, kRows = P::kRows, kSlices = P::kSlices, kCols = P::kCols;
+  static constexpr int kRowsPerThread = P::kRowsPerThread, kRowStep = P::kRowStep;
   static constexpr int kVec = kFp32 ? 4 : P::kVecBf16;
   static constexpr int kGroupsPerVec = kVec / 4, kGroups = kCols / 4;
   using IO = StateVecIO<kFp32, kVec>;
@@ -182,56 +187,97 @@ __device__ __forceinline__ float fused_token_vectors(const DecodeParams& p, Fuse
   return b;
 }
 
-// Tokens [t0, t1) of one sequence on the thread's state columns s (row `row` of
-// value head hv), writing out (and the per-token states). `next` holds token t0's
-// inputs; each token requests the following one's before its own math. The
-// caller needs a barrier before `sh` is written again after this returns.
+// The thread's state rows row0 + i·kRowStep, from or to element offset `base`
+// (row0's first column) of a state array.
 template <bool kFp32, class P>
-__device__ __forceinline__ void fused_tokens(const DecodeParams& p, FusedVectors& sh, float (&s)[P::kCols],
-                                             TokenInputs next, int64_t t0, int64_t t1, int h, int hv, int row,
-                                             int lane, float exp_a, float dt_bias, uint64_t policy) {
+struct fused_state_rows {
   using L = FusedLayout<kFp32, P>;
+  static __device__ __forceinline__ void load(const void* src, int64_t base, float (&s)[P::kRowsPerThread][P::kCols],
+                                              int lane, uint64_t policy) {
+#pragma unroll
+    for (int i = 0; i < L::kRowsPerThread; ++i)
+#pragma unroll
+      for (int j = 0; j < L::kCols / L::kVec; ++j)
+        L::IO::load(src, base + int64_t{i} * L::kRowStep * kDecodeDim + L::col_of_vec(j, lane), &s[i][L::kVec * j],
+                    policy);
+  }
+  static __device__ __forceinline__ void store(void* dst, int64_t base, const float (&s)[P::kRowsPerThread][P::kCols],
+                                               int lane, uint64_t policy) {
+#pragma unroll
+    for (int i = 0; i < L::kRowsPerThread; ++i)
+#pragma unroll
+      for (int j = 0; j < L::kCols / L::kVec; ++j)
+        L::IO::store(dst, base + int64_t{i} * L::kRowStep * kDecodeDim + L::col_of_vec(j, lane), &s[i][L::kVec * j],
+                     policy);
+  }
+};
+
+// Tokens [t0, t1) of one sequence on the thread's state columns s[i] of rows
+// row0 + i·kRowStep of value head hv, writing out (and the per-token states).
+// `next` holds token t0's inputs (its v: row0's); each token requests the
+// following one's before its own math. The caller needs a barrier before `sh`
+// is written again after this returns.
+template <bool kFp32, class P>
+__device__ __forceinline__ void fused_tokens(const DecodeParams& p, FusedVectors& sh,
+                                             float (&s)[P::kRowsPerThread][P::kCols], TokenInputs next, int64_t t0,
+                                             int64_t t1, int h, int hv, int row0, int lane, float exp_a,
+                                             float dt_bias, uint64_t policy) {
+  using L = FusedLayout<kFp32, P>;
+  constexpr int R = L::kRowsPerThread;
   const int tid = threadIdx.x;
-  const int64_t head_off = (static_cast<int64_t>(hv) * kDecodeDim + row) * kDecodeDim;
   for (int64_t t = t0; t < t1; ++t) {
     const TokenInputs in = next;
-    if (t + 1 < t1) next = load_token_inputs(p, t + 1, h, hv, tid, row);
+    if (t + 1 < t1) next = load_token_inputs(p, t + 1, h, hv, tid, row0);
     const int64_t vh = t * p.num_v_heads + hv;
+    float v[R];
+    v[0] = in.v;
+#pragma unroll
+    for (int i = 1; i < R; ++i) v[i] = bf16_at(p.v, vh * kDecodeDim + row0 + i * L::kRowStep);
     const float b = fused_token_vectors(p, sh, in, exp_a, dt_bias);
 
     // (S·diag(decay)) k̂ and (S·diag(decay)) q̂ in two chains each, then one lane reduction.
-    float2 sk2 = make_float2(0.f, 0.f), sq2 = sk2;
+    float sk[R], sq[R];
 #pragma unroll
-    for (int g = 0; g < L::kGroups; ++g) {
-      const int c = L::col_of_group(g, lane);
-      const float4 dk = *reinterpret_cast<const float4*>(&sh.dkhat[c]);
-      const float4 dq = *reinterpret_cast<const float4*>(&sh.dqhat[c]);
-      const float* sg = &s[4 * g];
-      sk2.x = fmaf(sg[1], dk.y, fmaf(sg[0], dk.x, sk2.x));
-      sk2.y = fmaf(sg[3], dk.w, fmaf(sg[2], dk.z, sk2.y));
-      sq2.x = fmaf(sg[1], dq.y, fmaf(sg[0], dq.x, sq2.x));
-      sq2.y = fmaf(sg[3], dq.w, fmaf(sg[2], dq.z, sq2.y));
-    }
-    float sk = sk2.x + sk2.y, sq = sq2.x + sq2.y;
+    for (int i = 0; i < R; ++i) {
+      float2 sk2 = make_float2(0.f, 0.f), sq2 = sk2;
 #pragma unroll
-    for (int off = 1; off < L::kLanes; off <<= 1) {
-      sk += __shfl_xor_sync(0xffffffffu, sk, off);
-      sq += __shfl_xor_sync(0xffffffffu, sq, off);
+      for (int g = 0; g < L::kGroups; ++g) {
+        const int c = L::col_of_group(g, lane);
+        const float4 dk = *reinterpret_cast<const float4*>(&sh.dkhat[c]);
+        const float4 dq = *reinterpret_cast<const float4*>(&sh.dqhat[c]);
+        const float* sg = &s[i][4 * g];
+        sk2.x = fmaf(sg[1], dk.y, fmaf(sg[0], dk.x, sk2.x));
+        sk2.y = fmaf(sg[3], dk.w, fmaf(sg[2], dk.z, sk2.y));
+        sq2.x = fmaf(sg[1], dq.y, fmaf(sg[0], dq.x, sq2.x));
+        sq2.y = fmaf(sg[3], dq.w, fmaf(sg[2], dq.z, sq2.y));
+      }
+      sk[i] = sk2.x + sk2.y;
+      sq[i] = sq2.x + sq2.y;
     }
+#pragma unroll
+    for (int off = 1; off < L::kLanes; off <<= 1)
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        sk[i] += __shfl_xor_sync(0xffffffffu, sk[i], off);
+        sq[i] += __shfl_xor_sync(0xffffffffu, sq[i], off);
+      }
     // S ← S·diag(decay) + b (v − S k̂) k̂ᵀ; o = scale · S q̂ = sq + coef · (k̂·q̂)
-    const float coef = b * (in.v - sk);
     const float kq = sh.kq;
-    if (lane == 0) {
-      const __nv_bfloat16 ob = __float2bfloat16_rn(fmaf(coef, kq, sq));
-      p.out[vh * kDecodeDim + row] = *reinterpret_cast<const uint16_t*>(&ob);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const float coef = b * (v[i] - sk[i]);
+      if (lane == 0) {
+        const __nv_bfloat16 ob = __float2bfloat16_rn(fmaf(coef, kq, sq[i]));
+        p.out[vh * kDecodeDim + row0 + i * L::kRowStep] = *reinterpret_cast<const uint16_t*>(&ob);
+      }
+#pragma unroll
+      for (int g = 0; g < L::kGroups; ++g)
+        decay_and_update4(&s[i][4 * g], coef, sh.decay, sh.khat, L::col_of_group(g, lane));
     }
-#pragma unroll
-    for (int g = 0; g < L::kGroups; ++g) decay_and_update4(&s[4 * g], coef, sh.decay, sh.khat, L::col_of_group(g, lane));
     if (p.per_token_states != nullptr) {
+      const int64_t head_off = (static_cast<int64_t>(hv) * kDecodeDim + row0) * kDecodeDim;
       const int64_t base = t * p.num_v_heads * int64_t{kDecodeDim} * kDecodeDim + head_off;
-#pragma unroll
-      for (int j = 0; j < L::kCols / L::kVec; ++j)
-        L::IO::store(p.per_token_states, base + L::col_of_vec(j, lane), &s[L::kVec * j], policy);
+      fused_state_rows<kFp32, P>::store(p.per_token_states, base, s, lane, policy);
     }
     if (t + 1 < t1) __syncthreads();  // the next token overwrites the shared vectors and scratch
   }
@@ -245,7 +291,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
 
   const DecodeTile tile = decode_tile<L::kSlices>(p);
   const int tid = threadIdx.x;
-  const int row = tile.slice * L::kRows + tid / L::kLanes, lane = tid % L::kLanes;
+  const int row = tile.slice * L::kRows + tid / L::kLanes, lane = tid % L::kLanes;  // the thread's first row
   const uint64_t policy = l2_evict_first_policy();
   wait_for_prior_grids();
   allow_dependent_grids();
@@ -259,19 +305,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   if (seq.slot < 0 || seq.slot >= p.pool_size) return;  // padding entry or index past the pool: no access
 
   const int64_t head_off = (static_cast<int64_t>(tile.hv) * kDecodeDim + row) * kDecodeDim;
-  float s[L::kCols];
-  {
-    const int64_t base = seq.slot * p.pool_stride + head_off;
-#pragma unroll
-    for (int j = 0; j < L::kCols / L::kVec; ++j)
-      L::IO::load(p.pool, base + L::col_of_vec(j, lane), &s[L::kVec * j], policy);
-  }
+  float s[P::kRowsPerThread][P::kCols];
+  fused_state_rows<kFp32, P>::load(p.pool, seq.slot * p.pool_stride + head_off, s, lane, policy);
   fused_tokens<kFp32, P>(p, sh, s, first, seq.t0, seq.t1, tile.h, tile.hv, row, lane, exp_a, dt_bias, policy);
-
-  const int64_t base = seq.slot * p.out_stride + head_off;
-#pragma unroll
-  for (int j = 0; j < L::kCols / L::kVec; ++j)
-    L::IO::store(p.out_pool, base + L::col_of_vec(j, lane), &s[L::kVec * j], policy);
+  fused_state_rows<kFp32, P>::store(p.out_pool, seq.slot * p.out_stride + head_off, s, lane, policy);
 }
 
 // Persistent form (A/B candidate): a grid of resident CTAs walks the work items
@@ -308,16 +345,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
       TokenInputs first{};
       if (seq.t0 < seq.t1) first = load_token_inputs(p, seq.t0, tile.h, tile.hv, tid, row);
       const int64_t head_off = (static_cast<int64_t>(tile.hv) * kDecodeDim + row) * kDecodeDim;
-      float s[L::kCols];
-      const int64_t in_base = seq.slot * p.pool_stride + head_off;
-#pragma unroll
-      for (int j = 0; j < L::kCols / L::kVec; ++j)
-        L::IO::load(p.pool, in_base + L::col_of_vec(j, lane), &s[L::kVec * j], policy);
+      float s[P::kRowsPerThread][P::kCols];
+      fused_state_rows<kFp32, P>::load(p.pool, seq.slot * p.pool_stride + head_off, s, lane, policy);
       fused_tokens<kFp32, P>(p, sh, s, first, seq.t0, seq.t1, tile.h, tile.hv, row, lane, exp_a, dt_bias, policy);
-      const int64_t out_base = seq.slot * p.out_stride + head_off;
-#pragma unroll
-      for (int j = 0; j < L::kCols / L::kVec; ++j)
-        L::IO::store(p.out_pool, out_base + L::col_of_vec(j, lane), &s[L::kVec * j], policy);
+      fused_state_rows<kFp32, P>::store(p.out_pool, seq.slot * p.out_stride + head_off, s, lane, policy);
       __syncthreads();  // the next item's token vectors overwrite sh
     }
     tile = next_tile;
