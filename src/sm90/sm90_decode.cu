@@ -43,17 +43,15 @@ constexpr DecodeVariant kDecodeVariants[] = {
     {"lat", &kda_decode_latency_kernel<true, 4>, &kda_decode_latency_kernel<false, 4>},
     // One reduction pass, streaming cache hints, 7 CTAs/SM for fp32 pools.
     fused_variant<DecodePolicy<7, 8>>("fuse-ef-occ"),
-    // 8 lanes a row: a warp's state access covers whole 128-byte lines (fp32), as the
-    // rmw reference's do; 16 rows a CTA, 16 state columns a thread, 8 CTAs/SM.
-    fused_variant<DecodePolicy<8, 8, 8>>("lanes8-ef"),
-    // fuse-ef-occ as a persistent grid, each item's pool slot requested one item ahead.
-    fused_loop_variant<DecodePolicy<7, 7>>("fuse-ef-occ-loop"),
     // 8 lanes a row, two rows a thread (16 apart): whole 128-byte lines per warp access
     // with fuse-ef-occ's 32 rows a CTA, 32 state columns a thread and 7 CTAs/SM.
     fused_variant<DecodePolicy<7, 7, 8, 2>>("rows2-ef"),
-    // 2 lanes a row, 64 state columns a thread: more state bytes in flight per SM
-    // (4 CTAs x 32 KB) than fuse-ef-occ (7 x 16 KB), at half the CTAs.
-    fused_variant<DecodePolicy<4, 4, 2>>("lanes2-ef"),
+    // rows2-ef at 8 CTAs/SM (64 registers); with L1 no-allocate only (no L2 evict-first);
+    // with decode_tile's 32-bit division.
+    fused_variant<DecodePolicy<8, 8, 8, 2>>("rows2-ef-o8"),
+    fused_variant<DecodePolicy<7, 7, 8, 2, false>>("rows2-na"),
+    fused_variant<DecodePolicy<7, 7, 8, 2, true, true>>("rows2-ef-d32"),
+    fused_variant<DecodePolicy<7, 8, 4, 1, false>>("fuse-na"),
 };
 constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
 

@@ -43,8 +43,11 @@ namespace flashkda::sm90 {
 // kLanes apart (2 with 8 lanes: 32 rows per CTA and 32 state columns a thread,
 // as with 4 lanes, but whole lines). kMinBlocksFp32 / kMinBlocksBf16:
 // __launch_bounds__ minimum CTAs per SM.
-template <int kMinBlocksFp32_, int kMinBlocksBf16_, int kLanes_ = 4, int kRowsPerThread_ = 1>
+template <int kMinBlocksFp32_, int kMinBlocksBf16_, int kLanes_ = 4, int kRowsPerThread_ = 1, bool kEvictFirst_ = true,
+          bool kDivide32_ = false>
 struct DecodePolicy {
+  static constexpr bool kEvictFirst = kEvictFirst_;  // L2 evict-first policy on state accesses (else L1 no-allocate only)
+  static constexpr bool kDivide32 = kDivide32_;      // decode_tile's 32-bit division
   static constexpr int kLanes = kLanes_;
   static constexpr int kRowsPerThread = kRowsPerThread_;
   static constexpr int kVecBf16 = 8;
@@ -66,24 +69,34 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
 }
 
 // One 16-byte state vector as four raw 32-bit words, with the streaming hints.
+template <bool kEvictFirst>
 struct WordIO {
   static __device__ __forceinline__ void load(const uint32_t* p, uint32_t (&w)[4], uint64_t policy) {
-    asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "l"(p), "l"(policy));
+    if constexpr (kEvictFirst)
+      asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                   : "l"(p), "l"(policy));
+    else
+      asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                   : "l"(p));
   }
   static __device__ __forceinline__ void store(uint32_t* p, const uint32_t (&w)[4], uint64_t policy) {
-    asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
-                 :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(policy) : "memory");
+    if constexpr (kEvictFirst)
+      asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+                   :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(policy) : "memory");
+    else
+      asm volatile("st.global.L1::no_allocate.v4.u32 [%0], {%1, %2, %3, %4};"
+                   :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
   }
 };
 
 // kVec consecutive state columns at element offset `off` (a multiple of kVec), as floats.
-template <bool kFp32, int kVec>
+template <bool kFp32, int kVec, bool kEvictFirst = true>
 struct StateVecIO {
   static constexpr int kWords = kFp32 ? kVec : kVec / 2;
   static_assert(kWords == 4, "16-byte state accesses");
-  using Words = WordIO;
+  using Words = WordIO<kEvictFirst>;
   static __device__ __forceinline__ void load(const void* base, int64_t off, float* x, uint64_t policy) {
     uint32_t w[kWords];
     if constexpr (kFp32) {
@@ -146,7 +159,7 @@ struct FusedLayout {
   static constexpr int kRowsPerThread = P::kRowsPerThread, kRowStep = P::kRowStep;
   static constexpr int kVec = kFp32 ? 4 : P::kVecBf16;
   static constexpr int kGroupsPerVec = kVec / 4, kGroups = kCols / 4;
-  using IO = StateVecIO<kFp32, kVec>;
+  using IO = StateVecIO<kFp32, kVec, P::kEvictFirst>;
   static __device__ __forceinline__ int col_of_group(int g, int lane) {
     return kVec * (lane + kLanes * (g / kGroupsPerVec)) + 4 * (g % kGroupsPerVec);
   }
@@ -289,7 +302,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   using L = FusedLayout<kFp32, P>;
   __shared__ FusedVectors sh;
 
-  const DecodeTile tile = decode_tile<L::kSlices>(p);
+  const DecodeTile tile = decode_tile<L::kSlices, P::kDivide32>(p);
   const int tid = threadIdx.x;
   const int row = tile.slice * L::kRows + tid / L::kLanes, lane = tid % L::kLanes;  // the thread's first row
   const uint64_t policy = l2_evict_first_policy();
@@ -327,7 +340,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   allow_dependent_grids();
 
   int64_t item = blockIdx.x;
-  DecodeTile tile = decode_tile<L::kSlices>(p, item);
+  DecodeTile tile = decode_tile<L::kSlices, P::kDivide32>(p, item);
   DecodeSequence seq{};
   if (item < p.num_work) seq = decode_sequence(p, tile.n);
   for (; item < p.num_work; item += gridDim.x) {
@@ -335,7 +348,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
     DecodeTile next_tile{};
     DecodeSequence next_seq{};
     if (next_item < p.num_work) {
-      next_tile = decode_tile<L::kSlices>(p, next_item);
+      next_tile = decode_tile<L::kSlices, P::kDivide32>(p, next_item);
       next_seq = decode_sequence(p, next_tile.n);
     }
     if (seq.slot >= 0 && seq.slot < p.pool_size) {  // CTA-uniform: the barrier below is reached by all or none
