@@ -20,8 +20,7 @@
 // "rmw" (a kernel reading and rewriting the state in place, 16 KB per 128-thread
 // CTA, no math: the floor of the decode's access pattern), "rmw-rows" (the same
 // with the decode's row-segment access shape), "rmw-rows-idx" (and its slot
-// read from the index array first), "rmw-rows-idx-ef" (and the decode's cache
-// hints), "rmw-rows-idx-ef@7" (and the fp32 decode's 7 CTAs per SM), "empty" and "empty+pdl"
+// read from the index array first), "empty" and "empty+pdl"
 // (an empty kernel on the decode's grid: the per-node launch floor). All columns
 // of one (N, pool) run in the same process on the same buffers; their graph
 // replays are interleaved (--rounds rounds, each round visiting every column
@@ -83,16 +82,13 @@ __global__ void __launch_bounds__(kRmwThreads) rmw_state(uint4* state, uint32_t 
     base[j * kRmwThreads] = make_uint4(x[j].x ^ flip, x[j].y ^ flip, x[j].z ^ flip, x[j].w ^ flip);
 }
 
-// The decode kernels' per-CTA access shape without their math, in steps from
-// rmw_state (reference columns "rmw-rows", "rmw-rows-idx", "rmw-rows-idx-ef" and
-// "rmw-rows-idx-ef@7"): thread (row, part) of the CTA's 32 rows of 512 bytes (an
-// fp32 slice) moves the 16-byte chunks part + 4·jj of its row, so a warp's access
-// is eight 64-byte segments rather than 512 contiguous bytes; with kIndexed the
-// CTA first reads its slot from the index array, as a decode CTA does, and only
-// then its state; with kHints the accesses carry the decode's cache hints (L1
-// no-allocate, L2 evict-first). "@7" caps the residency at the fused decode
-// kernel's 7 CTAs per SM (fp32) with unused dynamic shared memory.
-template <bool kIndexed, bool kHints>
+// The decode kernels' per-CTA access shape without their math, in two steps
+// from rmw_state (reference columns "rmw-rows" and "rmw-rows-idx"): thread
+// (row, part) of the CTA's 32 rows of 512 bytes (an fp32 slice) moves the 16-byte
+// chunks part + 4·jj of its row, so a warp's access is eight 64-byte segments
+// rather than 512 contiguous bytes; with kIndexed the CTA first reads its slot
+// from the index array, as a decode CTA does, and only then its state.
+template <bool kIndexed>
 __global__ void __launch_bounds__(kRmwThreads) rmw_rows(uint4* pool, const int32_t* idx, int64_t slot_vecs,
                                                          uint32_t flip) {
   constexpr int64_t kCtaVecs = kRmwBytesPerCta / 16, kRowVecs = 32;
@@ -101,32 +97,13 @@ __global__ void __launch_bounds__(kRmwThreads) rmw_rows(uint4* pool, const int32
   const int64_t slot = kIndexed ? idx[n] : n;
   const int row = threadIdx.x / 4, part = threadIdx.x % 4;
   uint4* base = pool + slot * slot_vecs + (blockIdx.x % ctas_per_slot) * kCtaVecs + row * kRowVecs + part;
-  uint64_t policy = 0;
-  if constexpr (kHints) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   uint4 x[kRmwVecsPerThread];
 #pragma unroll
-  for (int j = 0; j < kRmwVecsPerThread; ++j) {
-    if constexpr (kHints)
-      asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                   : "=r"(x[j].x), "=r"(x[j].y), "=r"(x[j].z), "=r"(x[j].w)
-                   : "l"(base + 4 * j), "l"(policy));
-    else
-      x[j] = base[4 * j];
-  }
+  for (int j = 0; j < kRmwVecsPerThread; ++j) x[j] = base[4 * j];
 #pragma unroll
-  for (int j = 0; j < kRmwVecsPerThread; ++j) {
-    const uint4 y = make_uint4(x[j].x ^ flip, x[j].y ^ flip, x[j].z ^ flip, x[j].w ^ flip);
-    if constexpr (kHints)
-      asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
-                   :: "l"(base + 4 * j), "r"(y.x), "r"(y.y), "r"(y.z), "r"(y.w), "l"(policy) : "memory");
-    else
-      base[4 * j] = y;
-  }
+  for (int j = 0; j < kRmwVecsPerThread; ++j)
+    base[4 * j] = make_uint4(x[j].x ^ flip, x[j].y ^ flip, x[j].z ^ flip, x[j].w ^ flip);
 }
-// Dynamic shared memory that leaves room for at most kCappedCtasPerSm CTAs of
-// rmw_rows on an SM (228 KB per SM on the H200, 1 KB of it reserved per CTA).
-constexpr int kCappedCtasPerSm = 7;
-constexpr int kCappedSmemBytes = 30 * 1024;
 
 // Nothing but the programmatic-launch handshake (a no-op without the attribute).
 __global__ void empty_kernel() {
@@ -140,7 +117,7 @@ struct Column {
   Kind kind = Kind::kDecode;
   int variant = -1;  // kDecode: sm90 variant index, -1 = production
   flashkda::PdlMode mode = flashkda::PdlMode::kOff;  // kDecode; kEmpty: kOn or kOff
-  bool indexed = false, hints = false, capped = false;  // kRmwRows: see rmw_rows
+  bool indexed = false;  // kRmwRows: read the slot from the index array first
 };
 
 bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols) {
@@ -175,8 +152,6 @@ bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols
     cols->push_back({"rmw", Kind::kRmw});
     cols->push_back({"rmw-rows", Kind::kRmwRows});
     cols->push_back({"rmw-rows-idx", Kind::kRmwRows, -1, flashkda::PdlMode::kOff, true});
-    cols->push_back({"rmw-rows-idx-ef", Kind::kRmwRows, -1, flashkda::PdlMode::kOff, true, true});
-    cols->push_back({"rmw-rows-idx-ef@7", Kind::kRmwRows, -1, flashkda::PdlMode::kOff, true, true, true});
     cols->push_back({"empty", Kind::kEmpty, -1, flashkda::PdlMode::kOff});
     cols->push_back({"empty+pdl", Kind::kEmpty, -1, flashkda::PdlMode::kOn});
   }
@@ -344,15 +319,8 @@ int main(int argc, char** argv) {
               CHECK_CUDA(cudaGetLastError());
               break;
             case Kind::kRmwRows: {
-              const auto kernel = !c.indexed ? rmw_rows<false, false> : c.hints ? rmw_rows<true, true> : rmw_rows<true, false>;
-              const int smem = c.capped ? kCappedSmemBytes : 0;
-              if (s == 0 && c.capped) {
-                int per_sm = 0;
-                CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRmwThreads, smem));
-                if (per_sm != kCappedCtasPerSm)
-                  std::fprintf(stderr, "%s: %d CTAs per SM, not %d\n", c.label.c_str(), per_sm, kCappedCtasPerSm);
-              }
-              kernel<<<static_cast<unsigned>(state_bytes / kRmwBytesPerCta), kRmwThreads, smem, stream>>>(
+              const auto kernel = c.indexed ? rmw_rows<true> : rmw_rows<false>;
+              kernel<<<static_cast<unsigned>(state_bytes / kRmwBytesPerCta), kRmwThreads, 0, stream>>>(
                   static_cast<uint4*>(pool), idx, state_bytes / N / 16, 0u);
               CHECK_CUDA(cudaGetLastError());
               break;

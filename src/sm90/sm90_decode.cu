@@ -19,17 +19,11 @@ using DecodeKernel = void (*)(DecodeParams);
 struct DecodeVariant {
   const char* name;
   DecodeKernel fp32, bf16;
-  int slices = kDecodeSlices;  // work items per (sequence, value head)
-  bool persistent = false;     // a grid of resident CTAs walks the items (else one CTA per item)
 };
 
 template <class P>
 constexpr DecodeVariant fused_variant(const char* name) {
-  return {name, &kda_decode_fused_kernel<true, P>, &kda_decode_fused_kernel<false, P>, P::kSlices};
-}
-template <class P>
-constexpr DecodeVariant fused_loop_variant(const char* name) {
-  return {name, &kda_decode_fused_loop_kernel<true, P>, &kda_decode_fused_loop_kernel<false, P>, P::kSlices, true};
+  return {name, &kda_decode_fused_kernel<true, P>, &kda_decode_fused_kernel<false, P>};
 }
 
 // Every variant has the same work items: kDecodeSlices CTAs per (sequence, head).
@@ -37,21 +31,17 @@ constexpr DecodeVariant fused_loop_variant(const char* name) {
 // decode_fused_kernel.cuh and docs/perf-log.md (decode), which also keeps the
 // measurements of the variants that lost and were removed (d2, d3, fuse without
 // cache hints, fuse-ef at 4 CTAs/SM, fuse-ef-occ with approximate intrinsics,
-// fuse-occ, lanes8, stream, bulk).
+// fuse-occ, lanes8, lanes8-ef, lanes2-ef, stream, bulk, fuse-ef-occ-loop, rows2
+// at 8 CTAs/SM, without evict-first or with 32-bit tile division).
 constexpr DecodeVariant kDecodeVariants[] = {
     // Warp-built token vectors with approximate intrinsics, one state pass for both dot products.
     {"lat", &kda_decode_latency_kernel<true, 4>, &kda_decode_latency_kernel<false, 4>},
-    // One reduction pass, streaming cache hints, 7 CTAs/SM for fp32 pools.
+    // One reduction pass, streaming cache hints, 4 lanes a row, 7 CTAs/SM for fp32 pools, 8 for bf16.
     fused_variant<DecodePolicy<7, 8>>("fuse-ef-occ"),
-    // 8 lanes a row, two rows a thread (16 apart): whole 128-byte lines per warp access
-    // with fuse-ef-occ's 32 rows a CTA, 32 state columns a thread and 7 CTAs/SM.
-    fused_variant<DecodePolicy<7, 7, 8, 2>>("rows2-ef"),
-    // rows2-ef at 8 CTAs/SM (64 registers); with L1 no-allocate only (no L2 evict-first);
-    // with decode_tile's 32-bit division.
-    fused_variant<DecodePolicy<8, 8, 8, 2>>("rows2-ef-o8"),
-    fused_variant<DecodePolicy<7, 7, 8, 2, false>>("rows2-na"),
-    fused_variant<DecodePolicy<7, 7, 8, 2, true, true>>("rows2-ef-d32"),
-    fused_variant<DecodePolicy<7, 8, 4, 1, false>>("fuse-na"),
+    // fuse-ef-occ with 8 lanes a row and two rows a thread (16 apart): a warp's
+    // state access is whole 128-byte lines (fp32), with the same 32 rows a CTA,
+    // 32 state columns a thread and 7 CTAs/SM.
+    fused_variant<DecodePolicy<7, 7, 8, 2>>("rows2"),
 };
 constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
 
@@ -62,21 +52,26 @@ constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / si
 // on for bf16 pools (6.66 against 8.11 µs: lat's 8-byte bf16 accesses at 4 CTAs
 // per SM keep too little in flight) and at N = 64 for fp32 pools (70.9 against
 // 75.6 µs), while lat still wins fp32 at N = 8 (8.74 against 9.28 µs).
-constexpr int kLatencyDecodeVariant = 0;  // lat
-constexpr int kBandwidthDecodeVariant = 1;  // fuse-ef-occ
+// For fp32 pools rows2 then beats fuse-ef-occ (N = 256: 279.1 against 284.7 µs,
+// N = 1024: 1114 against 1140, level at N = 64); for bf16 pools it loses (N = 256:
+// 164.7 against 162.8; its bf16 build has 7 CTAs/SM, fuse-ef-occ's 8).
+constexpr int kLatencyDecodeVariant = 0;        // lat
+constexpr int kBandwidthDecodeVariantBf16 = 1;  // fuse-ef-occ
+constexpr int kBandwidthDecodeVariantFp32 = 2;  // rows2
 // (sequence, value head) pairs from which the bandwidth kernel runs (H = 32:
 // 256 pairs are N = 8, 512 are N = 16). fp32: lat wins at N = 8 (8.72 against
-// 9.25 µs), fuse-ef-occ at N = 16 (15.25 against 15.63). bf16: fuse-ef-occ
-// wins from N = 8 on.
+// 9.25 µs for fuse-ef-occ), the bandwidth kernel at N = 16 (fuse-ef-occ 15.25
+// against 15.63). bf16: fuse-ef-occ wins from N = 8 on.
 constexpr int64_t kBandwidthFromPairsFp32 = 512;
 constexpr int64_t kBandwidthFromPairsBf16 = 256;
 constexpr bool same_name(const char* a, const char* b) { return *a == *b && (*a == '\0' || same_name(a + 1, b + 1)); }
 static_assert(same_name(kDecodeVariants[kLatencyDecodeVariant].name, "lat") &&
-                  same_name(kDecodeVariants[kBandwidthDecodeVariant].name, "fuse-ef-occ"),
+                  same_name(kDecodeVariants[kBandwidthDecodeVariantBf16].name, "fuse-ef-occ") &&
+                  same_name(kDecodeVariants[kBandwidthDecodeVariantFp32].name, "rows2"),
               "production indices name the measured kernels");
 int production_variant(int64_t pairs, bool fp32) {
-  return pairs >= (fp32 ? kBandwidthFromPairsFp32 : kBandwidthFromPairsBf16) ? kBandwidthDecodeVariant
-                                                                             : kLatencyDecodeVariant;
+  if (fp32) return pairs >= kBandwidthFromPairsFp32 ? kBandwidthDecodeVariantFp32 : kLatencyDecodeVariant;
+  return pairs >= kBandwidthFromPairsBf16 ? kBandwidthDecodeVariantBf16 : kLatencyDecodeVariant;
 }
 
 // PdlMode::kAuto: PDL on. With the latency kernel it saved 0.3 µs at N = 1
@@ -87,28 +82,6 @@ int production_variant(int64_t pairs, bool fp32) {
 bool use_pdl(PdlMode mode) { return mode != PdlMode::kOff; }
 
 std::atomic<int> g_decode_variant_override{-1};
-
-// Resident CTAs per SM times SMs, per device, variant and state dtype: the grid
-// of a persistent variant, looked up once (a small step is latency-bound).
-Status persistent_grid(int variant, bool fp32, DecodeKernel kernel, int64_t* ctas) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int64_t> cache[kMaxDevices][kNumDecodeVariants][2];  // 0: not yet known
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  std::atomic<int64_t>* slot = e == cudaSuccess && dev >= 0 && dev < kMaxDevices ? &cache[dev][variant][fp32] : nullptr;
-  int64_t grid = slot != nullptr ? slot->load(std::memory_order_relaxed) : 0;
-  if (grid == 0 && e == cudaSuccess) {
-    int sms = 0, per_sm = 0;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kDecodeThreads, 0);
-    grid = int64_t{per_sm > 0 ? per_sm : 1} * sms;
-    if (e == cudaSuccess && slot != nullptr) slot->store(grid, std::memory_order_relaxed);
-  }
-  if (e != cudaSuccess)
-    return {StatusCode::kCudaError, std::string("backend kCuda: sizing the persistent decode grid: ") + cudaGetErrorString(e)};
-  if (grid < *ctas) *ctas = grid;
-  return Status::Ok();
-}
 
 }  // namespace
 
@@ -124,7 +97,7 @@ Status check_decode_supported(const DecodeArgs& args) {
                                 std::to_string(args.head_dim_k) + ", V=" + std::to_string(args.head_dim_v) +
                                 "); the CPU backends run any head dim");
   const int64_t hv = args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;
-  if (args.num_seqs * hv * kMaxDecodeSlices > int64_t{0x7fffffff})
+  if (args.num_seqs * hv * kDecodeSlices > int64_t{0x7fffffff})
     return Status::NotSupported("num_seqs x num_v_heads: too many (sequence, head) pairs for one launch (" +
                                 std::to_string(args.num_seqs * hv) + ")");
   return Status::Ok();
@@ -162,13 +135,8 @@ Status decode(const DecodeArgs& a, void* stream) {
   const int forced = g_decode_variant_override.load();
   const int variant = forced >= 0 ? forced : production_variant(pairs, fp32);
   const DecodeKernel kernel = fp32 ? kDecodeVariants[variant].fp32 : kDecodeVariants[variant].bf16;
-  p.num_work = pairs * kDecodeVariants[variant].slices;  // below 2^31: check_decode_supported
-  int64_t ctas = p.num_work;
+  const int64_t ctas = pairs * kDecodeSlices;  // below 2^31: check_decode_supported
   if (ctas == 0) return Status::Ok();
-  if (kDecodeVariants[variant].persistent) {
-    const Status s = persistent_grid(variant, fp32, kernel, &ctas);
-    if (!s.ok()) return s;
-  }
 
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(ctas));

@@ -35,14 +35,12 @@ struct DecodeParams {
   int32_t index_is_64;
   int32_t num_heads, num_v_heads;
   float scale, lower_bound;
-  int64_t num_work;  // work items: (sequence, value head, slice); below 2^31 (check_decode_supported)
 };
 
 constexpr int kDecodeDim = 128;                                // K = V
 constexpr int kDecodeRows = 32;                                // rows of V per CTA
 constexpr int kDecodeThreads = 128;                            // 4 threads per row
 constexpr int kDecodeSlices = kDecodeDim / kDecodeRows;        // CTAs per (sequence, head)
-constexpr int kMaxDecodeSlices = 8;                            // any variant's CTAs per (sequence, head)
 constexpr int kDecodeColsPerThread = kDecodeDim / 4;           // 32
 
 template <bool kFp32>

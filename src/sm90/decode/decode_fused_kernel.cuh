@@ -1,6 +1,6 @@
 // The bandwidth-bound decode kernel (production from 256-512 (sequence, head)
-// pairs as fuse-ef-occ; the variants and the rule are in sm90_decode.cu, the
-// measurements in docs/perf-log.md, decode). It started from d2, the first
+// pairs: rows2 for fp32 pools, fuse-ef-occ for bf16; the variants and the rule
+// are in sm90_decode.cu, the measurements in docs/perf-log.md, decode). It started from d2, the first
 // decode kernel (removed: the latency kernel replaced it), with the same work
 // split (one 128-thread CTA per sequence, value head and slice of rows of V; the
 // state in registers; per-column vectors in shared memory) and these changes:
@@ -23,10 +23,14 @@
 //   per instruction for bf16 (8-byte accesses), one sector at a time.
 // * State loads skip L1, and state loads and stores carry an L2 evict-first
 //   policy: each state byte is read once and written once per step.
-// The one knob (DecodePolicy) is the minimum CTAs per SM; the variants built
-// are listed in sm90_decode.cu. Variants that
-// lost the A/B (no cache hints, 8 lanes a row, 8-byte bf16 accesses) are in the
-// perf log, not here.
+// * rows2 (fp32 pools): 8 lanes share a row and each thread holds two rows 16
+//   apart, so a warp's state access is four whole 128-byte lines instead of
+//   eight 64-byte halves, with the same 32 rows a CTA, 32 columns a thread and
+//   7 CTAs per SM (N = 256: 279 against 285 µs).
+// The knobs (DecodePolicy) are the minimum CTAs per SM, the lanes a row and the
+// rows a thread; the variants built are listed in sm90_decode.cu. Variants that
+// lost the A/B (no cache hints, 8 lanes a row with one row a thread, 2 lanes a
+// row, a persistent grid, 8-byte bf16 accesses) are in the perf log, not here.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -43,11 +47,8 @@ namespace flashkda::sm90 {
 // kLanes apart (2 with 8 lanes: 32 rows per CTA and 32 state columns a thread,
 // as with 4 lanes, but whole lines). kMinBlocksFp32 / kMinBlocksBf16:
 // __launch_bounds__ minimum CTAs per SM.
-template <int kMinBlocksFp32_, int kMinBlocksBf16_, int kLanes_ = 4, int kRowsPerThread_ = 1, bool kEvictFirst_ = true,
-          bool kDivide32_ = false>
+template <int kMinBlocksFp32_, int kMinBlocksBf16_, int kLanes_ = 4, int kRowsPerThread_ = 1>
 struct DecodePolicy {
-  static constexpr bool kEvictFirst = kEvictFirst_;  // L2 evict-first policy on state accesses (else L1 no-allocate only)
-  static constexpr bool kDivide32 = kDivide32_;      // decode_tile's 32-bit division
   static constexpr int kLanes = kLanes_;
   static constexpr int kRowsPerThread = kRowsPerThread_;
   static constexpr int kVecBf16 = 8;
@@ -57,8 +58,8 @@ struct DecodePolicy {
   static constexpr int kRows = kRowStep * kRowsPerThread;        // rows of V per CTA
   static constexpr int kSlices = kDecodeDim / kRows;             // CTAs per (sequence, head)
   static constexpr int kCols = kDecodeDim / kLanes;              // state columns per thread and row
-  static_assert(kLanes == 2 || kLanes == 4 || kLanes == 8, "a row's lanes reduce with shuffles inside a warp");
-  static_assert(kSlices >= 1 && kSlices <= kMaxDecodeSlices, "check_decode_supported bounds the grid with kMaxDecodeSlices");
+  static_assert(kLanes == 4 || kLanes == 8, "a row's lanes reduce with shuffles inside a warp");
+  static_assert(kSlices == kDecodeSlices, "every decode kernel has the same work items (sm90_decode.cu sizes the grid)");
 };
 
 // An L2 policy that makes lines first in line for eviction.
@@ -69,34 +70,24 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
 }
 
 // One 16-byte state vector as four raw 32-bit words, with the streaming hints.
-template <bool kEvictFirst>
 struct WordIO {
   static __device__ __forceinline__ void load(const uint32_t* p, uint32_t (&w)[4], uint64_t policy) {
-    if constexpr (kEvictFirst)
-      asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                   : "l"(p), "l"(policy));
-    else
-      asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                   : "l"(p));
+    asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "l"(p), "l"(policy));
   }
   static __device__ __forceinline__ void store(uint32_t* p, const uint32_t (&w)[4], uint64_t policy) {
-    if constexpr (kEvictFirst)
-      asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
-                   :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(policy) : "memory");
-    else
-      asm volatile("st.global.L1::no_allocate.v4.u32 [%0], {%1, %2, %3, %4};"
-                   :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+    asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+                 :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(policy) : "memory");
   }
 };
 
 // kVec consecutive state columns at element offset `off` (a multiple of kVec), as floats.
-template <bool kFp32, int kVec, bool kEvictFirst = true>
+template <bool kFp32, int kVec>
 struct StateVecIO {
   static constexpr int kWords = kFp32 ? kVec : kVec / 2;
   static_assert(kWords == 4, "16-byte state accesses");
-  using Words = WordIO<kEvictFirst>;
+  using Words = WordIO;
   static __device__ __forceinline__ void load(const void* base, int64_t off, float* x, uint64_t policy) {
     uint32_t w[kWords];
     if constexpr (kFp32) {
@@ -159,7 +150,7 @@ struct FusedLayout {
   static constexpr int kRowsPerThread = P::kRowsPerThread, kRowStep = P::kRowStep;
   static constexpr int kVec = kFp32 ? 4 : P::kVecBf16;
   static constexpr int kGroupsPerVec = kVec / 4, kGroups = kCols / 4;
-  using IO = StateVecIO<kFp32, kVec, P::kEvictFirst>;
+  using IO = StateVecIO<kFp32, kVec>;
   static __device__ __forceinline__ int col_of_group(int g, int lane) {
     return kVec * (lane + kLanes * (g / kGroupsPerVec)) + 4 * (g % kGroupsPerVec);
   }
@@ -302,7 +293,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   using L = FusedLayout<kFp32, P>;
   __shared__ FusedVectors sh;
 
-  const DecodeTile tile = decode_tile<L::kSlices, P::kDivide32>(p);
+  const DecodeTile tile = decode_tile<L::kSlices>(p);
   const int tid = threadIdx.x;
   const int row = tile.slice * L::kRows + tid / L::kLanes, lane = tid % L::kLanes;  // the thread's first row
   const uint64_t policy = l2_evict_first_policy();
@@ -311,8 +302,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
 
   // As in d2: everything that does not depend on the pool slot is requested first.
   const DecodeSequence seq = decode_sequence(p, tile.n);
-  const float exp_a = expf(p.A_log[tile.hv]);
-  const float dt_bias = p.dt_bias[static_cast<int64_t>(tile.hv) * kDecodeDim + tid];  // thread tid: column tid
   TokenInputs first{};
   if (seq.t0 < seq.t1) first = load_token_inputs(p, seq.t0, tile.h, tile.hv, tid, row);
   if (seq.slot < 0 || seq.slot >= p.pool_size) return;  // padding entry or index past the pool: no access
@@ -320,53 +309,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   const int64_t head_off = (static_cast<int64_t>(tile.hv) * kDecodeDim + row) * kDecodeDim;
   float s[P::kRowsPerThread][P::kCols];
   fused_state_rows<kFp32, P>::load(p.pool, seq.slot * p.pool_stride + head_off, s, lane, policy);
+  // The gate's weights after the state loads: their latency hides behind the
+  // state's, and held across the loads they cost rows2 a spill.
+  const float exp_a = expf(p.A_log[tile.hv]);
+  const float dt_bias = p.dt_bias[static_cast<int64_t>(tile.hv) * kDecodeDim + tid];  // thread tid: column tid
   fused_tokens<kFp32, P>(p, sh, s, first, seq.t0, seq.t1, tile.h, tile.hv, row, lane, exp_a, dt_bias, policy);
   fused_state_rows<kFp32, P>::store(p.out_pool, seq.slot * p.out_stride + head_off, s, lane, policy);
-}
-
-// Persistent form (A/B candidate): a grid of resident CTAs walks the work items
-// (item += gridDim.x), and each item's pool slot is requested one item ahead, so
-// the index round trip that starts every one-item CTA's chain overlaps the
-// previous item's state traffic. Same math, layout and cache hints.
-template <bool kFp32, class P>
-__global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P::kMinBlocksBf16)
-    kda_decode_fused_loop_kernel(const __grid_constant__ DecodeParams p) {
-  using L = FusedLayout<kFp32, P>;
-  __shared__ FusedVectors sh;
-
-  const int tid = threadIdx.x, lane = tid % L::kLanes;
-  const uint64_t policy = l2_evict_first_policy();
-  wait_for_prior_grids();
-  allow_dependent_grids();
-
-  int64_t item = blockIdx.x;
-  DecodeTile tile = decode_tile<L::kSlices, P::kDivide32>(p, item);
-  DecodeSequence seq{};
-  if (item < p.num_work) seq = decode_sequence(p, tile.n);
-  for (; item < p.num_work; item += gridDim.x) {
-    const int64_t next_item = item + gridDim.x;
-    DecodeTile next_tile{};
-    DecodeSequence next_seq{};
-    if (next_item < p.num_work) {
-      next_tile = decode_tile<L::kSlices, P::kDivide32>(p, next_item);
-      next_seq = decode_sequence(p, next_tile.n);
-    }
-    if (seq.slot >= 0 && seq.slot < p.pool_size) {  // CTA-uniform: the barrier below is reached by all or none
-      const int row = tile.slice * L::kRows + tid / L::kLanes;
-      const float exp_a = expf(p.A_log[tile.hv]);
-      const float dt_bias = p.dt_bias[static_cast<int64_t>(tile.hv) * kDecodeDim + tid];
-      TokenInputs first{};
-      if (seq.t0 < seq.t1) first = load_token_inputs(p, seq.t0, tile.h, tile.hv, tid, row);
-      const int64_t head_off = (static_cast<int64_t>(tile.hv) * kDecodeDim + row) * kDecodeDim;
-      float s[P::kRowsPerThread][P::kCols];
-      fused_state_rows<kFp32, P>::load(p.pool, seq.slot * p.pool_stride + head_off, s, lane, policy);
-      fused_tokens<kFp32, P>(p, sh, s, first, seq.t0, seq.t1, tile.h, tile.hv, row, lane, exp_a, dt_bias, policy);
-      fused_state_rows<kFp32, P>::store(p.out_pool, seq.slot * p.out_stride + head_off, s, lane, policy);
-      __syncthreads();  // the next item's token vectors overwrite sh
-    }
-    tile = next_tile;
-    seq = next_seq;
-  }
 }
 
 }  // namespace flashkda::sm90
