@@ -6,8 +6,9 @@
 //
 // Work split (every kernel): one CTA of 128 threads per work item (sequence,
 // value head, slice of 32 rows of V); four threads share a row of V and hold
-// 32 of its 128 key columns in registers; row dot products reduce over the
-// row's four lanes. The kernels: decode_latency_kernel.cuh (few sequences) and
+// 32 of its 128 key columns in registers (rows2: eight threads a row, 16 of its
+// columns for each of two rows a thread); row dot products reduce over the
+// row's lanes. The kernels: decode_latency_kernel.cuh (few sequences) and
 // decode_fused_kernel.cuh (many); their A/B history is in docs/perf-log.md.
 #pragma once
 #include <cuda_bf16.h>
