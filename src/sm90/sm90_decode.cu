@@ -19,11 +19,21 @@ using DecodeKernel = void (*)(DecodeParams);
 struct DecodeVariant {
   const char* name;
   DecodeKernel fp32, bf16;
+  // The bf16 kernel rounds the state after every token (PackedBf16StateRegs):
+  // steps with more than one token a sequence (or cu_seqlens) run the bf16
+  // bandwidth kernel fuse-ef-occ instead.
+  bool bf16_one_token_only = false;
 };
 
 template <class P>
 constexpr DecodeVariant fused_variant(const char* name) {
   return {name, &kda_decode_fused_kernel<true, P>, &kda_decode_fused_kernel<false, P>};
+}
+// fp32 pools: rows2; bf16 pools: the state kept as bf16 pairs in registers.
+template <class PBf16>
+constexpr DecodeVariant packed_variant(const char* name) {
+  return {name, &kda_decode_fused_kernel<true, DecodePolicy<7, 7, 8, 2>>, &kda_decode_fused_kernel<false, PBf16, true>,
+          true};
 }
 
 // Every variant has the same work items: kDecodeSlices CTAs per (sequence, head).
@@ -42,6 +52,11 @@ constexpr DecodeVariant kDecodeVariants[] = {
     // state access is whole 128-byte lines (fp32), with the same 32 rows a CTA,
     // 32 state columns a thread and 7 CTAs/SM.
     fused_variant<DecodePolicy<7, 7, 8, 2>>("rows2"),
+    // A/B candidates (bf16 pools, one token a sequence): the state as bf16 pairs in
+    // registers, at 10 CTAs/SM (48 registers, no spill) and 12 (40, spills 68 bytes).
+    // In rows2's shape at 10 CTAs/SM it spills 192 bytes (not built).
+    packed_variant<DecodePolicy<7, 10>>("packed"),
+    packed_variant<DecodePolicy<7, 12>>("packed12"),
 };
 constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
 
@@ -133,7 +148,9 @@ Status decode(const DecodeArgs& a, void* stream) {
   const int64_t pairs = a.num_seqs * HV;
   const bool fp32 = a.state_dtype == DType::kFP32;
   const int forced = g_decode_variant_override.load();
-  const int variant = forced >= 0 ? forced : production_variant(pairs, fp32);
+  int variant = forced >= 0 ? forced : production_variant(pairs, fp32);
+  if (!fp32 && kDecodeVariants[variant].bf16_one_token_only && (a.cu_seqlens != nullptr || a.tokens_per_seq != 1))
+    variant = kBandwidthDecodeVariantBf16;
   const DecodeKernel kernel = fp32 ? kDecodeVariants[variant].fp32 : kDecodeVariants[variant].bf16;
   const int64_t ctas = pairs * kDecodeSlices;  // below 2^31: check_decode_supported
   if (ctas == 0) return Status::Ok();

@@ -35,6 +35,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "sm90/decode/decode_common.cuh"
 
@@ -191,28 +192,89 @@ __device__ __forceinline__ float fused_token_vectors(const DecodeParams& p, Fuse
   return b;
 }
 
-// The thread's state rows row0 + i·kRowStep, from or to element offset `base`
-// (row0's first column) of a state array.
+// The thread's state registers for rows row0 + i·kRowStep, read and written in
+// 4-column groups (group g of row i: columns col_of_group(g, lane)), loaded from
+// and stored to element offset `base` (row0's first column) of a state array.
+// FloatStateRegs keeps them as floats (any pool dtype; a sequence's tokens
+// accumulate in fp32 and are rounded once, on the store).
 template <bool kFp32, class P>
-struct fused_state_rows {
+struct FloatStateRegs {
   using L = FusedLayout<kFp32, P>;
-  static __device__ __forceinline__ void load(const void* src, int64_t base, float (&s)[P::kRowsPerThread][P::kCols],
-                                              int lane, uint64_t policy) {
+  float v[P::kRowsPerThread][P::kCols];
+  __device__ __forceinline__ float4 group(int i, int g) const {
+    return make_float4(v[i][4 * g], v[i][4 * g + 1], v[i][4 * g + 2], v[i][4 * g + 3]);
+  }
+  __device__ __forceinline__ float4 group_for_update(int i, int g) const { return group(i, g); }
+  __device__ __forceinline__ void set_group(int i, int g, float4 x) {
+    v[i][4 * g] = x.x; v[i][4 * g + 1] = x.y; v[i][4 * g + 2] = x.z; v[i][4 * g + 3] = x.w;
+  }
+  __device__ __forceinline__ void load(const void* src, int64_t base, int lane, uint64_t policy) {
 #pragma unroll
     for (int i = 0; i < L::kRowsPerThread; ++i)
 #pragma unroll
       for (int j = 0; j < L::kCols / L::kVec; ++j)
-        L::IO::load(src, base + int64_t{i} * L::kRowStep * kDecodeDim + L::col_of_vec(j, lane), &s[i][L::kVec * j],
+        L::IO::load(src, base + int64_t{i} * L::kRowStep * kDecodeDim + L::col_of_vec(j, lane), &v[i][L::kVec * j],
                     policy);
   }
-  static __device__ __forceinline__ void store(void* dst, int64_t base, const float (&s)[P::kRowsPerThread][P::kCols],
-                                               int lane, uint64_t policy) {
+  __device__ __forceinline__ void store(void* dst, int64_t base, int lane, uint64_t policy) const {
 #pragma unroll
     for (int i = 0; i < L::kRowsPerThread; ++i)
 #pragma unroll
       for (int j = 0; j < L::kCols / L::kVec; ++j)
-        L::IO::store(dst, base + int64_t{i} * L::kRowStep * kDecodeDim + L::col_of_vec(j, lane), &s[i][L::kVec * j],
+        L::IO::store(dst, base + int64_t{i} * L::kRowStep * kDecodeDim + L::col_of_vec(j, lane), &v[i][L::kVec * j],
                      policy);
+  }
+};
+
+// bf16 pools: the state kept as the pool's bf16 pairs, half the registers of
+// FloatStateRegs (so more CTAs per SM, more state in flight). Every set_group
+// rounds to bf16, so a sequence's state is rounded after each of its tokens:
+// the same result as FloatStateRegs for one token a sequence, not for more
+// (sm90_decode.cu runs it for one token a sequence only).
+template <class P>
+struct PackedBf16StateRegs {
+  using L = FusedLayout<false, P>;
+  static constexpr int kWords = P::kCols / 2;  // two columns a word, the lower column in the low half
+  uint32_t w[P::kRowsPerThread][kWords];
+  __device__ __forceinline__ float4 group(int i, int g) const {
+    const uint32_t a = w[i][2 * g], b = w[i][2 * g + 1];
+    return make_float4(__uint_as_float(a << 16), __uint_as_float(a & 0xffff0000u), __uint_as_float(b << 16),
+                       __uint_as_float(b & 0xffff0000u));
+  }
+  // The same values as group(), unpacked by byte permutes instead of shifts so
+  // that the compiler does not keep the dot-product pass's unpacked floats alive
+  // until the update pass (which would cost the registers packing saves).
+  __device__ __forceinline__ float4 group_for_update(int i, int g) const {
+    const uint32_t a = w[i][2 * g], b = w[i][2 * g + 1];
+    return make_float4(__uint_as_float(__byte_perm(a, 0u, 0x1044)), __uint_as_float(__byte_perm(a, 0u, 0x3244)),
+                       __uint_as_float(__byte_perm(b, 0u, 0x1044)), __uint_as_float(__byte_perm(b, 0u, 0x3244)));
+  }
+  __device__ __forceinline__ void set_group(int i, int g, float4 x) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+    w[i][2 * g] = *reinterpret_cast<const uint32_t*>(&lo);
+    w[i][2 * g + 1] = *reinterpret_cast<const uint32_t*>(&hi);
+  }
+  __device__ __forceinline__ void load(const void* src, int64_t base, int lane, uint64_t policy) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+#pragma unroll
+    for (int i = 0; i < L::kRowsPerThread; ++i)
+#pragma unroll
+      for (int j = 0; j < L::kCols / L::kVec; ++j) {
+        const int64_t off = base + int64_t{i} * L::kRowStep * kDecodeDim + L::col_of_vec(j, lane);
+        uint32_t(&x)[4] = *reinterpret_cast<uint32_t(*)[4]>(&w[i][4 * j]);
+        WordIO::load(reinterpret_cast<const uint32_t*>(s + off), x, policy);
+      }
+  }
+  __device__ __forceinline__ void store(void* dst, int64_t base, int lane, uint64_t policy) const {
+    uint16_t* d = static_cast<uint16_t*>(dst);
+#pragma unroll
+    for (int i = 0; i < L::kRowsPerThread; ++i)
+#pragma unroll
+      for (int j = 0; j < L::kCols / L::kVec; ++j) {
+        const int64_t off = base + int64_t{i} * L::kRowStep * kDecodeDim + L::col_of_vec(j, lane);
+        const uint32_t(&x)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&w[i][4 * j]);
+        WordIO::store(reinterpret_cast<uint32_t*>(d + off), x, policy);
+      }
   }
 };
 
@@ -221,10 +283,9 @@ struct fused_state_rows {
 // `next` holds token t0's inputs (its v: row0's); each token requests the
 // following one's before its own math. The caller needs a barrier before `sh`
 // is written again after this returns.
-template <bool kFp32, class P>
-__device__ __forceinline__ void fused_tokens(const DecodeParams& p, FusedVectors& sh,
-                                             float (&s)[P::kRowsPerThread][P::kCols], TokenInputs next, int64_t t0,
-                                             int64_t t1, int h, int hv, int row0, int lane, float exp_a,
+template <bool kFp32, class P, class Regs>
+__device__ __forceinline__ void fused_tokens(const DecodeParams& p, FusedVectors& sh, Regs& s, TokenInputs next,
+                                             int64_t t0, int64_t t1, int h, int hv, int row0, int lane, float exp_a,
                                              float dt_bias, uint64_t policy) {
   using L = FusedLayout<kFp32, P>;
   constexpr int R = L::kRowsPerThread;
@@ -249,11 +310,11 @@ __device__ __forceinline__ void fused_tokens(const DecodeParams& p, FusedVectors
         const int c = L::col_of_group(g, lane);
         const float4 dk = *reinterpret_cast<const float4*>(&sh.dkhat[c]);
         const float4 dq = *reinterpret_cast<const float4*>(&sh.dqhat[c]);
-        const float* sg = &s[i][4 * g];
-        sk2.x = fmaf(sg[1], dk.y, fmaf(sg[0], dk.x, sk2.x));
-        sk2.y = fmaf(sg[3], dk.w, fmaf(sg[2], dk.z, sk2.y));
-        sq2.x = fmaf(sg[1], dq.y, fmaf(sg[0], dq.x, sq2.x));
-        sq2.y = fmaf(sg[3], dq.w, fmaf(sg[2], dq.z, sq2.y));
+        const float4 sg = s.group(i, g);
+        sk2.x = fmaf(sg.y, dk.y, fmaf(sg.x, dk.x, sk2.x));
+        sk2.y = fmaf(sg.w, dk.w, fmaf(sg.z, dk.z, sk2.y));
+        sq2.x = fmaf(sg.y, dq.y, fmaf(sg.x, dq.x, sq2.x));
+        sq2.y = fmaf(sg.w, dq.w, fmaf(sg.z, dq.z, sq2.y));
       }
       sk[i] = sk2.x + sk2.y;
       sq[i] = sq2.x + sq2.y;
@@ -275,22 +336,28 @@ __device__ __forceinline__ void fused_tokens(const DecodeParams& p, FusedVectors
         p.out[vh * kDecodeDim + row0 + i * L::kRowStep] = *reinterpret_cast<const uint16_t*>(&ob);
       }
 #pragma unroll
-      for (int g = 0; g < L::kGroups; ++g)
-        decay_and_update4(&s[i][4 * g], coef, sh.decay, sh.khat, L::col_of_group(g, lane));
+      for (int g = 0; g < L::kGroups; ++g) {
+        float4 x = s.group_for_update(i, g);
+        decay_and_update4(&x.x, coef, sh.decay, sh.khat, L::col_of_group(g, lane));
+        s.set_group(i, g, x);
+      }
     }
     if (p.per_token_states != nullptr) {
       const int64_t head_off = (static_cast<int64_t>(hv) * kDecodeDim + row0) * kDecodeDim;
       const int64_t base = t * p.num_v_heads * int64_t{kDecodeDim} * kDecodeDim + head_off;
-      fused_state_rows<kFp32, P>::store(p.per_token_states, base, s, lane, policy);
+      s.store(p.per_token_states, base, lane, policy);
     }
     if (t + 1 < t1) __syncthreads();  // the next token overwrites the shared vectors and scratch
   }
 }
 
-template <bool kFp32, class P>
+// kPacked (bf16 pools only): the state in PackedBf16StateRegs, else FloatStateRegs.
+template <bool kFp32, class P, bool kPacked = false>
 __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P::kMinBlocksBf16)
     kda_decode_fused_kernel(const __grid_constant__ DecodeParams p) {
+  static_assert(!(kPacked && kFp32), "packed state registers hold bf16 pools");
   using L = FusedLayout<kFp32, P>;
+  using Regs = std::conditional_t<kPacked, PackedBf16StateRegs<P>, FloatStateRegs<kFp32, P>>;
   __shared__ FusedVectors sh;
 
   const DecodeTile tile = decode_tile<L::kSlices>(p);
@@ -312,10 +379,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   if (seq.slot < 0 || seq.slot >= p.pool_size) return;  // padding entry or index past the pool: no access
 
   const int64_t head_off = (static_cast<int64_t>(tile.hv) * kDecodeDim + row) * kDecodeDim;
-  float s[P::kRowsPerThread][P::kCols];
-  fused_state_rows<kFp32, P>::load(p.pool, seq.slot * p.pool_stride + head_off, s, lane, policy);
+  Regs s;
+  s.load(p.pool, seq.slot * p.pool_stride + head_off, lane, policy);
   fused_tokens<kFp32, P>(p, sh, s, first, seq.t0, seq.t1, tile.h, tile.hv, row, lane, exp_a, dt_bias, policy);
-  fused_state_rows<kFp32, P>::store(p.out_pool, seq.slot * p.out_stride + head_off, s, lane, policy);
+  s.store(p.out_pool, seq.slot * p.out_stride + head_off, lane, policy);
 }
 
 }  // namespace flashkda::sm90
