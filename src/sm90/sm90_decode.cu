@@ -52,11 +52,9 @@ constexpr DecodeVariant kDecodeVariants[] = {
     // state access is whole 128-byte lines (fp32), with the same 32 rows a CTA,
     // 32 state columns a thread and 7 CTAs/SM.
     fused_variant<DecodePolicy<7, 7, 8, 2>>("rows2"),
-    // A/B candidates (bf16 pools, one token a sequence): the state as bf16 pairs in
-    // registers, at 10 CTAs/SM (48 registers, no spill) and 12 (40, spills 68 bytes).
-    // In rows2's shape at 10 CTAs/SM it spills 192 bytes (not built).
+    // bf16 pools, one token a sequence: fuse-ef-occ with the state as bf16 pairs in
+    // registers, 48 registers and 10 CTAs/SM (fp32 pools: rows2).
     packed_variant<DecodePolicy<7, 10>>("packed"),
-    packed_variant<DecodePolicy<7, 12>>("packed12"),
 };
 constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
 
@@ -69,23 +67,34 @@ constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / si
 // 75.6 µs), while lat still wins fp32 at N = 8 (8.74 against 9.28 µs).
 // For fp32 pools rows2 then beats fuse-ef-occ (N = 256: 279.1 against 284.7 µs,
 // N = 1024: 1114 against 1140, level at N = 64); for bf16 pools it loses (N = 256:
-// 164.7 against 162.8; its bf16 build has 7 CTAs/SM, fuse-ef-occ's 8).
+// 164.7 against 162.8; its bf16 build has 7 CTAs/SM, fuse-ef-occ's 8). For bf16
+// pools with one token a sequence, packed beats fuse-ef-occ from N = 64 (39.5
+// against 42.0 µs; N = 256: 152.3 against 163.1; N = 1024: 645 against 661) and
+// loses at N = 8 (7.13 against 6.47).
 constexpr int kLatencyDecodeVariant = 0;        // lat
 constexpr int kBandwidthDecodeVariantBf16 = 1;  // fuse-ef-occ
 constexpr int kBandwidthDecodeVariantFp32 = 2;  // rows2
+constexpr int kPackedDecodeVariantBf16 = 3;     // packed
 // (sequence, value head) pairs from which the bandwidth kernel runs (H = 32:
 // 256 pairs are N = 8, 512 are N = 16). fp32: lat wins at N = 8 (8.72 against
 // 9.25 µs for fuse-ef-occ), the bandwidth kernel at N = 16 (fuse-ef-occ 15.25
 // against 15.63). bf16: fuse-ef-occ wins from N = 8 on.
 constexpr int64_t kBandwidthFromPairsFp32 = 512;
 constexpr int64_t kBandwidthFromPairsBf16 = 256;
+// bf16: packed from N = 64 at H = 32, the smallest size measured where it wins
+// (N = 16 and 32 were not measured).
+constexpr int64_t kPackedFromPairsBf16 = 2048;
 constexpr bool same_name(const char* a, const char* b) { return *a == *b && (*a == '\0' || same_name(a + 1, b + 1)); }
 static_assert(same_name(kDecodeVariants[kLatencyDecodeVariant].name, "lat") &&
                   same_name(kDecodeVariants[kBandwidthDecodeVariantBf16].name, "fuse-ef-occ") &&
-                  same_name(kDecodeVariants[kBandwidthDecodeVariantFp32].name, "rows2"),
+                  same_name(kDecodeVariants[kBandwidthDecodeVariantFp32].name, "rows2") &&
+                  same_name(kDecodeVariants[kPackedDecodeVariantBf16].name, "packed"),
               "production indices name the measured kernels");
+// (For steps with more than one token a sequence, decode() turns packed into
+// fuse-ef-occ: bf16_one_token_only.)
 int production_variant(int64_t pairs, bool fp32) {
   if (fp32) return pairs >= kBandwidthFromPairsFp32 ? kBandwidthDecodeVariantFp32 : kLatencyDecodeVariant;
+  if (pairs >= kPackedFromPairsBf16) return kPackedDecodeVariantBf16;
   return pairs >= kBandwidthFromPairsBf16 ? kBandwidthDecodeVariantBf16 : kLatencyDecodeVariant;
 }
 

@@ -318,6 +318,51 @@ TEST(GpuDecode, UnsupportedHeadDimIsRejectedWithMessage) {
   EXPECT_NE(r.status.message.find("head_dim"), std::string::npos) << r.status.message;
 }
 
+int variant_index(const char* name) {
+  for (int v = 0; v < sm90::decode_variant_count(); ++v)
+    if (std::string(sm90::decode_variant_name(v)) == name) return v;
+  return -1;
+}
+
+// The production choice at a bf16 serving size (N = 64, H = 32: 2048 (sequence,
+// head) pairs, where it picks packed, the kernel that keeps the state as bf16
+// pairs and so rounds it after every token). One token a sequence: packed runs
+// and must give fuse-ef-occ's bits (the same math, one rounding). Two tokens, or
+// cu_seqlens: fuse-ef-occ must run instead, bit for bit, and not packed, whose
+// extra rounding stays inside the bf16 tolerance and so needs this check.
+TEST(GpuDecode, ProductionBf16ServingSizesMatchFuseEfOcc) {
+  skip_without_gpu();
+  if (::testing::Test::IsSkipped()) return;
+  const int fuse = variant_index("fuse-ef-occ"), packed = variant_index("packed");
+  ASSERT_GE(fuse, 0);
+  ASSERT_GE(packed, 0);
+  for (int tokens : {1, 2, 0}) {  // 0: one token a sequence given through cu_seqlens
+    DecodeSpec spec;
+    spec.num_seqs = 64;
+    spec.heads = 32;
+    spec.state_dtype = DType::kBF16;
+    spec.padding_entries = 2;
+    if (tokens == 0) spec.seq_tokens.assign(64, 1);
+    else spec.tokens_per_seq = tokens;
+    spec.per_token_states = tokens == 2;
+    const DecodeProblem p = make_decode_problem(spec, 300 + tokens);
+    const std::string label = "production bf16 N=64 H=32 " + std::string(tokens == 0 ? "cu_seqlens" : "t=" + std::to_string(tokens));
+    const DecodeResult prod = run_decode_cuda(p, KernelChoice{-1, true});
+    const DecodeResult ref = run_decode_cuda(p, KernelChoice{fuse, true});
+    ASSERT_TRUE(prod.status.ok()) << label << ": " << prod.status.message;
+    ASSERT_TRUE(ref.status.ok()) << label << ": " << ref.status.message;
+    EXPECT_EQ(prod.out, ref.out) << label;
+    EXPECT_EQ(prod.pool, ref.pool) << label;
+    EXPECT_EQ(prod.per_token, ref.per_token) << label;
+    if (tokens == 1) {  // packed itself, forced, gives the same bits for one token
+      const DecodeResult forced = run_decode_cuda(p, KernelChoice{packed, true});
+      ASSERT_TRUE(forced.status.ok()) << forced.status.message;
+      EXPECT_EQ(forced.pool, ref.pool) << label;
+    }
+    compare(p, prod, run_decode_cpu(p, label), 2e-3, label.c_str());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, GpuDecodeKernels, ::testing::ValuesIn(all_kernel_choices()),
                          [](const ::testing::TestParamInfo<KernelChoice>& info) {
                            return kernel_choice_name(info.param);
