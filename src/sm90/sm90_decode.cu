@@ -42,7 +42,8 @@ constexpr DecodeVariant packed_variant(const char* name) {
 // measurements of the variants that lost and were removed (d2, d3, fuse without
 // cache hints, fuse-ef at 4 CTAs/SM, fuse-ef-occ with approximate intrinsics,
 // fuse-occ, lanes8, lanes8-ef, lanes2-ef, stream, bulk, fuse-ef-occ-loop, rows2
-// at 8 CTAs/SM, without evict-first or with 32-bit tile division).
+// at 8 CTAs/SM, without evict-first or with 32-bit tile division, packed at 12
+// CTAs/SM or in rows2's shape).
 constexpr DecodeVariant kDecodeVariants[] = {
     // Warp-built token vectors with approximate intrinsics, one state pass for both dot products.
     {"lat", &kda_decode_latency_kernel<true, 4>, &kda_decode_latency_kernel<false, 4>},

@@ -1,6 +1,7 @@
 // The bandwidth-bound decode kernel (production from 256-512 (sequence, head)
-// pairs: rows2 for fp32 pools, fuse-ef-occ for bf16; the variants and the rule
-// are in sm90_decode.cu, the measurements in docs/perf-log.md, decode). It started from d2, the first
+// pairs: rows2 for fp32 pools, fuse-ef-occ for bf16, packed for bf16 one-token
+// steps from 2048; the variants and the rule are in sm90_decode.cu, the
+// measurements in docs/perf-log.md, decode). It started from d2, the first
 // decode kernel (removed: the latency kernel replaced it), with the same work
 // split (one 128-thread CTA per sequence, value head and slice of rows of V; the
 // state in registers; per-column vectors in shared memory) and these changes:
@@ -27,8 +28,11 @@
 //   apart, so a warp's state access is four whole 128-byte lines instead of
 //   eight 64-byte halves, with the same 32 rows a CTA, 32 columns a thread and
 //   7 CTAs per SM (N = 256: 279 against 285 µs).
+// * packed (bf16 pools, one token a sequence): the state held as the pool's bf16
+//   pairs (PackedBf16StateRegs), 48 registers and 10 CTAs per SM instead of 64
+//   and 8, so more state in flight (N = 256: 153 against 163 µs).
 // The knobs (DecodePolicy) are the minimum CTAs per SM, the lanes a row and the
-// rows a thread; the variants built are listed in sm90_decode.cu. Variants that
+// rows a thread, and the kernel's kPacked the state registers; the variants built are listed in sm90_decode.cu. Variants that
 // lost the A/B (no cache hints, 8 lanes a row with one row a thread, 2 lanes a
 // row, a persistent grid, 8-byte bf16 accesses) are in the perf log, not here.
 #pragma once
