@@ -31,10 +31,11 @@
 // * packed (bf16 pools, one token a sequence): the state held as the pool's bf16
 //   pairs (PackedBf16StateRegs), 48 registers and 10 CTAs per SM instead of 64
 //   and 8, so more state in flight (N = 256: 153 against 163 µs).
-// The knobs (DecodePolicy) are the minimum CTAs per SM, the lanes a row and the
-// rows a thread, and the kernel's kPacked the state registers; the variants built are listed in sm90_decode.cu. Variants that
-// lost the A/B (no cache hints, 8 lanes a row with one row a thread, 2 lanes a
-// row, a persistent grid, 8-byte bf16 accesses) are in the perf log, not here.
+// The knobs: DecodePolicy (the minimum CTAs per SM, the lanes a row, the rows a
+// thread) and the kernel's kPacked (which state registers). The variants built
+// are listed in sm90_decode.cu. Variants that lost the A/B (no cache hints, 8
+// lanes a row with one row a thread, 2 lanes a row, a persistent grid, 8-byte
+// bf16 accesses) are in the perf log, not here.
 #pragma once
 #include <cuda_bf16.h>
 
