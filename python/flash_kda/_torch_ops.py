@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import DEFAULT_LOWER_BOUND, _pdl_mode, decode, fwd
+from . import DEFAULT_LOWER_BOUND, _pdl_mode, _resolve_scalars, decode, fwd
 
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -84,16 +84,13 @@ def kda_forward(
     ``final_state`` is new ``[N,HV,V,K]`` of ``state_dtype`` (default: initial_state's
     dtype, else fp32) when ``output_final_state``, else None. Forward only (no autograd).
     """
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    if lower_bound is None:
-        lower_bound = DEFAULT_LOWER_BOUND
+    scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     if state_dtype is None:
         state_dtype = initial_state.dtype if initial_state is not None else torch.float32
     if state_dtype not in _STATE_DTYPES:
         raise TypeError(f"state_dtype: expected torch.float32 or torch.bfloat16, got {state_dtype}")
     out, final_state = _kda_forward_op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
-                                       float(scale), float(lower_bound), bool(output_final_state), state_dtype)
+                                       scale, lower_bound, bool(output_final_state), state_dtype)
     return out, (final_state if output_final_state else None)
 
 
@@ -151,9 +148,6 @@ def kda_decode(
     True (on) or False (off); see :func:`flash_kda.decode`.
     """
     _pdl_mode(pdl)  # the TypeError naming pdl here, not from inside the op
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    if lower_bound is None:
-        lower_bound = DEFAULT_LOWER_BOUND
+    scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     return _kda_decode_op(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, cu_seqlens,
-                          per_token_states, float(scale), float(lower_bound), pdl)
+                          per_token_states, scale, lower_bound, pdl)

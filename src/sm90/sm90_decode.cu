@@ -25,6 +25,9 @@ struct DecodeVariant {
   bool bf16_one_token_only = false;
 };
 
+// rows2's shape: 8 lanes a row, two rows a thread, 7 CTAs/SM.
+using Rows2Policy = DecodePolicy<7, 7, 8, 2>;
+
 template <class P>
 constexpr DecodeVariant fused_variant(const char* name) {
   return {name, &kda_decode_fused_kernel<true, P>, &kda_decode_fused_kernel<false, P>};
@@ -32,8 +35,7 @@ constexpr DecodeVariant fused_variant(const char* name) {
 // fp32 pools: rows2; bf16 pools: the state kept as bf16 pairs in registers.
 template <class PBf16>
 constexpr DecodeVariant packed_variant(const char* name) {
-  return {name, &kda_decode_fused_kernel<true, DecodePolicy<7, 7, 8, 2>>, &kda_decode_fused_kernel<false, PBf16, true>,
-          true};
+  return {name, &kda_decode_fused_kernel<true, Rows2Policy>, &kda_decode_fused_kernel<false, PBf16, true>, true};
 }
 
 // Every variant has the same work items: kDecodeSlices CTAs per (sequence, head).
@@ -52,7 +54,7 @@ constexpr DecodeVariant kDecodeVariants[] = {
     // fuse-ef-occ with 8 lanes a row and two rows a thread (16 apart): a warp's
     // state access is whole 128-byte lines (fp32), with the same 32 rows a CTA,
     // 32 state columns a thread and 7 CTAs/SM.
-    fused_variant<DecodePolicy<7, 7, 8, 2>>("rows2"),
+    fused_variant<Rows2Policy>("rows2"),
     // bf16 pools, one token a sequence: fuse-ef-occ with the state as bf16 pairs in
     // registers, 48 registers and 10 CTAs/SM (fp32 pools: rows2).
     packed_variant<DecodePolicy<7, 10>>("packed"),

@@ -10,8 +10,8 @@ Status check_decode_supported(const DecodeArgs& args);
 Status decode(const DecodeArgs& args, void* stream);
 
 // Kernel variants of the decode, for A/B benchmarks and tests (docs/perf-log.md,
-// decode). Variant 0 is the production kernel; decode() runs it unless an
-// override is set.
+// decode). Unless an override is set, decode() picks one by pool dtype and size
+// (production_variant in sm90_decode.cu).
 int decode_variant_count();
 // Short name of variant v ("lat", "fuse-ef-occ", ...), or null when v is out of range.
 const char* decode_variant_name(int v);

@@ -17,7 +17,7 @@ import torch
 import flash_kda
 from dlpack_fake import DL_CUDA, FakeDeviceTensor
 from kda_reference import fwd_kwargs, make_problem, new_outputs
-from test_decode_cpu import make_decode
+from test_decode_cpu import call_with, make_decode
 
 
 @contextlib.contextmanager
@@ -284,17 +284,6 @@ def dec():
     return make_decode(N=2, t=1, H=2, K=32, P=6, indices=[3, 1], seed=9)
 
 
-def decode_with(d, **override):
-    def run():
-        args = dict(q=d["q"], k=d["k"], v=d["v"], g=d["g"], beta=d["beta"], A_log=d["A_log"],
-                    dt_bias=d["dt_bias"], state_pool=d["pool"].clone(), state_indices=d["indices"])
-        kw = dict(out=torch.empty_like(d["v"]), cu_seqlens=d["cu_seqlens"])
-        for name, val in override.items():
-            (args if name in args else kw)[name] = val
-        return flash_kda.decode(*args.values(), **kw)
-    return run
-
-
 DECODE_ERRORS = {
     "state_pool float16": (TypeError, lambda d: dict(state_pool=d["pool"].half())),
     "state_indices int16": (TypeError, lambda d: dict(state_indices=d["indices"].to(torch.int16))),
@@ -314,7 +303,7 @@ DECODE_ERRORS = {
 @pytest.mark.parametrize("case", list(DECODE_ERRORS))
 def test_decode_errors_are_identical(dec, case):
     exc, override = DECODE_ERRORS[case]
-    assert_same_error(decode_with(dec, **override(dec)), exc)
+    assert_same_error(lambda: call_with(dec, **override(dec)), exc)
 
 
 def test_strided_pool_reads_the_slot_stride(dec):

@@ -40,7 +40,7 @@ struct DecodeParams {
 
 constexpr int kDecodeDim = 128;                                // K = V
 constexpr int kDecodeRows = 32;                                // rows of V per CTA
-constexpr int kDecodeThreads = 128;                            // 4 threads per row
+constexpr int kDecodeThreads = 128;                            // 4 threads per row (rows2: 8)
 constexpr int kDecodeSlices = kDecodeDim / kDecodeRows;        // CTAs per (sequence, head)
 constexpr int kDecodeColsPerThread = kDecodeDim / 4;           // 32
 
@@ -85,8 +85,8 @@ __device__ __forceinline__ float bf16_at(const uint16_t* p, int64_t i) { return 
 __device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void allow_dependent_grids() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
-// Which (sequence n, value head hv, slice of rows) work item `item` is, with
-// hv's query/key head h (item = blockIdx.x: one CTA per item). Index arithmetic
+// Which (sequence n, value head hv, slice of rows) work item this CTA is
+// (item = blockIdx.x: one CTA per item), with hv's query/key head h. Index arithmetic
 // only: safe before wait_for_prior_grids().
 // kDivide32: items number below 2^31 (check_decode_supported), so 32-bit
 // division does, and 64-bit division is a ~70-instruction call on the path
@@ -98,7 +98,8 @@ struct DecodeTile {
   int hv, h, slice;
 };
 template <int kSlices, bool kDivide32 = false>
-__device__ __forceinline__ DecodeTile decode_tile(const DecodeParams& p, int64_t item = blockIdx.x) {
+__device__ __forceinline__ DecodeTile decode_tile(const DecodeParams& p) {
+  const int64_t item = blockIdx.x;
   DecodeTile w;
   if constexpr (kDivide32) {
     const uint32_t it = static_cast<uint32_t>(item), heads = static_cast<uint32_t>(p.num_v_heads);

@@ -162,6 +162,11 @@ struct FusedLayout {
   }
   // Element offset, within a row, of the thread's j-th state vector.
   static __device__ __forceinline__ int col_of_vec(int j, int lane) { return kVec * (lane + kLanes * j); }
+  // Element offset of the j-th state vector of the thread's row i, from its first
+  // row's first column.
+  static __device__ __forceinline__ int64_t vec_off(int i, int j, int lane) {
+    return int64_t{i} * kRowStep * kDecodeDim + col_of_vec(j, lane);
+  }
 };
 
 // The token's per-column vectors, shared by the CTA.
@@ -218,16 +223,14 @@ struct FloatStateRegs {
     for (int i = 0; i < L::kRowsPerThread; ++i)
 #pragma unroll
       for (int j = 0; j < L::kCols / L::kVec; ++j)
-        L::IO::load(src, base + int64_t{i} * L::kRowStep * kDecodeDim + L::col_of_vec(j, lane), &v[i][L::kVec * j],
-                    policy);
+        L::IO::load(src, base + L::vec_off(i, j, lane), &v[i][L::kVec * j], policy);
   }
   __device__ __forceinline__ void store(void* dst, int64_t base, int lane, uint64_t policy) const {
 #pragma unroll
     for (int i = 0; i < L::kRowsPerThread; ++i)
 #pragma unroll
       for (int j = 0; j < L::kCols / L::kVec; ++j)
-        L::IO::store(dst, base + int64_t{i} * L::kRowStep * kDecodeDim + L::col_of_vec(j, lane), &v[i][L::kVec * j],
-                     policy);
+        L::IO::store(dst, base + L::vec_off(i, j, lane), &v[i][L::kVec * j], policy);
   }
 };
 
@@ -265,9 +268,8 @@ struct PackedBf16StateRegs {
     for (int i = 0; i < L::kRowsPerThread; ++i)
 #pragma unroll
       for (int j = 0; j < L::kCols / L::kVec; ++j) {
-        const int64_t off = base + int64_t{i} * L::kRowStep * kDecodeDim + L::col_of_vec(j, lane);
         uint32_t(&x)[4] = *reinterpret_cast<uint32_t(*)[4]>(&w[i][4 * j]);
-        WordIO::load(reinterpret_cast<const uint32_t*>(s + off), x, policy);
+        WordIO::load(reinterpret_cast<const uint32_t*>(s + base + L::vec_off(i, j, lane)), x, policy);
       }
   }
   __device__ __forceinline__ void store(void* dst, int64_t base, int lane, uint64_t policy) const {
@@ -276,9 +278,8 @@ struct PackedBf16StateRegs {
     for (int i = 0; i < L::kRowsPerThread; ++i)
 #pragma unroll
       for (int j = 0; j < L::kCols / L::kVec; ++j) {
-        const int64_t off = base + int64_t{i} * L::kRowStep * kDecodeDim + L::col_of_vec(j, lane);
         const uint32_t(&x)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&w[i][4 * j]);
-        WordIO::store(reinterpret_cast<uint32_t*>(d + off), x, policy);
+        WordIO::store(reinterpret_cast<uint32_t*>(d + base + L::vec_off(i, j, lane)), x, policy);
       }
   }
 };

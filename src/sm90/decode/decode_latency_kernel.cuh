@@ -17,7 +17,7 @@
 //  * one pass over the state gives (S·diag(decay)) k̂ and (S·diag(decay)) q̂ in
 //    eight independent FMA chains; o = S_dec q̂ + coef·(k̂·q̂) is stored before
 //    the state update, which is off the output's path.
-// Same work split and state layout as d2 (decode_kernel.cuh): 128 threads per
+// Same work split and state layout as d2 (the first kernel, removed): 128 threads per
 // (sequence, value head, 32 rows of V); thread (row, part) holds the columns
 // 4·(part + 4·jj) + e, jj < 8, e < 4.
 #pragma once
