@@ -12,7 +12,7 @@ namespace flashkda::cpu {
 Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded = nullptr);
 
 // The chunk-16 algorithm in fp32 with the kernels' decomposition (base-2 exponents,
-// L and Mqk, the Neumann inverse by three squarings, the WY form), parallel over
+// L and Mqk, the inverse by forward substitution, the WY form), parallel over
 // (sequence, value head). num_threads <= 0: std::thread::hardware_concurrency().
 // `out_unrounded` as for the oracle: out before its bf16 rounding.
 Status chunked_forward_f32(const ForwardArgs& args, int num_threads = 0, float* out_unrounded = nullptr);
@@ -21,8 +21,9 @@ Status chunked_forward_f32(const ForwardArgs& args, int num_threads = 0, float* 
 // on each sequence's pooled state, written back in place or to the out pool.
 Status decode_f64(const DecodeArgs& args);
 
-// INV = (I + L)^{-1} for a strictly lower-triangular 16x16 L (row-major), as
-// (I − L)(I + L²)(I + L⁴)(I + L⁸): three squarings and three products.
-void neumann_inverse_16(const float* L, float* inv);
+// INV = (I + L)^{-1} for a strictly lower-triangular 16x16 L (row-major), by
+// fp32 forward substitution: exact to fp32 rounding for every |L_ij| <= 1. The
+// kernel's warp-0 inverse (src/sm90/kernel/unit_lower_inverse.cuh) is the same algorithm.
+void unit_lower_inverse_16(const float* L, float* inv);
 
 }  // namespace flashkda::cpu

@@ -79,7 +79,8 @@ struct Errors {
   double state = 0;  // rel RMS of the final state (as floats), 0 when absent
 };
 
-inline Errors chunked_vs_reference(const HostProblem& p, const char* label, int threads = 0) {
+// `floor_rel`: the element-wise check's absolute floor, relative to rms(out).
+inline Errors chunked_vs_reference(const HostProblem& p, const char* label, int threads = 0, double floor_rel = 1e-6) {
   const RunResult ref = run_backend(p, Which::kReference);
   const RunResult chk = run_backend(p, Which::kChunked, threads);
   Errors e;
@@ -92,10 +93,10 @@ inline Errors chunked_vs_reference(const HostProblem& p, const char* label, int 
   if (!rs.empty()) e.state = rel_rms(cs.data(), rs.data(), rs.size());
   // Element-wise: the two bf16 outputs are roundings of values that agree to
   // ~1e-7 relative, so they are equal or one bf16 ulp apart (an ulp is at most
-  // 2^-7 relative); a floor of 1e-6·rms(out) covers values near zero.
+  // 2^-7 relative); a floor of floor_rel·rms(out) covers values near zero.
   double ss = 0;
   for (float x : ro) ss += double(x) * x;
-  const double floor_abs = 1e-6 * std::sqrt(ss / static_cast<double>(ro.size() ? ro.size() : 1));
+  const double floor_abs = floor_rel * std::sqrt(ss / static_cast<double>(ro.size() ? ro.size() : 1));
   size_t differ = 0, beyond_one_ulp = 0;
   for (size_t i = 0; i < ro.size(); ++i) {
     if (chk.out[i] != ref.out[i]) ++differ;
