@@ -189,6 +189,28 @@ Status validate_decode(const DecodeArgs& args, Backend backend);
 // No workspace. `stream` as for forward(); safe to capture in a CUDA graph.
 Status decode(const DecodeArgs& args, Backend backend, void* stream);
 
+// ---------------------------------------------------------------------------
+// Device-resident arguments
+// ---------------------------------------------------------------------------
+
+// The values of cu_seqlens (forward and decode) and of decode's state_indices
+// live in device memory for kCuda, and the host cannot check them without a
+// synchronisation (unless a cu_seqlens_host copy is given). Whatever they hold,
+// no kernel reads or writes outside the tensors it was given: sequence bounds are
+// clamped to 0 <= begin <= end <= T and indices past the pool are skipped. The
+// kernel that meets such a value records it on its device; the outputs of that
+// call are then unspecified.
+//
+// check_device_faults() turns the record into an error: it waits for `stream`
+// (a cudaStream_t; nullptr = the legacy default stream), reads and clears the
+// record of the current device, and returns kInvalidArgument naming the
+// argument, the rule and the first offending sequence when anything was
+// recorded since the last check (on any stream of that device), else kOk. It
+// synchronises, so it belongs off the hot path (after a batch, in a debug mode,
+// or where the caller synchronises anyway); it cannot run during CUDA graph
+// capture. In a build without CUDA it returns kOk.
+Status check_device_faults(void* stream = nullptr);
+
 // Human-readable names, for messages and tools.
 const char* to_string(DType dtype);
 const char* to_string(Backend backend);

@@ -141,6 +141,16 @@ int32_t flashkda_workspace_size(const flashkda_forward_args* args, int32_t backe
 int32_t flashkda_forward(const flashkda_forward_args* args, int32_t backend, void* workspace,
                          uint64_t workspace_bytes, void* stream);
 
+/* Waits for `stream` (a cudaStream_t; NULL = legacy default stream), then reads
+ * and clears the record of invalid device-resident argument values (cu_seqlens
+ * values, decode's state_indices) that the kernels met on the current device
+ * since the last check (flashkda::check_device_faults). FLASHKDA_STATUS_OK when
+ * none; FLASHKDA_STATUS_INVALID_ARGUMENT with the argument named in
+ * flashkda_last_error() otherwise. The kernels never access memory outside the
+ * given tensors because of such values; the outputs of those calls are
+ * unspecified. Synchronises: keep it off the hot path. */
+int32_t flashkda_check_device_faults(void* stream);
+
 /* 1 when the CUDA backend can run in this process, else 0 (and the reason is
  * in flashkda_last_error()). */
 int32_t flashkda_cuda_available(void);

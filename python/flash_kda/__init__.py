@@ -48,7 +48,8 @@ else:  # pragma: no cover - exercised only without torch
     _torch = None
 
 __version__ = "0.1.0"
-__all__ = ["fwd", "decode", "kda_forward", "kda_decode", "workspace_size", "cuda_available", "cuda_status", "compiled_with_cuda"]
+__all__ = ["fwd", "decode", "kda_forward", "kda_decode", "workspace_size", "check_device_faults", "cuda_available",
+           "cuda_status", "compiled_with_cuda"]
 
 #: Used when ``lower_bound=None`` is passed (fla passes its own value through,
 #: which may be None): the FlashKDA/fla safe-gate default and the widest bound
@@ -244,6 +245,37 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
     _C.decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound, cu_seqlens,
               cu_seqlens_host, state_out_pool, per_token_states, stream, pdl_mode)
     return out
+
+
+def check_device_faults(device=None, stream=None) -> None:
+    """Raises ValueError if a CUDA kernel met invalid device-resident argument values.
+
+    ``cu_seqlens`` values (``fwd``, ``decode``) and ``decode``'s ``state_indices`` live on the
+    GPU, where the host cannot check them without a synchronisation. Whatever they hold, no
+    kernel reads or writes outside the tensors it was given: sequence bounds are clamped to
+    ``0 <= begin <= end <= T`` and indices past the pool are skipped, and the fault is
+    recorded on the device (the outputs of that call are then unspecified). This call waits
+    for ``stream``, reads and clears that record, and raises ``ValueError`` naming the
+    argument, the rule and the first offending sequence when anything was recorded on the
+    device since the last check (from any stream). It synchronises: call it after a batch,
+    in a debug mode, or where the program synchronises anyway; not during CUDA graph capture.
+
+    Args:
+        device: a CUDA device index, ``torch.device`` or tensor (whose device is used); None
+            for torch's current device (or the current CUDA device without torch).
+        stream: ``cudaStream_t`` as an int; None for torch's current stream on that device.
+    Without a usable CUDA device nothing can have been recorded, and it returns at once.
+    """
+    if device is not None and not isinstance(device, int):
+        device = getattr(device, "device", device)  # a tensor's device
+        if getattr(device, "type", "cuda") != "cuda":
+            raise ValueError(f"device: expected a CUDA device, got {device}")
+        device = device.index
+    if device is None and _torch is not None and _torch.cuda.is_available():
+        device = _torch.cuda.current_device()
+    if stream is None:
+        stream = _current_raw_stream(device) if device is not None and _torch is not None and _torch.cuda.is_available() else 0
+    _C.check_device_faults(-1 if device is None else int(device), int(stream))
 
 
 def _set_torch_fast_path(enabled: bool) -> bool:

@@ -202,6 +202,10 @@ int32_t flashkda_decode(const flashkda_decode_args* args, int32_t backend, void*
   return guarded([&] { return record(flashkda::decode(to_cpp(*args), static_cast<Backend>(backend), stream)); });
 }
 
+int32_t flashkda_check_device_faults(void* stream) {
+  return guarded([&] { return record(flashkda::check_device_faults(stream)); });
+}
+
 int32_t flashkda_cuda_available(void) {
   return guarded([&] {
     std::string why;

@@ -10,6 +10,7 @@
 #include "api/guarded.h"
 #include "cpu/cpu_backends.h"
 #include "flashkda/flashkda.h"
+#include "sm90/sm90_faults.h"
 #include "sm90/sm90_forward.h"
 
 namespace flashkda {
@@ -74,6 +75,10 @@ Status forward_prevalidated(const ForwardArgs& args, Backend backend, void* work
   });
 }
 }  // namespace api
+
+Status check_device_faults(void* stream) {
+  return guarded(Backend::kCuda, "check_device_faults", [&]() -> Status { return sm90::check_device_faults(stream); });
+}
 
 bool cuda_backend_available(std::string* why) {
   try {

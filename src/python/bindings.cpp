@@ -835,6 +835,20 @@ NB_MODULE(_C, m) {
         "CPU tensors run the float64 CPU decode, CUDA tensors the kCuda kernel on `stream` "
         "(cudaStream_t as an int). `pdl_mode`: programmatic dependent launch of that kernel, "
         "0 auto, 1 on, -1 off (flash_kda.decode's pdl=None/True/False).");
+  m.def(
+      "check_device_faults",
+      [](int device, uintptr_t stream) {
+        Device d;
+        d.type = device >= 0 ? kDLCUDA : kDLCPU;
+        d.id = device;
+        DeviceGuard guard(d);
+        const flashkda::Status st = flashkda::check_device_faults(reinterpret_cast<void*>(stream));
+        if (!st.ok()) raise_status(st);
+      },
+      "device"_a, "stream"_a,
+      "Waits for `stream` on CUDA device `device` (-1: the current one), then reads and clears the record of "
+      "invalid device-resident argument values (cu_seqlens values, decode's state_indices) met by the kernels "
+      "there since the last check: ValueError naming the argument when there was one (flashkda::check_device_faults).");
   m.def("cuda_status", &cuda_status,
         "(available, reason): whether the CUDA backend can run in this process, and why not.");
   m.def("cuda_available", []() { return flashkda::cuda_backend_available(nullptr); },

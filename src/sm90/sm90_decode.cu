@@ -8,6 +8,7 @@
 #include "sm90/decode/decode_fused_kernel.cuh"
 #include "sm90/decode/decode_latency_kernel.cuh"
 #include "sm90/sm90_decode.h"
+#include "sm90/sm90_faults.h"
 #include "sm90/sm90_forward.h"
 
 namespace flashkda::sm90 {
@@ -144,6 +145,8 @@ Status decode(const DecodeArgs& a, void* stream) {
   p.out = static_cast<uint16_t*>(a.out);
   p.cu_seqlens = a.cu_seqlens;
   p.tokens_per_seq = a.tokens_per_seq;
+  p.total_tokens = a.total_tokens;
+  p.num_seqs = a.num_seqs;
   p.pool = a.state_pool;
   p.out_pool = a.state_out_pool != nullptr ? a.state_out_pool : a.state_pool;
   p.per_token_states = a.per_token_states;
@@ -166,6 +169,11 @@ Status decode(const DecodeArgs& a, void* stream) {
   const DecodeKernel kernel = fp32 ? kDecodeVariants[variant].fp32 : kDecodeVariants[variant].bf16;
   const int64_t ctas = pairs * kDecodeSlices;  // below 2^31: check_decode_supported
   if (ctas == 0) return Status::Ok();
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = device_faults_address(dev, &p.faults);
+  if (err != cudaSuccess)
+    return {StatusCode::kCudaError, std::string("backend kCuda: locating the device fault record: ") + cudaGetErrorString(err)};
 
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(ctas));
@@ -179,7 +187,7 @@ Status decode(const DecodeArgs& a, void* stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = use_pdl(a.programmatic_dependent_launch) ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p);
+  err = cudaLaunchKernelEx(&cfg, kernel, p);
   if (err != cudaSuccess)
     return {StatusCode::kCudaError, std::string("backend kCuda: launching the decode kernel: ") + cudaGetErrorString(err)};
   return Status::Ok();

@@ -1,5 +1,6 @@
 // Built instead of the kernels when FLASHKDA_ENABLE_CUDA=OFF: every entry says so.
 #include "sm90/sm90_decode.h"
+#include "sm90/sm90_faults.h"
 #include "sm90/sm90_forward.h"
 
 namespace flashkda::sm90 {
@@ -23,5 +24,6 @@ Status decode(const DecodeArgs&, void*) { return Status::NotSupported(kNotBuilt)
 int decode_variant_count() { return 0; }
 const char* decode_variant_name(int) { return nullptr; }
 void set_decode_variant_override(int) {}
+Status check_device_faults(void*) { return Status::Ok(); }  // no kernel can have recorded one
 
 }  // namespace flashkda::sm90

@@ -8,8 +8,9 @@
 // C(15,7) = 6435 while (I + L)^{-1} itself stays small. A method that lives on
 // cancellation between large partial sums (the Neumann product) fails there.
 //
-// Every case starts from make_problem (shapes, q, v, an initial state) and then
-// overwrites what the case pins. Shared by the CPU and GPU tests and the tools.
+// Every case starts from a random problem (shapes, q, v, an initial state) and
+// then overwrites what the case pins. Shared by the CPU and GPU tests (forward and
+// decode) and the tools.
 #pragma once
 
 #include <cctype>
@@ -64,11 +65,13 @@ inline void PrintTo(const DegenerateCase& c, std::ostream* os) { *os << c.label(
 // Slow decay: a = lower_bound·sigmoid(exp(0)·(−12 + 0)) ≈ −5·6.1e-6 per token.
 constexpr float kSlowGate = -12.f;
 
-inline HostProblem make_degenerate_problem(const ProblemSpec& spec, const DegenerateCase& c, uint64_t seed) {
-  HostProblem p = make_problem(spec, seed);
+// Overwrites the inputs of `p` (a HostProblem or a DecodeProblem: q, k, v, g,
+// beta, A_log, dt_bias, H, HV, K, V) for `tokens` tokens with the case's pattern.
+template <class Problem>
+void make_inputs_degenerate(Problem& p, int64_t tokens, const DegenerateCase& c, uint64_t seed) {
   std::mt19937_64 rng(seed * 7919 + 17);
   std::normal_distribution<float> normal(0.f, 1.f);
-  const int64_t BT = p.B * p.T, K = p.K, V = p.V;
+  const int64_t K = p.K, V = p.V;
 
   // One unit direction per q/k head.
   std::vector<float> dir(static_cast<size_t>(p.H * K));
@@ -83,7 +86,7 @@ inline HostProblem make_degenerate_problem(const ProblemSpec& spec, const Degene
   }
   // Noise of relative size eps: a unit direction has entries ~K^-1/2.
   const float noise_scale = static_cast<float>(c.eps / std::sqrt(static_cast<double>(K)));
-  for (int64_t t = 0; t < BT; ++t) {
+  for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < p.H; ++h) {
       const float sign = (c.keys == KeyPattern::kAntiAligned && (t % 2)) ? -1.f : 1.f;
       const bool fresh = c.keys == KeyPattern::kMixedChunk && (t % 2);
@@ -100,7 +103,7 @@ inline HostProblem make_degenerate_problem(const ProblemSpec& spec, const Degene
   if (c.keys == KeyPattern::kServingRepeat) {
     std::vector<uint16_t> block(static_cast<size_t>(16 * p.HV * V));
     for (auto& e : block) e = float_to_bf16(normal(rng));
-    for (int64_t t = 0; t < BT; ++t)
+    for (int64_t t = 0; t < tokens; ++t)
       for (int64_t j = 0; j < p.HV * V; ++j)
         p.v[static_cast<size_t>(t * p.HV * V + j)] = block[static_cast<size_t>((t % 16) * p.HV * V + j)];
   }
@@ -110,6 +113,11 @@ inline HostProblem make_degenerate_problem(const ProblemSpec& spec, const Degene
     for (auto& a : p.A_log) a = 0.f;
     for (auto& d : p.dt_bias) d = 0.f;
   }
+}
+
+inline HostProblem make_degenerate_problem(const ProblemSpec& spec, const DegenerateCase& c, uint64_t seed) {
+  HostProblem p = make_problem(spec, seed);
+  make_inputs_degenerate(p, p.B * p.T, c, seed);
   if (c.zero_initial_state) {
     for (auto& s : p.init_f32) s = 0.f;
     for (auto& s : p.init_bf16) s = 0;

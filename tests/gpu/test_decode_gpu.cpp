@@ -15,6 +15,7 @@
 #ifdef FLASHKDA_WITH_CUDA
 #include "sm90/sm90_decode.h"
 #include "tests/common/decode_problem.h"
+#include "tests/common/degenerate_problem.h"
 #include "tests/gpu/gpu_harness.h"
 #endif
 
@@ -305,6 +306,113 @@ TEST_P(GpuDecodeKernels, ChainedStepsMatchFloat64Steps) {
   // The legacy default stream (what stream 0 means to a caller, e.g. torch's default).
   compare(p, run_decode_cuda(p, GetParam(), /*graph=*/false, 3, /*legacy_stream=*/true), cpu, 1e-5,
           (label + " stream 0").c_str());
+}
+
+// The degenerate-key class (tests/common/degenerate_problem.h) through decode:
+// several tokens per sequence with (nearly) collinear or anti-aligned keys, b → 1,
+// slow decay, against the float64 CPU decode. The decode runs the token
+// recurrence in fp32, with no inverse, so the fp32 bar holds here too.
+TEST_P(GpuDecodeKernels, DegenerateKeys) {
+  const DegenerateCase cases[] = {{KeyPattern::kCollinear, 0.0, 8.f, true},
+                                  {KeyPattern::kCollinear, 1e-2, 0.f, true},
+                                  {KeyPattern::kAntiAligned, 0.0, 8.f, true},
+                                  {KeyPattern::kServingRepeat, 0.0, 8.f, true}};
+  for (const DegenerateCase& c : cases) {
+    DecodeSpec spec;
+    spec.seq_tokens = {1, 37, 5, 16};
+    spec.heads = 2;
+    spec.per_token_states = true;
+    DecodeProblem p = make_decode_problem(spec, 12);
+    make_inputs_degenerate(p, p.T, c, 12);
+    const std::string label = c.label() + " " + kernel_choice_name(GetParam());
+    compare(p, run_decode_cuda(p, GetParam()), run_decode_cpu(p, "degenerate " + c.label()), 1e-5, label.c_str());
+  }
+}
+
+// Device-resident decode arguments past their tensors: state_indices past the
+// pool and cu_seqlens past T. The pool, out and the per-token states sit inside
+// sentinel-filled buffers; the kernels must leave every sentinel byte alone, and
+// check_device_faults() must name the argument and the first bad sequence.
+struct GuardedDeviceBytes {
+  static constexpr uint8_t kSentinel = 0x5A;
+  static constexpr size_t kGuard = 1 << 16;
+  DeviceBuffer<uint8_t> raw;
+  size_t bytes;
+  GuardedDeviceBytes(const std::vector<uint8_t>& payload) : raw(payload.size() + 2 * kGuard), bytes(payload.size()) {
+    FKDA_CUDA_CHECK(cudaMemset(raw.ptr, kSentinel, raw.n));
+    if (bytes) FKDA_CUDA_CHECK(cudaMemcpy(raw.ptr + kGuard, payload.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  uint8_t* data() const { return raw.ptr + kGuard; }
+  size_t damaged() const {
+    const std::vector<uint8_t> h = raw.to_host();
+    size_t bad = 0;
+    for (size_t i = 0; i < kGuard; ++i) bad += (h[i] != kSentinel) + (h[kGuard + bytes + i] != kSentinel);
+    return bad;
+  }
+};
+
+struct DecodeGuardCase {
+  const char* name;
+  int variant;  // forced kernel variant
+  bool bad_index;  // else: bad cu_seqlens
+};
+
+void run_decode_guard(const DecodeGuardCase& gc) {
+  ASSERT_TRUE(check_device_faults(nullptr).ok()) << "a fault was recorded before this test";
+  DecodeSpec spec;
+  spec.seq_tokens = {2, 3, 1, 4};
+  spec.heads = 2;
+  spec.per_token_states = true;
+  DecodeProblem p = make_decode_problem(spec, 13);
+  int64_t expect_first = 0;
+  std::vector<int64_t> cu = p.cu_seqlens;
+  if (gc.bad_index) {
+    p.idx32[1] = static_cast<int32_t>(p.pool_size + 3);
+    p.idx32[3] = 0x7fffffff;
+    expect_first = 1;
+  } else {
+    cu[3] = p.T + 4096;  // sequence 2 ends past T, sequence 3 starts there
+    expect_first = 2;
+  }
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
+  DeviceBuffer<int64_t> dcu(cu);
+  DeviceBuffer<int32_t> idx(p.idx32);
+  GuardedDeviceBytes pool(p.pool_bytes());
+  GuardedDeviceBytes out(std::vector<uint8_t>(static_cast<size_t>(p.T * p.HV * p.V) * 2, 0xFF));
+  GuardedDeviceBytes per_token(std::vector<uint8_t>(static_cast<size_t>(p.T * p.per_slot) * state_elem_bytes(p), 0xFF));
+  DecodeArgs a = p.args(out.data(), pool.data(), per_token.data());
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr; a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
+  a.state_indices = idx.ptr;
+  a.index_type = IndexType::kInt32;
+  a.cu_seqlens = dcu.ptr;
+  a.cu_seqlens_host = nullptr;  // device values only: nothing checked on the host
+  const VariantScope scope(gc.variant);
+  const Status st = decode(a, Backend::kCuda, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message;
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(pool.damaged(), 0u) << gc.name << ": the pool's guard bands were written";
+  EXPECT_EQ(out.damaged(), 0u) << gc.name << ": out's guard bands were written";
+  EXPECT_EQ(per_token.damaged(), 0u) << gc.name << ": per_token_states' guard bands were written";
+  const Status f = check_device_faults(nullptr);
+  EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << f.message;
+  const char* arg = gc.bad_index ? "state_indices (decode)" : "cu_seqlens (decode)";
+  EXPECT_NE(f.message.find(arg), std::string::npos) << f.message;
+  EXPECT_NE(f.message.find("first at sequence " + std::to_string(expect_first) + "."), std::string::npos)
+      << f.message;
+  std::printf("[ guard ] decode %-28s guard bytes intact; check_device_faults: %s\n", gc.name, f.message.c_str());
+  EXPECT_TRUE(check_device_faults(nullptr).ok()) << "the record is cleared by a check";
+}
+
+TEST(GpuDecodeGuardBand, EveryVariantBadIndicesAndCuSeqlens) {
+  skip_without_gpu();
+  if (IsSkipped()) return;
+  for (int v = 0; v < sm90::decode_variant_count(); ++v) {
+    for (bool bad_index : {true, false}) {
+      const std::string name = std::string(sm90::decode_variant_name(v)) + (bad_index ? " state_indices" : " cu_seqlens");
+      run_decode_guard({name.c_str(), v, bad_index});
+    }
+  }
 }
 
 TEST(GpuDecode, UnsupportedHeadDimIsRejectedWithMessage) {

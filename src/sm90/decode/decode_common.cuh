@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "sm90/device_faults.h"
+
 namespace flashkda::sm90 {
 
 struct DecodeParams {
@@ -26,8 +28,10 @@ struct DecodeParams {
   const float* A_log;    // [HV]
   const float* dt_bias;  // [HV, K]
   uint16_t* out;         // [T, HV, V]
-  const int64_t* cu_seqlens;  // [N+1] or null: tokens_per_seq each
+  const int64_t* cu_seqlens;  // [N+1] or null: tokens_per_seq each; values clamped to [0, total_tokens]
   int64_t tokens_per_seq;
+  int64_t total_tokens, num_seqs;
+  DeviceFaults* faults;  // invalid cu_seqlens / state_indices values are recorded here (device_faults.h)
   void* pool;              // slot s at pool + s·pool_stride elements
   void* out_pool;          // where the final states go (== pool in place)
   void* per_token_states;  // [T, HV, V, K] or null
@@ -118,16 +122,38 @@ __device__ __forceinline__ DecodeTile decode_tile(const DecodeParams& p) {
 }
 
 // Sequence n's pool slot (negative: padding) and its tokens [t0, t1). Reads
-// inputs: only after wait_for_prior_grids().
+// inputs: only after wait_for_prior_grids(). The device-resident values are
+// never trusted: the tokens are clamped to 0 <= t0 <= t1 <= T, and the kernels
+// skip a slot outside [0, pool_size). `faults` says what was wrong (bit k: kind
+// k of device_faults.h); the kernels hand it to report_decode_faults on their
+// way out, where it is the only extra live value (recording it here, among the
+// loads, made the register-capped rows2 kernel spill 40 more bytes).
 struct DecodeSequence {
   int64_t slot, t0, t1;
+  uint32_t faults;
 };
 __device__ __forceinline__ DecodeSequence decode_sequence(const DecodeParams& p, int64_t n) {
   DecodeSequence seq;
   seq.slot = p.index_is_64 ? static_cast<const int64_t*>(p.indices)[n] : static_cast<const int32_t*>(p.indices)[n];
-  seq.t0 = p.cu_seqlens != nullptr ? p.cu_seqlens[n] : n * p.tokens_per_seq;
-  seq.t1 = p.cu_seqlens != nullptr ? p.cu_seqlens[n + 1] : seq.t0 + p.tokens_per_seq;
+  seq.faults = seq.slot >= p.pool_size ? 1u << kFaultDecodeStateIndex : 0u;
+  if (p.cu_seqlens != nullptr) {
+    const ClampedSpan span = clamped_span(p.cu_seqlens, n, p.num_seqs, p.total_tokens);
+    seq.t0 = span.begin;
+    seq.t1 = span.end;
+    if (!span.valid) seq.faults |= 1u << kFaultDecodeCuSeqlens;
+  } else {
+    seq.t0 = n * p.tokens_per_seq;
+    seq.t1 = seq.t0 + p.tokens_per_seq;
+  }
   return seq;
+}
+
+// Thread 0 of the item's first CTA (value head 0, slice 0) records the faults
+// of its sequence: one record per sequence, not one per CTA.
+__device__ __forceinline__ void report_decode_faults(const DecodeParams& p, const DecodeTile& tile, uint32_t faults) {
+  if (faults == 0 || threadIdx.x != 0 || tile.hv != 0 || tile.slice != 0) return;
+  if (faults & (1u << kFaultDecodeCuSeqlens)) record_fault(p.faults, kFaultDecodeCuSeqlens, tile.n);
+  if (faults & (1u << kFaultDecodeStateIndex)) record_fault(p.faults, kFaultDecodeStateIndex, tile.n);
 }
 
 // Four state columns c .. c+3 of a row: S ← S·diag(decay) + coef·k̂ᵀ, from the

@@ -382,13 +382,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   const float dt_bias = p.dt_bias[static_cast<int64_t>(tile.hv) * kDecodeDim + tid];  // thread tid: column tid
   TokenInputs first{};
   if (seq.t0 < seq.t1) first = load_token_inputs(p, seq.t0, tile.h, tile.hv, tid, row);
-  if (seq.slot < 0 || seq.slot >= p.pool_size) return;  // padding entry or index past the pool: no access
+  if (seq.slot < 0 || seq.slot >= p.pool_size) {  // padding entry or index past the pool: no access
+    report_decode_faults(p, tile, seq.faults);
+    return;
+  }
 
   const int64_t head_off = (static_cast<int64_t>(tile.hv) * kDecodeDim + row) * kDecodeDim;
   Regs s;
   s.load(p.pool, seq.slot * p.pool_stride + head_off, lane, policy);
   fused_tokens<kFp32, P>(p, sh, s, first, seq.t0, seq.t1, tile.h, tile.hv, row, lane, exp_a, dt_bias, policy);
   s.store(p.out_pool, seq.slot * p.out_stride + head_off, lane, policy);
+  report_decode_faults(p, tile, seq.faults);
 }
 
 }  // namespace flashkda::sm90

@@ -91,7 +91,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
   WarpTokenInputs next{};
   if (t0 < t1) next = load_warp_token_inputs(p, t0, h, hv, lane, row);
   const int64_t slot = seq.slot;
-  if (slot < 0 || slot >= p.pool_size) return;  // padding entry or index past the pool: no access
+  if (slot < 0 || slot >= p.pool_size) {  // padding entry or index past the pool: no access
+    report_decode_faults(p, tile, seq.faults);
+    return;
+  }
 
   const int64_t head_off = (static_cast<int64_t>(hv) * kDecodeDim + row) * kDecodeDim;
   float s[kDecodeColsPerThread];  // s[4·jj + e] = S[row][4·(part + 4·jj) + e]
@@ -183,6 +186,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj)
     IO::store4(p.out_pool, base + 4 * (part + 4 * jj), make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
+  report_decode_faults(p, tile, seq.faults);
 }
 
 }  // namespace flashkda::sm90

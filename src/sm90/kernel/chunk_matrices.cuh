@@ -1,5 +1,6 @@
 // Token-parallel prologue, part 2: the chunk's 16x16 matrices and the WY operand w.
-//   warp 0: L = diag(b)·strict_lower(K_dec K_invᵀ) → INV = (I + L)^{-1} → A_w = INV·diag(b)
+//   warp 0: L = diag(b)·strict_lower(K_dec K_invᵀ) → INV = (I + L)^{-1} (fp32 forward
+//           substitution, unit_lower_inverse.cuh) → A_w = INV·diag(b)
 //   warp 1: Mqk = lower_incl(Q_dec K_invᵀ)
 //   all 8 warps (after a barrier): w = A_w·K_dec, stored negated for the recurrence.
 // L and Mqk take their operands as bf16 hi + lo pairs (three products: hi·hi,
@@ -7,9 +8,9 @@
 // rounding of K_dec, K_inv or Q_dec alone costs ~1.7e-3 of relative error on out.
 #pragma once
 #include "sm90/kernel/fragments.cuh"
-#include "sm90/kernel/neumann.cuh"
 #include "sm90/kernel/prologue.cuh"
 #include "sm90/kernel/shared_storage.cuh"
+#include "sm90/kernel/unit_lower_inverse.cuh"
 
 namespace flashkda::sm90 {
 
@@ -50,7 +51,7 @@ __device__ __forceinline__ void build_inverse(Smem& s, int lane) {
       n[nt].x[e] = row > col ? -s.beta_sig[row] * n[nt].x[e] : 0.f;
     }
   FragC inv[2];
-  neumann_inverse(n, inv, lane);
+  unit_lower_inverse(n, inv, s.inverse, lane);
   // A_w = INV·diag(b): scale column j by b_j. Stored as fp16 (A operand of w) and
   // as bf16 hi + lo (B operand of uᵀ = Vᵀ A_wᵀ, whose other factor is bf16 v).
 #pragma unroll

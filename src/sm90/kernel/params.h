@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "sm90/device_faults.h"
+
 namespace flashkda::sm90 {
 
 // State tensor element type as the kernel sees it (mirrors flashkda::DType).
@@ -25,6 +27,8 @@ struct FwdParams {
 
   const int64_t* cu_seqlens;  // [N+1] device pointer, or null: sequence n = batch row n
   int64_t seqlen;             // tokens per batch row when cu_seqlens is null
+  int64_t total_tokens;       // B·T: cu_seqlens values are clamped to [0, total_tokens]
+  DeviceFaults* faults;       // where a kernel records invalid cu_seqlens values (device_faults.h)
 
   int32_t num_seqs;    // N
   int32_t num_heads;   // H

@@ -64,10 +64,32 @@ __device__ __forceinline__ void store_state(const StateRows& S, const FwdParams&
   }
 }
 
+// B fragments of K_res (16 tokens x key columns 8j..8j+7) from the swizzled
+// kres_t (shared_storage.cuh, kres_offset): lane (g, t) reads row 8j + g, tokens
+// 2t, 2t+1 (x0) and 8 + 2t, 9 + 2t (x1) of the hi (part 0) or lo (part 2) half.
+// The swizzle depends on g alone, so the lane's offsets hold for every j.
+struct KresLane {
+  int hi0, hi1, lo0, lo1;
+  __device__ __forceinline__ explicit KresLane(int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    hi0 = kres_offset(g, 0, 2 * t);
+    hi1 = kres_offset(g, 1, 2 * t);
+    lo0 = kres_offset(g, 2, 2 * t);
+    lo1 = kres_offset(g, 3, 2 * t);
+  }
+  __device__ __forceinline__ FragB load(const ChunkOperands& ops, int j, int part) const {
+    const __nv_bfloat16* tile = &ops.kres_t[8 * j][0];
+    FragB b;
+    b.x[0] = *reinterpret_cast<const uint32_t*>(tile + (part == 0 ? hi0 : lo0));
+    b.x[1] = *reinterpret_cast<const uint32_t*>(tile + (part == 0 ? hi1 : lo1));
+    return b;
+  }
+};
+
 // One chunk for the warp's 16 rows of V, columns vw..vw+15 of the CTA's slice
 // `v` (row stride ldv); the warp's outᵀ tile goes to its staging tile out_tile.
-// Uᵀ enters two products as bf16 hi + lo: its single-bf16 rounding would be the
-// largest term of the state's error (docs/design.md, "Accuracy").
+// Uᵀ and K_res enter the state update as bf16 hi + lo: a single bf16 rounding of
+// either is the largest term of the state's error (docs/design.md, "Accuracy").
 __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperands& ops, const uint16_t* v, int ldv,
                                                 int vw, __nv_bfloat16 (*out_tile)[kLdT], int lane) {
   const int g = lane >> 2, t = lane & 3;
@@ -104,7 +126,8 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     mma_bf16(o[nt], ua_lo, m_hi);
     mma_bf16(o[nt], ua_hi, load_b_nk(&ops.mqk_lo[0][0], kLdT, 8 * nt, 0, lane));
   }
-  // S = S·diag(2^G_last) + Uᵀ K_res
+  // S = S·diag(2^G_last) + Uᵀ K_res, hi·hi + lo·hi + hi·lo
+  const KresLane kl(lane);
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
     const float2 dl = *reinterpret_cast<const float2*>(&ops.decay_last[8 * j + 2 * t]);
@@ -112,9 +135,10 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     S.tile[j].x[1] *= dl.y;
     S.tile[j].x[2] *= dl.x;
     S.tile[j].x[3] *= dl.y;
-    const FragB kres = load_b_nk(&ops.kresT[0][0], kLdT, 8 * j, 0, lane);
-    mma_bf16(S.tile[j], ua_hi, kres);
-    mma_bf16(S.tile[j], ua_lo, kres);
+    const FragB kres_hi = kl.load(ops, j, 0), kres_lo = kl.load(ops, j, 2);
+    mma_bf16(S.tile[j], ua_hi, kres_hi);
+    mma_bf16(S.tile[j], ua_lo, kres_hi);
+    mma_bf16(S.tile[j], ua_hi, kres_lo);
   }
   // outᵀ tile (V rows x tokens) → staging [token][v]
 #pragma unroll

@@ -18,6 +18,19 @@ constexpr int kChunk = 16;     // tokens per chunk (see docs/design.md: why 16)
 constexpr int kHeadDim = 128;  // K = V handled by these kernels
 constexpr int kLdRow = kHeadDim + 8;
 constexpr int kLdT = kChunk + 8;
+constexpr int kKresPitch = 2 * kChunk;  // hi | lo, swizzled instead of padded (kres_offset)
+
+// Shared-memory scratch of the inverse (2.4 KB): N transposed on the way in, X
+// on the way out; the fragment layouts and the column-per-lane layout meet here.
+// Row pitches avoid bank conflicts: nT's scattered fragment stores land 8t + g
+// (20 words a row, still 16-byte aligned for the vector reads); x's two
+// half-warp row sets land 16 banks apart (18 words a row).
+constexpr int kInverseNtPitch = 20;
+constexpr int kInverseXPitch = 18;
+struct InverseScratch {
+  float nT[kChunk][kInverseNtPitch];  // nT[p][i] = N_ip
+  float x[kChunk][kInverseXPitch];    // X row-major
+};
 
 // Everything the sequential recurrence needs of one (chunk, value head), laid
 // out exactly as the recurrence kernel reads it from shared memory, so that the
@@ -27,7 +40,7 @@ constexpr int kLdT = kChunk + 8;
 struct alignas(16) ChunkOperands {
   __nv_bfloat16 wneg[kChunk][kLdRow];    // −w = −A_w·K_dec                 (B of S·wᵀ)
   __nv_bfloat16 qdec[kChunk][kLdRow];    // scale·q̂·2^G                     (B of S·Q_decᵀ)
-  __nv_bfloat16 kresT[kHeadDim][kLdT];   // (k̂·2^(G_last−G))ᵀ              (B of the state update)
+  __nv_bfloat16 kres_t[kHeadDim][kKresPitch];  // (k̂·2^(G_last−G))ᵀ as hi | lo, swizzled (B of the state update)
   __nv_bfloat16 mqk_hi[kChunk][kLdT];    // lower_incl(Q_dec K_invᵀ)        (B of Uᵀ·Mqkᵀ)
   __nv_bfloat16 mqk_lo[kChunk][kLdT];
   __nv_bfloat16 aw_hi[kChunk][kLdT];     // A_w = INV·diag(b)               (B of uᵀ = Vᵀ A_wᵀ)
@@ -35,6 +48,18 @@ struct alignas(16) ChunkOperands {
   float decay_last[kHeadDim];            // 2^G_last
 };
 static_assert(sizeof(ChunkOperands) % 16 == 0, "copied as 16-byte vectors");
+
+// K_res enters the state update as hi + lo: its single-bf16 rounding left the
+// state 0.5–5 % off on near-collinear keys with slow decay, where rounding
+// errors in directions the keys rarely visit are never decayed or overwritten
+// (docs/design.md, "Degenerate keys"). Row d of kres_t holds key column d:
+// tokens 0-15 of hi, then tokens 0-15 of lo, 64 bytes without padding. Its four
+// 16-byte chunks are XOR-swizzled by (d >> 1) & 3, so that the 8 rows x 4 words
+// of a B-fragment load land in 32 distinct banks; the swizzle of rows 8j + g
+// depends on g alone, so a lane's offsets are the same for every tile j.
+__host__ __device__ constexpr int kres_offset(int d, int chunk, int within) {
+  return d * kKresPitch + ((chunk ^ ((d >> 1) & 3)) << 3) + within;
+}
 constexpr int kOperandVectors = sizeof(ChunkOperands) / 16;
 
 // Prologue kernel (one CTA per chunk and head): raw inputs, intermediates, and
@@ -47,7 +72,10 @@ struct PrologueSmem : ChunkOperands {
     uint16_t q[kChunk][kHeadDim];       // raw bf16 q; read up to write_decayed_operands
     __half aw_f16[kChunk][kLdT];        // A_w in fp16 (A of w); written by build_inverse
   };
-  alignas(16) uint16_t k[kChunk][kHeadDim];  // raw bf16 k; rows past the end are zero
+  union alignas(16) {
+    uint16_t k[kChunk][kHeadDim];       // raw bf16 k, rows past the end zero; read up to write_decayed_operands
+    InverseScratch inverse;             // warp 0's (I + L)^{-1}; used by build_inverse only
+  };
   union alignas(16) {
     uint16_t g[kChunk][kHeadDim];       // raw bf16 g; read by gate_prefix only
     __half kdecT[kHeadDim][kLdT];       // (k̂·2^G)ᵀ in fp16 (B of w); written by write_decayed_operands

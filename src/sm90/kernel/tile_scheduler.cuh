@@ -7,6 +7,12 @@
 // (the next sequence's first slot is at least one past this one's last, since
 // ceil(L/16) <= floor(L/16) + 1) and below N + ceil(T/16), T the total tokens;
 // a few slots belong to no chunk and their CTAs exit at once.
+//
+// cu_seqlens values live on the device and are not checked on the host: every
+// kernel reads them through sequence_span, which clamps a sequence to
+// 0 <= begin <= end <= T. With clamped bounds the slot arithmetic above stays
+// inside the workspace and every token index inside the tensors, whatever the
+// values; the recurrence kernel records a violation (device_faults.h).
 #pragma once
 #include <cstdint>
 
@@ -19,8 +25,13 @@ __host__ __device__ inline int64_t num_chunk_slots(int64_t num_seqs, int64_t tot
   return num_seqs + (total_tokens + kChunk - 1) / kChunk;
 }
 
+// Sequence n's tokens [begin, end), clamped (see above).
+__device__ __forceinline__ ClampedSpan sequence_span(const FwdParams& p, int64_t n) {
+  if (p.cu_seqlens == nullptr) return {n * p.seqlen, (n + 1) * p.seqlen, true};
+  return clamped_span(p.cu_seqlens, n, p.num_seqs, p.total_tokens);
+}
 __device__ __forceinline__ int64_t seq_begin(const FwdParams& p, int64_t n) {
-  return p.cu_seqlens != nullptr ? p.cu_seqlens[n] : n * p.seqlen;
+  return p.cu_seqlens != nullptr ? clamp_offset(p.cu_seqlens[n], 0, p.total_tokens) : n * p.seqlen;
 }
 __device__ __forceinline__ int64_t first_slot(const FwdParams& p, int64_t n) {
   return n + seq_begin(p, n) / kChunk;
@@ -45,9 +56,9 @@ __device__ __forceinline__ ChunkTile locate_chunk(const FwdParams& p, int64_t sl
     if (first_slot(p, mid) <= slot) lo = mid;
     else hi = mid - 1;
   }
-  const int64_t begin = seq_begin(p, lo);
-  const int64_t len = p.cu_seqlens != nullptr ? p.cu_seqlens[lo + 1] - begin : p.seqlen;
-  const int64_t c = slot - first_slot(p, lo);
+  const ClampedSpan span = sequence_span(p, lo);
+  const int64_t begin = span.begin, len = span.end - span.begin;
+  const int64_t c = slot - (lo + begin / kChunk);
   ChunkTile t;
   t.valid = c >= 0 && c * kChunk < len;
   t.token_begin = begin + c * kChunk;
@@ -63,6 +74,7 @@ struct SequenceTile {
   int64_t token_begin;
   int64_t length;
   int64_t first_slot;
+  bool valid;  // cu_seqlens needed no clamping for this sequence
 };
 
 // blockIdx.x = (seq · HV + hv) · v_split + slice: the CTAs of one (sequence,
@@ -74,9 +86,11 @@ __device__ __forceinline__ SequenceTile get_sequence_tile(const FwdParams& p) {
   const int64_t sh = idx / p.v_split;
   w.v_head = static_cast<int>(sh % p.num_v_heads);
   w.seq = static_cast<int>(sh / p.num_v_heads);
-  w.token_begin = seq_begin(p, w.seq);
-  w.length = p.cu_seqlens != nullptr ? p.cu_seqlens[w.seq + 1] - w.token_begin : p.seqlen;
-  w.first_slot = first_slot(p, w.seq);
+  const ClampedSpan span = sequence_span(p, w.seq);
+  w.token_begin = span.begin;
+  w.length = span.end - span.begin;
+  w.first_slot = w.seq + span.begin / kChunk;
+  w.valid = span.valid;
   return w;
 }
 

@@ -1,0 +1,58 @@
+// Faults in device-resident arguments, recorded by the kernels.
+//
+// Some arguments live in device memory and cannot be checked on the host without
+// a synchronisation: the values of cu_seqlens (forward and decode) and decode's
+// state_indices. Whatever they hold, no kernel reads or writes outside the
+// tensors it was given: a sequence's bounds are clamped to [0, T] (begin <= end),
+// an index past the pool is skipped. The kernel that meets such a value also
+// records it here, in one word per device; check_device_faults() (flashkda.h)
+// turns the record into an error naming the argument and clears it.
+#pragma once
+#include <cstdint>
+
+namespace flashkda::sm90 {
+
+// What was wrong, one bit per (call, argument).
+enum DeviceFaultKind : int {
+  kFaultForwardCuSeqlens = 0,  // forward: cu_seqlens not 0 = c[0] <= c[1] <= ... <= c[N] = T
+  kFaultDecodeCuSeqlens = 1,   // decode: the same rule for its cu_seqlens
+  kFaultDecodeStateIndex = 2,  // decode: state_indices[n] >= the pool size
+  kNumDeviceFaultKinds = 3,
+};
+
+// The record: which kinds happened, and the lowest offending position of each
+// (sequence n; ~0 when none). Cleared by check_device_faults().
+struct DeviceFaults {
+  unsigned int kinds;
+  unsigned int reserved;
+  unsigned long long first_index[kNumDeviceFaultKinds];
+};
+
+#ifdef __CUDACC__
+// Called by one thread per faulty sequence; `faults` is FwdParams/DecodeParams::faults.
+__device__ __forceinline__ void record_fault(DeviceFaults* faults, DeviceFaultKind kind, int64_t index) {
+  atomicOr(&faults->kinds, 1u << kind);
+  atomicMin(&faults->first_index[kind], static_cast<unsigned long long>(index));
+}
+
+// [begin, end) of sequence n from device-resident offsets, clamped so that
+// 0 <= begin <= end <= total; `valid` says whether they needed no clamping and
+// fit the rule 0 = c[0] <= c[1] <= ... <= c[N] = total.
+struct ClampedSpan {
+  int64_t begin, end;
+  bool valid;
+};
+__device__ __forceinline__ int64_t clamp_offset(int64_t x, int64_t lo, int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+__device__ __forceinline__ ClampedSpan clamped_span(const int64_t* cu, int64_t n, int64_t num_seqs, int64_t total) {
+  const int64_t b = cu[n], e = cu[n + 1];
+  ClampedSpan s;
+  s.begin = clamp_offset(b, 0, total);
+  s.end = clamp_offset(e, s.begin, total);
+  s.valid = b == s.begin && e == s.end && (n > 0 || b == 0) && (n + 1 < num_seqs || e == total);
+  return s;
+}
+#endif
+
+}  // namespace flashkda::sm90

@@ -1,0 +1,278 @@
+// Robustness of the CUDA forward (label "gpu"): degenerate keys against the
+// float64 oracle, and device-resident cu_seqlens values that break the rules.
+// Skips, saying why, when the CUDA backend is not built or no sm_90 device is present.
+//
+// Degenerate keys (tests/common/degenerate_problem.h): always finite, and out and
+// the fp32 final state within kDegenerateBar relative RMS of the oracle. The
+// spec's-distribution bars (3.5e-3 / 2.5e-3) still hold in test_forward_gpu.cpp.
+//
+// Guard bands: out, the final state and the workspace sit inside larger buffers
+// filled with a sentinel; after a call with bad cu_seqlens values (no host copy,
+// so nothing is checked on the host) every sentinel byte must be intact and
+// check_device_faults() must name cu_seqlens and the first bad sequence, once.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "flashkda/flashkda.h"
+
+#ifdef FLASHKDA_WITH_CUDA
+#include "sm90/sm90_forward.h"
+#include "tests/common/degenerate_problem.h"
+#include "tests/gpu/gpu_harness.h"
+#endif
+
+namespace flashkda::testing {
+namespace {
+
+constexpr double kDegenerateBar = 1e-2;
+
+// A macro, not a function: GTEST_SKIP returns from the function it is written in.
+#define SKIP_WITHOUT_GPU()                                                    \
+  do {                                                                        \
+    std::string why;                                                          \
+    if (!cuda_backend_available(&why)) GTEST_SKIP() << "no GPU run: " << why; \
+  } while (0)
+
+#ifdef FLASHKDA_WITH_CUDA
+
+bool all_finite(const std::vector<float>& x) {
+  for (float e : x)
+    if (!std::isfinite(e)) return false;
+  return true;
+}
+
+// The GPU result of a degenerate case against the oracle.
+void check_degenerate(const ProblemSpec& spec, const DegenerateCase& c, uint64_t seed, const char* shape) {
+  const HostProblem p = make_degenerate_problem(spec, c, seed);
+  const RunResult gpu = run_cuda(p);
+  ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
+  ASSERT_TRUE(all_finite(gpu.out)) << c.label() << ": non-finite out";
+  ASSERT_TRUE(all_finite(gpu.final_state)) << c.label() << ": non-finite final state";
+  const OracleResult ref = run_oracle(p);
+  const double eo = rel_rms(gpu.out.data(), ref.out.data(), ref.out.size());
+  const double es = rel_rms(gpu.final_state.data(), ref.final_state.data(), ref.final_state.size());
+  std::printf("[ errors ] degenerate %-40s %-14s out %.3e  state %.3e\n", c.label().c_str(), shape, eo, es);
+  EXPECT_LE(eo, kDegenerateBar) << c.label();
+  EXPECT_LE(es, kDegenerateBar) << c.label();
+}
+
+class GpuDegenerate : public ::testing::TestWithParam<DegenerateCase> {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_GPU(); }
+  void TearDown() override { sm90::set_launch_override({}); }
+};
+
+// One sequence with a partial last chunk (300 = 18·16 + 12), two heads.
+TEST_P(GpuDegenerate, PartialChunk) {
+  ProblemSpec spec;
+  spec.seqlen = 300;
+  spec.heads = 2;
+  check_degenerate(spec, GetParam(), 41, "T=300");
+}
+
+// Varlen with partial chunks and GVA.
+TEST_P(GpuDegenerate, VarlenGva) {
+  ProblemSpec spec;
+  spec.seqlens = {37, 16, 130, 5, 400};
+  spec.heads = 1;
+  spec.v_heads = 2;
+  check_degenerate(spec, GetParam(), 42, "varlen+GVA");
+}
+
+// A longer sequence: rounding errors in directions the keys rarely visit are
+// never decayed (slow decay) nor overwritten, so they add up over the chunks.
+TEST_P(GpuDegenerate, Long) {
+  ProblemSpec spec;
+  spec.seqlen = 4096;
+  spec.heads = 1;
+  check_degenerate(spec, GetParam(), 43, "T=4096");
+}
+
+// Every launch plan (V split 1, 2, 4; 3 and 4 stages) on the same case.
+TEST_P(GpuDegenerate, EveryLaunchPlan) {
+  for (const sm90::LaunchOverride& o : {sm90::LaunchOverride{1, 4}, sm90::LaunchOverride{2, 3},
+                                        sm90::LaunchOverride{2, 4}, sm90::LaunchOverride{4, 4}}) {
+    if (GetParam().keys != KeyPattern::kCollinear || GetParam().eps != 0.0) return;  // one case is enough
+    sm90::set_launch_override(o);
+    ProblemSpec spec;
+    spec.seqlens = {300, 45};
+    spec.heads = 2;
+    const std::string shape = "v" + std::to_string(o.v_split) + "s" + std::to_string(o.stages);
+    check_degenerate(spec, GetParam(), 44, shape.c_str());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Class, GpuDegenerate, ::testing::ValuesIn(degenerate_class()),
+                         [](const auto& info) { return info.param.test_name(); });
+
+// The serving engine's regression input (it poisoned a recurrent-state cache):
+// T = 16384, H = 1, q = k = one vector, v = one 16-token block repeated, gate −12,
+// beta logit 8, A_log 0, dt_bias 0, lower_bound −5, zero fp32 initial state.
+TEST(GpuDegenerateInput, ServingRegression) {
+  SKIP_WITHOUT_GPU();
+  ProblemSpec spec;
+  spec.seqlen = 16384;
+  spec.heads = 1;
+  check_degenerate(spec, {KeyPattern::kServingRepeat, 0.0, 8.f, true, true}, 45, "T=16384");
+}
+
+// The same input with a bf16 state in and out: finite, and within the bar on out.
+TEST(GpuDegenerateInput, ServingRegressionBf16State) {
+  SKIP_WITHOUT_GPU();
+  ProblemSpec spec;
+  spec.seqlen = 4096;
+  spec.heads = 1;
+  spec.initial_state = spec.final_state = DType::kBF16;
+  const HostProblem p = make_degenerate_problem(spec, {KeyPattern::kServingRepeat, 0.0, 8.f, true, true}, 46);
+  const RunResult gpu = run_cuda(p);
+  ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
+  ASSERT_TRUE(all_finite(gpu.out));
+  ASSERT_TRUE(all_finite(gpu.final_state));
+  const OracleResult ref = run_oracle(p);
+  const double eo = rel_rms(gpu.out.data(), ref.out.data(), ref.out.size());
+  std::printf("[ errors ] degenerate serving-repeat bf16 state T=4096: out %.3e\n", eo);
+  EXPECT_LE(eo, kDegenerateBar);
+}
+
+// ---------------------------------------------------------------------------
+// Guard bands: device-resident cu_seqlens values that break the rules.
+// ---------------------------------------------------------------------------
+
+constexpr uint8_t kSentinel = 0xA5;
+constexpr size_t kGuardBytes = 1 << 16;
+
+// A device allocation with kGuardBytes of sentinel on either side of `bytes` of
+// payload (256-byte aligned, as the workspace must be).
+struct GuardedBuffer {
+  DeviceBuffer<uint8_t> raw;
+  size_t bytes;
+  explicit GuardedBuffer(size_t payload) : raw(payload + 2 * kGuardBytes), bytes(payload) {
+    FKDA_CUDA_CHECK(cudaMemset(raw.ptr, kSentinel, raw.n));
+  }
+  void* data() const { return raw.ptr + kGuardBytes; }
+  // Sentinel bytes that changed, before and after the payload.
+  size_t damaged_guard_bytes() const {
+    const std::vector<uint8_t> h = raw.to_host();
+    size_t bad = 0;
+    for (size_t i = 0; i < kGuardBytes; ++i) bad += (h[i] != kSentinel) + (h[kGuardBytes + bytes + i] != kSentinel);
+    return bad;
+  }
+};
+
+// The first sequence n whose [c[n], c[n+1]) breaks 0 = c[0] <= ... <= c[N] = T.
+int64_t first_bad_sequence(const std::vector<int64_t>& cu, int64_t T) {
+  const int64_t N = static_cast<int64_t>(cu.size()) - 1;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t b = cu[n], e = cu[n + 1];
+    if (b < 0 || e < b || e > T || (n == 0 && b != 0) || (n == N - 1 && e != T)) return n;
+  }
+  return -1;
+}
+
+struct BadCuSeqlens {
+  const char* name;
+  void (*corrupt)(std::vector<int64_t>& cu, int64_t T);
+};
+
+const BadCuSeqlens kBadCuSeqlens[] = {
+    {"last_past_T", [](std::vector<int64_t>& cu, int64_t T) { cu.back() = T + 1000; }},
+    {"middle_far_past_T", [](std::vector<int64_t>& cu, int64_t) { cu[2] = int64_t{1} << 40; }},
+    {"decreasing", [](std::vector<int64_t>& cu, int64_t) { cu[2] = cu[1] - 10; }},
+    {"first_not_zero", [](std::vector<int64_t>& cu, int64_t) { cu[0] = 7; }},
+    {"negative", [](std::vector<int64_t>& cu, int64_t) { cu[1] = -50; }},
+    {"last_short_of_T", [](std::vector<int64_t>& cu, int64_t T) { cu.back() = T - 5; }},
+    {"all_huge", [](std::vector<int64_t>& cu, int64_t) { for (auto& x : cu) x = INT64_MAX - 3; }},
+};
+
+class GpuGuardBand : public ::testing::TestWithParam<BadCuSeqlens> {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    // Valid calls of earlier tests recorded nothing (and a leftover would be read here).
+    const Status s = check_device_faults(nullptr);
+    EXPECT_TRUE(s.ok()) << "a fault was recorded before this test: " << s.message;
+  }
+};
+
+// Forward with cu_seqlens values broken in one way; states fp32 in and out.
+TEST_P(GpuGuardBand, ForwardCuSeqlens) {
+  ProblemSpec spec;
+  spec.seqlens = {37, 16, 130, 5};
+  spec.heads = 2;
+  const HostProblem p = make_problem(spec, 51);
+  std::vector<int64_t> bad = p.cu_seqlens;
+  GetParam().corrupt(bad, p.T);
+  const int64_t expect_first = first_bad_sequence(bad, p.T);
+  ASSERT_GE(expect_first, 0);
+
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), init(p.init_f32);
+  DeviceBuffer<int64_t> cu(bad);
+  GuardedBuffer out(p.out_elems() * 2), fin(p.state_elems() * 4);
+  ForwardArgs a = p.host_args(out.data(), fin.data());
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
+  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr; a.initial_state = init.ptr;
+  a.cu_seqlens = cu.ptr;
+  a.cu_seqlens_host = nullptr;  // device values only: nothing checked on the host
+  size_t ws_bytes = 0;
+  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &ws_bytes).ok());
+  GuardedBuffer ws(ws_bytes);
+  const Status st = forward(a, Backend::kCuda, ws.data(), ws_bytes, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message;  // the host cannot see device values
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+
+  EXPECT_EQ(out.damaged_guard_bytes(), 0u) << "out's guard bands were written";
+  EXPECT_EQ(fin.damaged_guard_bytes(), 0u) << "final_state's guard bands were written";
+  EXPECT_EQ(ws.damaged_guard_bytes(), 0u) << "the workspace's guard bands were written";
+
+  const Status f = check_device_faults(nullptr);
+  EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << f.message;
+  EXPECT_NE(f.message.find("cu_seqlens (forward)"), std::string::npos) << f.message;
+  EXPECT_NE(f.message.find("first at sequence " + std::to_string(expect_first) + "."), std::string::npos)
+      << f.message;
+  std::printf("[ guard ] forward %-18s guard bytes intact; check_device_faults: %s\n", GetParam().name,
+              f.message.c_str());
+  EXPECT_TRUE(check_device_faults(nullptr).ok()) << "the record is cleared by a check";
+}
+
+void PrintTo(const BadCuSeqlens& c, std::ostream* os) { *os << c.name; }
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuGuardBand, ::testing::ValuesIn(kBadCuSeqlens),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// A valid varlen call records nothing, on a non-default stream too.
+TEST(GpuDeviceFaults, ValidCallsRecordNothing) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_TRUE(check_device_faults(nullptr).ok());
+  ProblemSpec spec;
+  spec.seqlens = {0, 37, 16, 0, 130, 5};
+  spec.heads = 2;
+  const HostProblem p = make_problem(spec, 52);
+  cudaStream_t s = nullptr;
+  FKDA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const RunResult r = run_cuda(p, s);
+  ASSERT_TRUE(r.status.ok()) << r.status.message;
+  const Status f = check_device_faults(s);
+  FKDA_CUDA_CHECK(cudaStreamDestroy(s));
+  EXPECT_TRUE(f.ok()) << f.message;
+}
+
+#endif  // FLASHKDA_WITH_CUDA
+
+TEST(GpuRobustness, SkippedWithoutCudaBuild) {
+#ifdef FLASHKDA_WITH_CUDA
+  GTEST_SKIP() << "CUDA build: the GPU robustness tests above run (or skip for lack of a device)";
+#else
+  // The check has nothing to report in a build without kernels.
+  EXPECT_TRUE(check_device_faults(nullptr).ok());
+  GTEST_SKIP() << "no GPU run: this build has no CUDA kernels (FLASHKDA_ENABLE_CUDA=OFF)";
+#endif
+}
+
+}  // namespace
+}  // namespace flashkda::testing
