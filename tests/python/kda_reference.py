@@ -130,3 +130,69 @@ def bf16_rounding_floor():
     absolute error uniform in +-ulp/2 with ulp = 2^-7 of the binade): 2^-7/sqrt(12)
     times sqrt(E[1/m^2]) = 0.736 for a log-uniform mantissa m in [1, 2): ~1.66e-3."""
     return 2.0 ** -7 / math.sqrt(12.0) * math.sqrt(0.375 / math.log(2.0))
+
+
+# ---- degenerate keys ---------------------------------------------------------------------
+#
+# Inputs a model produces on repeated tokens, where the chunked algorithm's 16x16 inverse
+# (I + L)^-1 is at its worst: inside a chunk L_ij = b_i (k_i . k_j) 2^(G_i - G_j) tends to
+# +-1 when keys are (nearly) parallel or anti-parallel, b = sigmoid(beta) -> 1 and the gate
+# barely decays. (The C++ tests draw the same class: tests/common/degenerate_problem.h.)
+
+#: (name, keyword arguments of make_degenerate_problem): the class the tests sweep.
+DEGENERATE_CASES = [
+    ("collinear eps=0 b=1 slow", dict(keys="collinear", eps=0.0)),
+    ("collinear eps=1e-3 b=1 slow", dict(keys="collinear", eps=1e-3)),
+    ("collinear eps=1e-2 b=1 slow", dict(keys="collinear", eps=1e-2)),
+    ("collinear eps=0.1 b=1 slow", dict(keys="collinear", eps=0.1)),
+    ("collinear eps=0.3 b=1 slow", dict(keys="collinear", eps=0.3)),
+    ("collinear eps=0 b=0.5 slow", dict(keys="collinear", eps=0.0, beta_logit=0.0)),
+    ("collinear eps=1e-2 b=0.5 slow", dict(keys="collinear", eps=1e-2, beta_logit=0.0)),
+    ("collinear eps=0 b=1 spec-decay", dict(keys="collinear", eps=0.0, slow_decay=False)),
+    ("anti-aligned eps=0 b=1 slow", dict(keys="anti", eps=0.0)),
+    ("anti-aligned eps=1e-2 b=0.5 slow", dict(keys="anti", eps=1e-2, beta_logit=0.0)),
+    ("mixed-chunk b=1 slow", dict(keys="mixed")),
+    ("serving-repeat", dict(keys="serving", zero_state=True)),
+]
+
+SLOW_GATE = -12.0  # with A_log = 0, dt_bias = 0: a = -5 sigmoid(-12) ~ -3e-5 per token
+
+
+def make_degenerate_problem(keys="collinear", eps=0.0, beta_logit=8.0, slow_decay=True, zero_state=False,
+                            device="cpu", seed=0, **shape):
+    """make_problem(**shape), then keys, gates and betas overwritten by the pattern:
+    collinear (k_t = d_h + eps noise), anti (+-d_h alternating, + eps noise), mixed (even
+    tokens d_h, odd tokens random), serving (q = k = d_h for every token, v = one 16-token
+    block repeated: the serving engine's regression input). beta = beta_logit everywhere;
+    slow_decay: gate -12, A_log 0, dt_bias 0; zero_state: a zero initial state."""
+    p = make_problem(device="cpu", seed=seed, **shape)
+    gen = torch.Generator().manual_seed(seed * 7919 + 17)
+    q, k, v = p["q"].float(), p["k"].float(), p["v"].float()
+    B, T, H, K = k.shape
+    d = torch.randn(H, K, generator=gen)
+    d = d / d.norm(dim=-1, keepdim=True)
+    kk = d.expand(B, T, H, K).clone()
+    t = torch.arange(T)
+    if keys == "anti":
+        kk = kk * torch.where(t % 2 == 1, -1.0, 1.0)[None, :, None, None]
+    if eps > 0:
+        kk = kk + eps / K ** 0.5 * torch.randn(B, T, H, K, generator=gen)
+    if keys == "mixed":
+        fresh = torch.randn(B, T, H, K, generator=gen) / K ** 0.5
+        kk = torch.where((t % 2 == 1)[None, :, None, None], fresh, kk)
+    if keys == "serving":
+        q = kk
+        block = torch.randn(16, v.shape[2], v.shape[3], generator=gen)
+        v = block[t % 16].expand(B, T, v.shape[2], v.shape[3])
+    p["k"], p["q"], p["v"] = kk.bfloat16(), q.bfloat16(), v.bfloat16()
+    p["beta"] = torch.full_like(p["beta"], beta_logit)
+    if slow_decay:
+        p["g"] = torch.full_like(p["g"], SLOW_GATE)
+        p["A_log"] = torch.zeros_like(p["A_log"])
+        p["dt_bias"] = torch.zeros_like(p["dt_bias"])
+    if zero_state and p["initial_state"] is not None:
+        p["initial_state"] = torch.zeros_like(p["initial_state"])
+    for key, val in p.items():
+        if isinstance(val, torch.Tensor):
+            p[key] = val.to(device)
+    return p

@@ -65,8 +65,8 @@ __device__ __forceinline__ void build_inverse(Smem& s, int lane) {
       const uint32_t hi = pack_bf16(x0, x1);
       const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
       *reinterpret_cast<uint32_t*>(&s.aw_f16[row][col]) = pack_f16(x0, x1);
-      *reinterpret_cast<uint32_t*>(&s.aw_hi[row][col]) = hi;
-      *reinterpret_cast<uint32_t*>(&s.aw_lo[row][col]) = pack_bf16(x0 - h0, x1 - h1);
+      *reinterpret_cast<uint32_t*>(&s.aw_hi[tile16_offset(row, col)]) = hi;
+      *reinterpret_cast<uint32_t*>(&s.aw_lo[tile16_offset(row, col)]) = pack_bf16(x0 - h0, x1 - h1);
     }
   }
 }
@@ -85,8 +85,8 @@ __device__ __forceinline__ void build_mqk(Smem& s, int lane) {
       const float x0 = row >= col ? m[nt].x[2 * hr] : 0.f;
       const float x1 = row >= col + 1 ? m[nt].x[2 * hr + 1] : 0.f;
       const uint32_t hi = pack_bf16(x0, x1);
-      *reinterpret_cast<uint32_t*>(&s.mqk_hi[row][col]) = hi;
-      *reinterpret_cast<uint32_t*>(&s.mqk_lo[row][col]) =
+      *reinterpret_cast<uint32_t*>(&s.mqk_hi[tile16_offset(row, col)]) = hi;
+      *reinterpret_cast<uint32_t*>(&s.mqk_lo[tile16_offset(row, col)]) =
           pack_bf16(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
     }
   }

@@ -86,6 +86,14 @@ __device__ __forceinline__ void ldsm_b2(const T* m, int ld, int n0, int k0, int 
   cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), b0.x[0], b0.x[1], b1.x[0], b1.x[1]);
 }
 
+// ldsm_b2 for a 16x16 matrix stored with tile16_offset (shared_storage.cuh).
+__device__ __forceinline__ void ldsm_b2_tile16(const __nv_bfloat16* m, int lane, FragB& b0, FragB& b1) {
+  const int i = lane >> 3, r = lane & 7;
+  const int row = r + 8 * (i >> 1), col = 8 * (i & 1);
+  const __nv_bfloat16* p = m + row * 16 + ((((col >> 3) ^ ((row >> 2) & 1)) << 3));
+  cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), b0.x[0], b0.x[1], b1.x[0], b1.x[1]);
+}
+
 // A fragment of Xᵀ for a 16x16 block of a row-major [k][m] matrix X in shared
 // memory (rows = k, 16-byte aligned rows): ldmatrix with transpose.
 template <typename T>

@@ -64,25 +64,17 @@ __device__ __forceinline__ void store_state(const StateRows& S, const FwdParams&
   }
 }
 
-// B fragments of K_res (16 tokens x key columns 8j..8j+7) from the swizzled
-// kres_t (shared_storage.cuh, kres_offset): lane (g, t) reads row 8j + g, tokens
-// 2t, 2t+1 (x0) and 8 + 2t, 9 + 2t (x1) of the hi (part 0) or lo (part 2) half.
-// The swizzle depends on g alone, so the lane's offsets hold for every j.
+// B fragments of K_res (16 tokens x key columns 8j..8j+7), hi and lo, from the
+// swizzled kres_t (shared_storage.cuh, kres_offset) with one ldmatrix.x4: lane l
+// points at row 8j + (l & 7) of 8x8 matrix l >> 3 (0, 1: hi tokens 0-7, 8-15;
+// 2, 3: lo). The swizzle of rows 8j + r depends on r alone, so the lane's
+// offset holds for every j.
 struct KresLane {
-  int hi0, hi1, lo0, lo1;
-  __device__ __forceinline__ explicit KresLane(int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    hi0 = kres_offset(g, 0, 2 * t);
-    hi1 = kres_offset(g, 1, 2 * t);
-    lo0 = kres_offset(g, 2, 2 * t);
-    lo1 = kres_offset(g, 3, 2 * t);
-  }
-  __device__ __forceinline__ FragB load(const ChunkOperands& ops, int j, int part) const {
-    const __nv_bfloat16* tile = &ops.kres_t[8 * j][0];
-    FragB b;
-    b.x[0] = *reinterpret_cast<const uint32_t*>(tile + (part == 0 ? hi0 : lo0));
-    b.x[1] = *reinterpret_cast<const uint32_t*>(tile + (part == 0 ? hi1 : lo1));
-    return b;
+  int offset;  // elements from kres_t[8j][0]
+  __device__ __forceinline__ explicit KresLane(int lane) : offset(kres_offset(lane & 7, lane >> 3, 0)) {}
+  __device__ __forceinline__ void load(const ChunkOperands& ops, int j, FragB& hi, FragB& lo) const {
+    const __nv_bfloat16* p = &ops.kres_t[8 * j][0] + offset;
+    cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), hi.x[0], hi.x[1], lo.x[0], lo.x[1]);
   }
 };
 
@@ -100,31 +92,40 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     zero(o[nt]);
   }
   // uᵀ = Vᵀ A_wᵀ with A_w = hi + lo: v is exact in bf16, so two terms give A_w to ~16 bits.
+  // B fragments come in pairs of n-tiles, one ldmatrix.x4 each (ldsm_b2).
   const FragA vt = load_a_trans(v, ldv, 0, vw, lane);
+  FragB aw_hi[2], aw_lo[2];
+  ldsm_b2_tile16(ops.aw_hi, lane, aw_hi[0], aw_hi[1]);
+  ldsm_b2_tile16(ops.aw_lo, lane, aw_lo[0], aw_lo[1]);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
-    mma_bf16(u[nt], vt, load_b_nk(&ops.aw_hi[0][0], kLdT, 8 * nt, 0, lane));
-    mma_bf16(u[nt], vt, load_b_nk(&ops.aw_lo[0][0], kLdT, 8 * nt, 0, lane));
+    mma_bf16(u[nt], vt, aw_hi[nt]);
+    mma_bf16(u[nt], vt, aw_lo[nt]);
   }
   // − S wᵀ and S Q_decᵀ, both from the state before this chunk's update.
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
     const FragA sa = to_a_bf16(S.tile[2 * kk], S.tile[2 * kk + 1]);
+    FragB wb[2], qb[2];
+    ldsm_b2(&ops.wneg[0][0], kLdRow, 0, 16 * kk, lane, wb[0], wb[1]);
+    ldsm_b2(&ops.qdec[0][0], kLdRow, 0, 16 * kk, lane, qb[0], qb[1]);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      mma_bf16(u[nt], sa, load_b_nk(&ops.wneg[0][0], kLdRow, 8 * nt, 16 * kk, lane));
-      mma_bf16(o[nt], sa, load_b_nk(&ops.qdec[0][0], kLdRow, 8 * nt, 16 * kk, lane));
+      mma_bf16(u[nt], sa, wb[nt]);
+      mma_bf16(o[nt], sa, qb[nt]);
     }
   }
   FragA ua_hi, ua_lo;
   split_a_bf16(u[0], u[1], ua_hi, ua_lo);
   // out += Uᵀ Mqkᵀ, hi·hi + lo·hi + hi·lo
+  FragB m_hi[2], m_lo[2];
+  ldsm_b2_tile16(ops.mqk_hi, lane, m_hi[0], m_hi[1]);
+  ldsm_b2_tile16(ops.mqk_lo, lane, m_lo[0], m_lo[1]);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
-    const FragB m_hi = load_b_nk(&ops.mqk_hi[0][0], kLdT, 8 * nt, 0, lane);
-    mma_bf16(o[nt], ua_hi, m_hi);
-    mma_bf16(o[nt], ua_lo, m_hi);
-    mma_bf16(o[nt], ua_hi, load_b_nk(&ops.mqk_lo[0][0], kLdT, 8 * nt, 0, lane));
+    mma_bf16(o[nt], ua_hi, m_hi[nt]);
+    mma_bf16(o[nt], ua_lo, m_hi[nt]);
+    mma_bf16(o[nt], ua_hi, m_lo[nt]);
   }
   // S = S·diag(2^G_last) + Uᵀ K_res, hi·hi + lo·hi + hi·lo
   const KresLane kl(lane);
@@ -135,7 +136,8 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     S.tile[j].x[1] *= dl.y;
     S.tile[j].x[2] *= dl.x;
     S.tile[j].x[3] *= dl.y;
-    const FragB kres_hi = kl.load(ops, j, 0), kres_lo = kl.load(ops, j, 2);
+    FragB kres_hi, kres_lo;
+    kl.load(ops, j, kres_hi, kres_lo);
     mma_bf16(S.tile[j], ua_hi, kres_hi);
     mma_bf16(S.tile[j], ua_lo, kres_hi);
     mma_bf16(S.tile[j], ua_hi, kres_lo);

@@ -41,10 +41,10 @@ struct alignas(16) ChunkOperands {
   __nv_bfloat16 wneg[kChunk][kLdRow];    // −w = −A_w·K_dec                 (B of S·wᵀ)
   __nv_bfloat16 qdec[kChunk][kLdRow];    // scale·q̂·2^G                     (B of S·Q_decᵀ)
   __nv_bfloat16 kres_t[kHeadDim][kKresPitch];  // (k̂·2^(G_last−G))ᵀ as hi | lo, swizzled (B of the state update)
-  __nv_bfloat16 mqk_hi[kChunk][kLdT];    // lower_incl(Q_dec K_invᵀ)        (B of Uᵀ·Mqkᵀ)
-  __nv_bfloat16 mqk_lo[kChunk][kLdT];
-  __nv_bfloat16 aw_hi[kChunk][kLdT];     // A_w = INV·diag(b)               (B of uᵀ = Vᵀ A_wᵀ)
-  __nv_bfloat16 aw_lo[kChunk][kLdT];
+  __nv_bfloat16 mqk_hi[kChunk * kChunk];  // lower_incl(Q_dec K_invᵀ), tile16_offset (B of Uᵀ·Mqkᵀ)
+  __nv_bfloat16 mqk_lo[kChunk * kChunk];
+  __nv_bfloat16 aw_hi[kChunk * kChunk];   // A_w = INV·diag(b), tile16_offset     (B of uᵀ = Vᵀ A_wᵀ)
+  __nv_bfloat16 aw_lo[kChunk * kChunk];
   float decay_last[kHeadDim];            // 2^G_last
 };
 static_assert(sizeof(ChunkOperands) % 16 == 0, "copied as 16-byte vectors");
@@ -59,6 +59,14 @@ static_assert(sizeof(ChunkOperands) % 16 == 0, "copied as 16-byte vectors");
 // depends on g alone, so a lane's offsets are the same for every tile j.
 __host__ __device__ constexpr int kres_offset(int d, int chunk, int within) {
   return d * kKresPitch + ((chunk ^ ((d >> 1) & 3)) << 3) + within;
+}
+
+// The 16x16 matrices of the record (Mqk, A_w) without padding: rows of two
+// 16-byte chunks, the two swapped on rows 4-7 of every 8, so that the 8 rows of
+// an ldmatrix land in 8 distinct bank groups (32-byte rows alone put rows r and
+// r + 4 in one group). 512 bytes instead of 768 padded.
+__host__ __device__ constexpr int tile16_offset(int row, int col) {
+  return row * kChunk + ((((col >> 3) ^ ((row >> 2) & 1)) << 3) | (col & 7));
 }
 constexpr int kOperandVectors = sizeof(ChunkOperands) / 16;
 
