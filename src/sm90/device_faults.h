@@ -5,10 +5,20 @@
 // state_indices. Whatever they hold, no kernel reads or writes outside the
 // tensors it was given: a sequence's bounds are clamped to [0, T] (begin <= end),
 // an index past the pool is skipped. The kernel that meets such a value also
-// records it here, in one word per device; check_device_faults() (flashkda.h)
-// turns the record into an error naming the argument and clears it.
+// records it on its device; check_device_faults() (flashkda.h) turns the record
+// into an error naming the argument and clears it.
+//
+// The record is a __device__ global of the translation unit whose kernels write
+// it (the prologue's for the forward, the decode's), reached by the kernels
+// directly: a module global is placed anew with every context, so no address is
+// cached on the host (a cached one would point into freed memory after
+// cudaDeviceReset). Each such unit exports a take function for the host.
 #pragma once
 #include <cstdint>
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#endif
 
 namespace flashkda::sm90 {
 
@@ -21,19 +31,50 @@ enum DeviceFaultKind : int {
 };
 
 // The record: which kinds happened, and the lowest offending position of each
-// (sequence n; ~0 when none). Cleared by check_device_faults().
+// (sequence n; ~0 when none).
 struct DeviceFaults {
   unsigned int kinds;
   unsigned int reserved;
   unsigned long long first_index[kNumDeviceFaultKinds];
 };
+constexpr unsigned long long kNoFaultIndex = ~0ull;
 
 #ifdef __CUDACC__
-// Called by one thread per faulty sequence; `faults` is FwdParams/DecodeParams::faults.
-__device__ __forceinline__ void record_fault(DeviceFaults* faults, DeviceFaultKind kind, int64_t index) {
-  atomicOr(&faults->kinds, 1u << kind);
-  atomicMin(&faults->first_index[kind], static_cast<unsigned long long>(index));
+// The take functions of the recording units: read and clear their record,
+// ordered on `stream` (the copy to *taken completes before they return).
+cudaError_t take_forward_faults(cudaStream_t stream, DeviceFaults* taken);
+cudaError_t take_decode_faults(cudaStream_t stream, DeviceFaults* taken);
+
+namespace {  // one record (and one take kernel) per translation unit that includes this
+
+__device__ DeviceFaults g_faults = {0u, 0u, {kNoFaultIndex, kNoFaultIndex, kNoFaultIndex}};
+__device__ DeviceFaults g_faults_taken;
+
+// Called by one thread per faulty sequence.
+__device__ __forceinline__ void record_fault(DeviceFaultKind kind, int64_t index) {
+  atomicOr(&g_faults.kinds, 1u << kind);
+  atomicMin(&g_faults.first_index[kind], static_cast<unsigned long long>(index));
 }
+
+// Read-and-clear, ordered in the stream after the kernels before it and atomic
+// against kernels on other streams.
+__global__ void take_faults_kernel() {
+  g_faults_taken.kinds = atomicExch(&g_faults.kinds, 0u);
+  for (int k = 0; k < kNumDeviceFaultKinds; ++k)
+    g_faults_taken.first_index[k] = atomicExch(&g_faults.first_index[k], kNoFaultIndex);
+}
+
+// The body of a unit's take function.
+inline cudaError_t take_this_unit_faults(cudaStream_t stream, DeviceFaults* taken) {
+  take_faults_kernel<<<1, 1, 0, stream>>>();
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess)
+    err = cudaMemcpyFromSymbolAsync(taken, g_faults_taken, sizeof(DeviceFaults), 0, cudaMemcpyDeviceToHost, stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  return err;
+}
+
+}  // namespace
 
 // [begin, end) of sequence n from device-resident offsets, clamped so that
 // 0 <= begin <= end <= total; `valid` says whether they needed no clamping and

@@ -131,6 +131,8 @@ Status check_decode_supported(const DecodeArgs& args) {
   return Status::Ok();
 }
 
+cudaError_t take_decode_faults(cudaStream_t stream, DeviceFaults* taken) { return take_this_unit_faults(stream, taken); }
+
 Status decode(const DecodeArgs& a, void* stream) {
   const int64_t HV = a.num_v_heads > 0 ? a.num_v_heads : a.num_heads;
   const int64_t per_slot = HV * kDecodeDim * kDecodeDim;
@@ -169,11 +171,6 @@ Status decode(const DecodeArgs& a, void* stream) {
   const DecodeKernel kernel = fp32 ? kDecodeVariants[variant].fp32 : kDecodeVariants[variant].bf16;
   const int64_t ctas = pairs * kDecodeSlices;  // below 2^31: check_decode_supported
   if (ctas == 0) return Status::Ok();
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = device_faults_address(dev, &p.faults);
-  if (err != cudaSuccess)
-    return {StatusCode::kCudaError, std::string("backend kCuda: locating the device fault record: ") + cudaGetErrorString(err)};
 
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(ctas));
@@ -187,7 +184,7 @@ Status decode(const DecodeArgs& a, void* stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = use_pdl(a.programmatic_dependent_launch) ? 1 : 0;
-  err = cudaLaunchKernelEx(&cfg, kernel, p);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p);
   if (err != cudaSuccess)
     return {StatusCode::kCudaError, std::string("backend kCuda: launching the decode kernel: ") + cudaGetErrorString(err)};
   return Status::Ok();

@@ -6,7 +6,6 @@
 
 #include "common/sequences.h"
 #include "sm90/fwd_launch.h"
-#include "sm90/sm90_faults.h"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/shared_storage.cuh"
 #include "sm90/kernel/tile_scheduler.cuh"
@@ -200,8 +199,6 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cached_attribute(&DeviceFacts::num_sms, cudaDevAttrMultiProcessorCount, dev, &num_sms);
   if (err != cudaSuccess) return cuda_status(err, "reading the device's SM count");
-  err = device_faults_address(dev, &p.faults);
-  if (err != cudaSuccess) return cuda_status(err, "locating the device fault record");
 
   const LaunchPlan plan = effective_launch_plan(problem_shape(args), num_sms);
   p.v_split = plan.v_split;

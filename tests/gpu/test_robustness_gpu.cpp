@@ -245,6 +245,39 @@ void PrintTo(const BadCuSeqlens& c, std::ostream* os) { *os << c.name; }
 INSTANTIATE_TEST_SUITE_P(Cases, GpuGuardBand, ::testing::ValuesIn(kBadCuSeqlens),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// The record lives in module globals, placed anew with every context: after a
+// cudaDeviceReset the kernels record into the new context's record, and nothing
+// lands where the old one was (an address cached across the reset would).
+TEST(GpuDeviceFaults, RecordSurvivesDeviceReset) {
+  SKIP_WITHOUT_GPU();
+  ProblemSpec spec;
+  spec.seqlens = {37, 16, 130, 5};
+  spec.heads = 2;
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) FKDA_CUDA_CHECK(cudaDeviceReset());  // after round 0's buffers are freed
+    const HostProblem p = make_problem(spec, 53 + round);
+    std::vector<int64_t> bad = p.cu_seqlens;
+    bad.back() = p.T + 77;
+    DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
+    DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), init(p.init_f32);
+    DeviceBuffer<int64_t> cu(bad);
+    GuardedBuffer out(p.out_elems() * 2), fin(p.state_elems() * 4);
+    ForwardArgs a = p.host_args(out.data(), fin.data());
+    a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
+    a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr; a.initial_state = init.ptr;
+    a.cu_seqlens = cu.ptr;
+    a.cu_seqlens_host = nullptr;
+    size_t ws_bytes = 0;
+    ASSERT_TRUE(workspace_size(a, Backend::kCuda, &ws_bytes).ok());
+    GuardedBuffer ws(ws_bytes);
+    ASSERT_TRUE(forward(a, Backend::kCuda, ws.data(), ws_bytes, nullptr).ok());
+    FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(out.damaged_guard_bytes() + fin.damaged_guard_bytes() + ws.damaged_guard_bytes(), 0u) << round;
+    const Status f = check_device_faults(nullptr);
+    EXPECT_NE(f.message.find("first at sequence 3."), std::string::npos) << round << ": " << f.message;
+  }
+}
+
 // A valid varlen call records nothing, on a non-default stream too.
 TEST(GpuDeviceFaults, ValidCallsRecordNothing) {
   SKIP_WITHOUT_GPU();

@@ -31,7 +31,6 @@ struct DecodeParams {
   const int64_t* cu_seqlens;  // [N+1] or null: tokens_per_seq each; values clamped to [0, total_tokens]
   int64_t tokens_per_seq;
   int64_t total_tokens, num_seqs;
-  DeviceFaults* faults;  // invalid cu_seqlens / state_indices values are recorded here (device_faults.h)
   void* pool;              // slot s at pool + s·pool_stride elements
   void* out_pool;          // where the final states go (== pool in place)
   void* per_token_states;  // [T, HV, V, K] or null
@@ -152,8 +151,8 @@ __device__ __forceinline__ DecodeSequence decode_sequence(const DecodeParams& p,
 // of its sequence: one record per sequence, not one per CTA.
 __device__ __forceinline__ void report_decode_faults(const DecodeParams& p, const DecodeTile& tile, uint32_t faults) {
   if (faults == 0 || threadIdx.x != 0 || tile.hv != 0 || tile.slice != 0) return;
-  if (faults & (1u << kFaultDecodeCuSeqlens)) record_fault(p.faults, kFaultDecodeCuSeqlens, tile.n);
-  if (faults & (1u << kFaultDecodeStateIndex)) record_fault(p.faults, kFaultDecodeStateIndex, tile.n);
+  if (faults & (1u << kFaultDecodeCuSeqlens)) record_fault(kFaultDecodeCuSeqlens, tile.n);
+  if (faults & (1u << kFaultDecodeStateIndex)) record_fault(kFaultDecodeStateIndex, tile.n);
 }
 
 // Four state columns c .. c+3 of a row: S ← S·diag(decay) + coef·k̂ᵀ, from the

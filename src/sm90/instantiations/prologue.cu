@@ -8,6 +8,8 @@ namespace {
 SmemLimitSet g_prologue_limit;
 }
 
+cudaError_t take_forward_faults(cudaStream_t stream, DeviceFaults* taken) { return take_this_unit_faults(stream, taken); }
+
 cudaError_t launch_prologue(const FwdParams& p, int device, cudaStream_t stream) {
   constexpr size_t kSmemBytes = sizeof(PrologueSmem);
   const dim3 grid(static_cast<unsigned>(p.num_slots), static_cast<unsigned>(p.num_v_heads));

@@ -28,7 +28,6 @@ struct FwdParams {
   const int64_t* cu_seqlens;  // [N+1] device pointer, or null: sequence n = batch row n
   int64_t seqlen;             // tokens per batch row when cu_seqlens is null
   int64_t total_tokens;       // B·T: cu_seqlens values are clamped to [0, total_tokens]
-  DeviceFaults* faults;       // where a kernel records invalid cu_seqlens values (device_faults.h)
 
   int32_t num_seqs;    // N
   int32_t num_heads;   // H

@@ -129,7 +129,7 @@ __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap
     *reinterpret_cast<uint32_t*>(&s.kinv_hi[i][m.d0]) = hi;
     *reinterpret_cast<uint32_t*>(&s.kinv_lo[i][m.d0]) = lo;
     split_bf16x2(qf.x * rq * up0, qf.y * rq * up1, hi, lo);
-    *reinterpret_cast<uint32_t*>(&s.qdec[i][m.d0]) = hi;
+    *reinterpret_cast<uint32_t*>(&s.qdec[row128_offset(i, m.d0)]) = hi;
     *reinterpret_cast<uint32_t*>(&s.qdec_lo[i][m.d0]) = lo;
     kdec_col[0][r] = __float2half_rn(kdec0);
     kdec_col[1][r] = __float2half_rn(kdec1);

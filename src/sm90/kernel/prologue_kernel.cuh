@@ -28,6 +28,10 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   const int64_t slot = blockIdx.x;
   const int v_head = blockIdx.y;
   const int qk_head = v_head / (p.num_v_heads / p.num_heads);
+  // Slot CTAs of value head 0 check one sequence each (there are at least N slots).
+  if (p.cu_seqlens != nullptr && v_head == 0 && tid == 0 && slot < p.num_seqs &&
+      !clamped_span(p.cu_seqlens, slot, p.num_seqs, p.total_tokens).valid)
+    record_fault(kFaultForwardCuSeqlens, slot);
   const ChunkTile chunk = locate_chunk(p, slot);
   if (!chunk.valid) return;
 

@@ -39,7 +39,6 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
   const SequenceTile w = get_sequence_tile(p);
-  if (!w.valid && tid == 0 && w.v_head == 0 && w.v_slice == 0) record_fault(p.faults, kFaultForwardCuSeqlens, w.seq);
   const int v0 = w.v_slice * Cfg::kVCta;
   const int64_t num_chunks = (w.length + kChunk - 1) / kChunk;
 

@@ -38,8 +38,8 @@ struct InverseScratch {
 // as the sum of two bf16 numbers (~16 significant bits) where one bf16 rounding
 // would dominate the error budget (docs/design.md, "Accuracy").
 struct alignas(16) ChunkOperands {
-  __nv_bfloat16 wneg[kChunk][kLdRow];    // −w = −A_w·K_dec                 (B of S·wᵀ)
-  __nv_bfloat16 qdec[kChunk][kLdRow];    // scale·q̂·2^G                     (B of S·Q_decᵀ)
+  __nv_bfloat16 wneg[kChunk * kHeadDim];  // −w = −A_w·K_dec, row128_offset  (B of S·wᵀ)
+  __nv_bfloat16 qdec[kChunk * kHeadDim];  // scale·q̂·2^G, row128_offset      (B of S·Q_decᵀ)
   __nv_bfloat16 kres_t[kHeadDim][kKresPitch];  // (k̂·2^(G_last−G))ᵀ as hi | lo, swizzled (B of the state update)
   __nv_bfloat16 mqk_hi[kChunk * kChunk];  // lower_incl(Q_dec K_invᵀ), tile16_offset (B of Uᵀ·Mqkᵀ)
   __nv_bfloat16 mqk_lo[kChunk * kChunk];
@@ -59,6 +59,13 @@ static_assert(sizeof(ChunkOperands) % 16 == 0, "copied as 16-byte vectors");
 // depends on g alone, so a lane's offsets are the same for every tile j.
 __host__ __device__ constexpr int kres_offset(int d, int chunk, int within) {
   return d * kKresPitch + ((chunk ^ ((d >> 1) & 3)) << 3) + within;
+}
+
+// The [16][128] matrices of the record (−w, Q_dec) without padding: the 16-byte
+// chunk c of row r is stored at chunk c ^ (r & 7), so that the 8 rows of an
+// ldmatrix land in 8 distinct bank groups (256-byte rows alone put all 8 in one).
+__host__ __device__ constexpr int row128_offset(int row, int col) {
+  return row * kHeadDim + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
 }
 
 // The 16x16 matrices of the record (Mqk, A_w) without padding: rows of two

@@ -12,7 +12,7 @@
 // kernel reads them through sequence_span, which clamps a sequence to
 // 0 <= begin <= end <= T. With clamped bounds the slot arithmetic above stays
 // inside the workspace and every token index inside the tensors, whatever the
-// values; the recurrence kernel records a violation (device_faults.h).
+// values; the prologue kernel records a violation (device_faults.h).
 #pragma once
 #include <cstdint>
 
@@ -74,7 +74,6 @@ struct SequenceTile {
   int64_t token_begin;
   int64_t length;
   int64_t first_slot;
-  bool valid;  // cu_seqlens needed no clamping for this sequence
 };
 
 // blockIdx.x = (seq · HV + hv) · v_split + slice: the CTAs of one (sequence,
@@ -90,7 +89,6 @@ __device__ __forceinline__ SequenceTile get_sequence_tile(const FwdParams& p) {
   w.token_begin = span.begin;
   w.length = span.end - span.begin;
   w.first_slot = w.seq + span.begin / kChunk;
-  w.valid = span.valid;
   return w;
 }
 
