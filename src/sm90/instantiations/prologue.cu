@@ -12,7 +12,9 @@ cudaError_t take_forward_faults(cudaStream_t stream, DeviceFaults* taken) { retu
 
 cudaError_t launch_prologue(const FwdParams& p, int device, cudaStream_t stream) {
   constexpr size_t kSmemBytes = sizeof(PrologueSmem);
-  const dim3 grid(static_cast<unsigned>(p.num_slots), static_cast<unsigned>(p.num_v_heads));
+  // (slot, value head within its group, q/k head): value head = z·(HV/H) + y.
+  const dim3 grid(static_cast<unsigned>(p.num_slots), static_cast<unsigned>(p.num_v_heads / p.num_heads),
+                  static_cast<unsigned>(p.num_heads));
   return launch_with_smem(reinterpret_cast<const void*>(&kda_chunk_prologue_kernel), g_prologue_limit, device, grid,
                           dim3(kPrologueThreads), kSmemBytes, stream, p);
 }

@@ -85,10 +85,15 @@ struct KresLane {
 __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperands& ops, const uint16_t* v, int ldv,
                                                 int vw, __nv_bfloat16 (*out_tile)[kLdT], int lane) {
   const int g = lane >> 2, t = lane & 3;
-  FragC u[2], o[2];
+  // Uᵀ accumulates in two halves, u (the terms in v and the even k-steps of S wᵀ)
+  // and u_odd: the chain from the updated state to Uᵀ, the critical path of the
+  // whole sequence, is then 4 dependent mma instead of 8 (the v terms do not
+  // depend on the state and run ahead).
+  FragC u[2], u_odd[2], o[2];
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     zero(u[nt]);
+    zero(u_odd[nt]);
     zero(o[nt]);
   }
   // uᵀ = Vᵀ A_wᵀ with A_w = hi + lo: v is exact in bf16, so two terms give A_w to ~16 bits.
@@ -112,10 +117,14 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     rb.ldsm_b2(ops.qdec, kk, qb[0], qb[1]);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      mma_bf16(u[nt], sa, wb[nt]);
+      mma_bf16(kk % 2 ? u_odd[nt] : u[nt], sa, wb[nt]);
       mma_bf16(o[nt], sa, qb[nt]);
     }
   }
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) u[nt].x[e] += u_odd[nt].x[e];
   FragA ua_hi, ua_lo;
   split_a_bf16(u[0], u[1], ua_hi, ua_lo);
   // out += Uᵀ Mqkᵀ, hi·hi + lo·hi + hi·lo
