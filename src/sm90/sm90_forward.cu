@@ -88,6 +88,12 @@ Status check_supported(const ForwardArgs& args) {
                                 "); Backend::kCpuChunked runs any head dim");
   const int64_t hv = value_heads(args);
   const int64_t n = num_sequences(args);
+  // The prologue's grid is (chunk slots, HV / H, H).
+  if (args.num_heads > 65535)
+    return Status::NotSupported("num_heads: the CUDA backend supports at most 65535 q/k heads (got " +
+                                std::to_string(args.num_heads) + ")");
+  if (num_chunk_slots(n, args.batch * args.seqlen) > int64_t{0x7fffffff})
+    return Status::NotSupported("seqlen: too many 16-token chunks for one launch");
   if (n * hv * 4 > int64_t{0x7fffffff})
     return Status::NotSupported("num_seqs x num_v_heads: too many (sequence, head) pairs for one launch (" +
                                 std::to_string(n * hv) + ")");
@@ -101,10 +107,11 @@ int64_t slots_for(const ForwardArgs& args) {
 }  // namespace
 
 Status workspace_size(const ForwardArgs& args, size_t* bytes) {
-  // One ChunkOperands record per (chunk slot, value head): 18 KB per 16 tokens
-  // and head, a little more than the q, k, v, g inputs themselves. Stored with
-  // its shared-memory padding: unpacking a dense record cost the recurrence
-  // kernel more instructions than the bytes saved (docs/perf-log.md).
+  // One ChunkOperands record per (chunk slot, value head): 18.5 KB per 16 tokens
+  // and head, a little more than the q, k, v, g inputs themselves. Stored in its
+  // shared-memory layout (swizzled where it would otherwise need padding):
+  // unpacking a dense record cost the recurrence kernel more instructions than
+  // the bytes saved (docs/perf-log.md).
   *bytes = static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
   return Status::Ok();
 }

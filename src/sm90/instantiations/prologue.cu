@@ -10,6 +10,10 @@ SmemLimitSet g_prologue_limit;
 
 cudaError_t take_forward_faults(cudaStream_t stream, DeviceFaults* taken) { return take_this_unit_faults(stream, taken); }
 
+// kPrologueMinCtasPerSm CTAs must fit the 228 KB of an SM (1 KB reserved per CTA).
+static_assert(kPrologueMinCtasPerSm * (sizeof(PrologueSmem) + 1024) <= 228 * 1024,
+              "the prologue's shared memory no longer fits four CTAs per SM");
+
 cudaError_t launch_prologue(const FwdParams& p, int device, cudaStream_t stream) {
   constexpr size_t kSmemBytes = sizeof(PrologueSmem);
   // (slot, value head within its group, q/k head): value head = z·(HV/H) + y.

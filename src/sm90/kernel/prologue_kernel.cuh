@@ -2,7 +2,8 @@
 // recurrent state. One CTA (8 warps) per (chunk slot, value head):
 //   load      cp.async of the chunk's q, k, g; beta by 16 threads
 //   prologue  norms, gates, decay prefix, decayed operands (prologue.cuh);
-//             warp 0: L and its Neumann inverse, warp 1: Mqk; all: w (chunk_matrices.cuh)
+//             warp 0: L and its inverse (fp32 forward substitution), warp 1: Mqk;
+//             all: w (chunk_matrices.cuh)
 //   store     the ChunkOperands record, 16-byte coalesced stores
 #pragma once
 #include "sm90/kernel/chunk_loader.cuh"
@@ -14,7 +15,7 @@
 
 namespace flashkda::sm90 {
 
-// Four CTAs per SM fit (53 KB of shared memory, <= 64 registers a thread): while
+// Four CTAs per SM fit (54 KB of shared memory, <= 64 registers a thread): while
 // one waits on its loads or on its warp-0 inverse, the others compute.
 constexpr int kPrologueMinCtasPerSm = 4;
 
