@@ -101,7 +101,7 @@ __device__ __forceinline__ void build_w(Smem& s, int warp, int lane) {
   const int g = lane >> 2, t = lane & 3;
   const FragA a = ldsm_a(&s.aw_f16[0][0], kLdT, 0, 0, lane);
   FragB b[2];
-  ldsm_b2(&s.kdecT[0][0], kLdT, 16 * warp, 0, lane, b[0], b[1]);
+  ldsm_b2_trans(&s.kdec16[0][0], kLdRow, 16 * warp, lane, b[0], b[1]);
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int nt = 2 * warp + j;

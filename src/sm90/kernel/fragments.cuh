@@ -86,6 +86,16 @@ __device__ __forceinline__ void ldsm_b2(const T* m, int ld, int n0, int k0, int 
   cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), b0.x[0], b0.x[1], b1.x[0], b1.x[1]);
 }
 
+// B fragments of two adjacent n-tiles (n0..n0+7, n0+8..n0+15) over k = 0..15 from
+// shared memory holding B itself row-major ([k][n], rows 16-byte aligned): one
+// transposing ldmatrix.x4.
+template <typename T>
+__device__ __forceinline__ void ldsm_b2_trans(const T* m, int ld, int n0, int lane, FragB& b0, FragB& b1) {
+  const int i = lane >> 3, r = lane & 7;
+  const T* p = m + (r + 8 * (i & 1)) * ld + n0 + 8 * (i >> 1);
+  cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(p), b0.x[0], b0.x[1], b1.x[0], b1.x[1]);
+}
+
 // ldsm_b2 for a 16x16 matrix stored with tile16_offset (shared_storage.cuh).
 __device__ __forceinline__ void ldsm_b2_tile16(const __nv_bfloat16* m, int lane, FragB& b0, FragB& b1) {
   const int i = lane >> 3, r = lane & 7;

@@ -109,8 +109,6 @@ template <class Smem>
 __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap& m,
                                                        const float2 (&G)[kRowsPerThread], float scale) {
   const float2 dl = *reinterpret_cast<const float2*>(&s.decay_last[m.d0]);
-  __align__(8) __half kdec_col[2][kRowsPerThread];
-  float kres[2][kRowsPerThread];  // K_res of the thread's two columns and four rows
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const int i = m.row(r);
@@ -131,26 +129,13 @@ __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap
     split_bf16x2(qf.x * rq * up0, qf.y * rq * up1, hi, lo);
     *reinterpret_cast<uint32_t*>(&s.qdec[row128_offset(i, m.d0)]) = hi;
     *reinterpret_cast<uint32_t*>(&s.qdec_lo[i][m.d0]) = lo;
-    kdec_col[0][r] = __float2half_rn(kdec0);
-    kdec_col[1][r] = __float2half_rn(kdec1);
+    *reinterpret_cast<uint32_t*>(&s.kdec16[i][m.d0]) = pack_f16(kdec0, kdec1);
     // 2^(G_last − G) as a product of two normal floats (no third ex2); <= 1 on real rows.
-    kres[0][r] = k0 * (dl.x * down0);
-    kres[1][r] = k1 * (dl.y * down1);
+    split_bf16x2(k0 * (dl.x * down0), k1 * (dl.y * down1), hi, lo);
+    *reinterpret_cast<uint32_t*>(&s.kres_hi[i][m.d0]) = hi;
+    *reinterpret_cast<uint32_t*>(&s.kres_lo[i][m.d0]) = lo;
   }
   // The thread's 4 tokens sit in one 8-token half of a 16-byte chunk of kres_t.
-  // K_res as hi + lo, split two tokens at a time (split_bf16x2).
-  const int tok0 = m.row(0);
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    const int d = m.d0 + c;
-    *reinterpret_cast<uint2*>(&s.kdecT[d][tok0]) = *reinterpret_cast<const uint2*>(kdec_col[c]);
-    uint2 hi, lo;
-    split_bf16x2(kres[c][0], kres[c][1], hi.x, lo.x);
-    split_bf16x2(kres[c][2], kres[c][3], hi.y, lo.y);
-    __nv_bfloat16* row = &s.kres_t[0][0];
-    *reinterpret_cast<uint2*>(row + kres_offset(d, tok0 >> 3, tok0 & 7)) = hi;
-    *reinterpret_cast<uint2*>(row + kres_offset(d, 2 + (tok0 >> 3), tok0 & 7)) = lo;
-  }
 }
 
 }  // namespace flashkda::sm90

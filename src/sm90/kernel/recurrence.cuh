@@ -64,19 +64,20 @@ __device__ __forceinline__ void store_state(const StateRows& S, const FwdParams&
   }
 }
 
-// B fragments of K_res (16 tokens x key columns 8j..8j+7), hi and lo, from the
-// swizzled kres_t (shared_storage.cuh, kres_offset) with one ldmatrix.x4: lane l
-// points at row 8j + (l & 7) of 8x8 matrix l >> 3 (0, 1: hi tokens 0-7, 8-15;
-// 2, 3: lo). The swizzle of rows 8j + r depends on r alone, so the lane's
-// offset holds for every j.
+// B fragments of K_res (16 tokens x key columns 8j..8j+7), hi and lo, with one
+// transposing ldmatrix.x4 from the token-major kres_hi / kres_lo: lane l points
+// at token 8·((l >> 3) & 1) + (l & 7) of kres_hi (l < 16) or kres_lo, column 8j.
 struct KresLane {
-  int offset;  // elements from kres_t[8j][0]
-  __device__ __forceinline__ explicit KresLane(int lane) : offset(kres_offset(lane & 7, lane >> 3, 0)) {}
+  int offset;  // elements from kres_hi[0][0]
+  __device__ __forceinline__ explicit KresLane(int lane)
+      : offset((lane >> 4) * kChunk * kLdRow + (8 * ((lane >> 3) & 1) + (lane & 7)) * kLdRow) {}
   __device__ __forceinline__ void load(const ChunkOperands& ops, int j, FragB& hi, FragB& lo) const {
-    const __nv_bfloat16* p = &ops.kres_t[8 * j][0] + offset;
-    cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), hi.x[0], hi.x[1], lo.x[0], lo.x[1]);
+    const __nv_bfloat16* p = &ops.kres_hi[0][0] + offset + 8 * j;
+    cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(p), hi.x[0], hi.x[1], lo.x[0], lo.x[1]);
   }
 };
+static_assert(offsetof(ChunkOperands, kres_lo) == offsetof(ChunkOperands, kres_hi) + sizeof(ChunkOperands::kres_hi),
+              "KresLane reaches kres_lo from kres_hi");
 
 // One chunk for the warp's 16 rows of V, columns vw..vw+15 of the CTA's slice
 // `v` (row stride ldv); the warp's outᵀ tile goes to its staging tile out_tile.

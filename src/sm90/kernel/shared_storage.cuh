@@ -18,7 +18,6 @@ constexpr int kChunk = 16;     // tokens per chunk (see docs/design.md: why 16)
 constexpr int kHeadDim = 128;  // K = V handled by these kernels
 constexpr int kLdRow = kHeadDim + 8;
 constexpr int kLdT = kChunk + 8;
-constexpr int kKresPitch = 2 * kChunk;  // hi | lo, swizzled instead of padded (kres_offset)
 
 // Shared-memory scratch of the inverse (2.4 KB): N transposed on the way in, X
 // on the way out; the fragment layouts and the column-per-lane layout meet here.
@@ -40,7 +39,8 @@ struct InverseScratch {
 struct alignas(16) ChunkOperands {
   __nv_bfloat16 wneg[kChunk * kHeadDim];  // −w = −A_w·K_dec, row128_offset  (B of S·wᵀ)
   __nv_bfloat16 qdec[kChunk * kHeadDim];  // scale·q̂·2^G, row128_offset      (B of S·Q_decᵀ)
-  __nv_bfloat16 kres_t[kHeadDim][kKresPitch];  // (k̂·2^(G_last−G))ᵀ as hi | lo, swizzled (B of the state update)
+  __nv_bfloat16 kres_hi[kChunk][kLdRow];  // K_res = k̂·2^(G_last−G), [token][key], hi + lo (B of the state update)
+  __nv_bfloat16 kres_lo[kChunk][kLdRow];
   __nv_bfloat16 mqk_hi[kChunk * kChunk];  // lower_incl(Q_dec K_invᵀ), tile16_offset (B of Uᵀ·Mqkᵀ)
   __nv_bfloat16 mqk_lo[kChunk * kChunk];
   __nv_bfloat16 aw_hi[kChunk * kChunk];   // A_w = INV·diag(b), tile16_offset     (B of uᵀ = Vᵀ A_wᵀ)
@@ -52,14 +52,11 @@ static_assert(sizeof(ChunkOperands) % 16 == 0, "copied as 16-byte vectors");
 // K_res enters the state update as hi + lo: its single-bf16 rounding left the
 // state 0.5–5 % off on near-collinear keys with slow decay, where rounding
 // errors in directions the keys rarely visit are never decayed or overwritten
-// (docs/design.md, "Degenerate keys"). Row d of kres_t holds key column d:
-// tokens 0-15 of hi, then tokens 0-15 of lo, 64 bytes without padding. Its four
-// 16-byte chunks are XOR-swizzled by (d >> 1) & 3, so that the 8 rows x 4 words
-// of a B-fragment load land in 32 distinct banks; the swizzle of rows 8j + g
-// depends on g alone, so a lane's offsets are the same for every tile j.
-__host__ __device__ constexpr int kres_offset(int d, int chunk, int within) {
-  return d * kKresPitch + ((chunk ^ ((d >> 1) & 3)) << 3) + within;
-}
+// (docs/design.md, "Degenerate keys"). It is stored token-major like the
+// prologue's other [16][128] operands, so that the prologue writes it with
+// conflict-free row stores, and the recurrence reads its B fragments with
+// transposing ldmatrix (a transposed [key][token] layout cost the prologue
+// 8-way bank conflicts on every store).
 
 // The [16][128] matrices of the record (−w, Q_dec) without padding: the 16-byte
 // chunk c of row r is stored at chunk c ^ (r & 7), so that the 8 rows of an
@@ -93,7 +90,7 @@ struct PrologueSmem : ChunkOperands {
   };
   union alignas(16) {
     uint16_t g[kChunk][kHeadDim];       // raw bf16 g; read by gate_prefix only
-    __half kdecT[kHeadDim][kLdT];       // (k̂·2^G)ᵀ in fp16 (B of w); written by write_decayed_operands
+    __half kdec16[kChunk][kLdRow];      // k̂·2^G in fp16 (B of w, by transposing ldmatrix); written by write_decayed_operands
   };
   union alignas(16) {
     float g_part[4][kHeadDim];          // per row group, its column totals of γ; read by finish_gate_prefix
