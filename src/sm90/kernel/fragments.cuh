@@ -104,34 +104,6 @@ __device__ __forceinline__ void ldsm_b2_tile16(const __nv_bfloat16* m, int lane,
   cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), b0.x[0], b0.x[1], b1.x[0], b1.x[1]);
 }
 
-// ldmatrix.x4 of a [16][128] matrix stored with row128_offset (shared_storage.cuh),
-// key columns 16kk..16kk+15: as the A fragment (ldsm_a's lane map) or as the B
-// fragments of its two 8-row n-tiles (ldsm_b2's). Lane l reads row n of
-// logical chunk 2kk + h, stored at chunk (2kk + h) ^ (n & 7) = 2kk ^ x with
-// x = h ^ (n & 7) (2kk is even): one XOR per kk on a lane constant.
-struct Row128Lane {
-  int row_base;  // n · 128
-  int x;
-  __device__ __forceinline__ Row128Lane(int lane, bool a_operand) {
-    const int i = lane >> 3, r = lane & 7;
-    const int n = r + 8 * (a_operand ? (i & 1) : (i >> 1));
-    const int h = a_operand ? (i >> 1) : (i & 1);
-    row_base = n * 128;
-    x = h ^ r;  // n & 7 == r
-  }
-  __device__ __forceinline__ const cute::uint128_t& at(const __nv_bfloat16* m, int kk) const {
-    return *reinterpret_cast<const cute::uint128_t*>(m + row_base + (((2 * kk) ^ x) << 3));
-  }
-  __device__ __forceinline__ FragA ldsm_a(const __nv_bfloat16* m, int kk) const {
-    FragA a;
-    cute::SM75_U32x4_LDSM_N::copy(at(m, kk), a.x[0], a.x[1], a.x[2], a.x[3]);
-    return a;
-  }
-  __device__ __forceinline__ void ldsm_b2(const __nv_bfloat16* m, int kk, FragB& b0, FragB& b1) const {
-    cute::SM75_U32x4_LDSM_N::copy(at(m, kk), b0.x[0], b0.x[1], b1.x[0], b1.x[1]);
-  }
-};
-
 // A fragment of Xᵀ for a 16x16 block of a row-major [k][m] matrix X in shared
 // memory (rows = k, 16-byte aligned rows): ldmatrix with transpose.
 template <typename T>

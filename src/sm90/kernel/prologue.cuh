@@ -127,7 +127,7 @@ __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap
     *reinterpret_cast<uint32_t*>(&s.kinv_hi[i][m.d0]) = hi;
     *reinterpret_cast<uint32_t*>(&s.kinv_lo[i][m.d0]) = lo;
     split_bf16x2(qf.x * rq * up0, qf.y * rq * up1, hi, lo);
-    *reinterpret_cast<uint32_t*>(&s.qdec[row128_offset(i, m.d0)]) = hi;
+    *reinterpret_cast<uint32_t*>(&s.qdec[i][m.d0]) = hi;
     *reinterpret_cast<uint32_t*>(&s.qdec_lo[i][m.d0]) = lo;
     *reinterpret_cast<uint32_t*>(&s.kdec16[i][m.d0]) = pack_f16(kdec0, kdec1);
     // 2^(G_last − G) as a product of two normal floats (no third ex2); <= 1 on real rows.

@@ -109,13 +109,12 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     mma_bf16(u[nt], vt, aw_lo[nt]);
   }
   // − S wᵀ and S Q_decᵀ, both from the state before this chunk's update.
-  const Row128Lane rb(lane, /*a_operand=*/false);
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
     const FragA sa = to_a_bf16(S.tile[2 * kk], S.tile[2 * kk + 1]);
     FragB wb[2], qb[2];
-    rb.ldsm_b2(ops.wneg, kk, wb[0], wb[1]);
-    rb.ldsm_b2(ops.qdec, kk, qb[0], qb[1]);
+    ldsm_b2(&ops.wneg[0][0], kLdRow, 0, 16 * kk, lane, wb[0], wb[1]);
+    ldsm_b2(&ops.qdec[0][0], kLdRow, 0, 16 * kk, lane, qb[0], qb[1]);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       mma_bf16(kk % 2 ? u_odd[nt] : u[nt], sa, wb[nt]);

@@ -37,8 +37,8 @@ struct InverseScratch {
 // as the sum of two bf16 numbers (~16 significant bits) where one bf16 rounding
 // would dominate the error budget (docs/design.md, "Accuracy").
 struct alignas(16) ChunkOperands {
-  __nv_bfloat16 wneg[kChunk * kHeadDim];  // −w = −A_w·K_dec, row128_offset  (B of S·wᵀ)
-  __nv_bfloat16 qdec[kChunk * kHeadDim];  // scale·q̂·2^G, row128_offset      (B of S·Q_decᵀ)
+  __nv_bfloat16 wneg[kChunk][kLdRow];    // −w = −A_w·K_dec                 (B of S·wᵀ)
+  __nv_bfloat16 qdec[kChunk][kLdRow];    // scale·q̂·2^G                     (B of S·Q_decᵀ)
   __nv_bfloat16 kres_hi[kChunk][kLdRow];  // K_res = k̂·2^(G_last−G), [token][key], hi + lo (B of the state update)
   __nv_bfloat16 kres_lo[kChunk][kLdRow];
   __nv_bfloat16 mqk_hi[kChunk * kChunk];  // lower_incl(Q_dec K_invᵀ), tile16_offset (B of Uᵀ·Mqkᵀ)
@@ -57,13 +57,6 @@ static_assert(sizeof(ChunkOperands) % 16 == 0, "copied as 16-byte vectors");
 // conflict-free row stores, and the recurrence reads its B fragments with
 // transposing ldmatrix (a transposed [key][token] layout cost the prologue
 // 8-way bank conflicts on every store).
-
-// The [16][128] matrices of the record (−w, Q_dec) without padding: the 16-byte
-// chunk c of row r is stored at chunk c ^ (r & 7), so that the 8 rows of an
-// ldmatrix land in 8 distinct bank groups (256-byte rows alone put all 8 in one).
-__host__ __device__ constexpr int row128_offset(int row, int col) {
-  return row * kHeadDim + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
-}
 
 // The 16x16 matrices of the record (Mqk, A_w) without padding: rows of two
 // 16-byte chunks, the two swapped on rows 4-7 of every 8, so that the 8 rows of
