@@ -103,9 +103,11 @@ def test_gpu_kernels(case, shape, monkeypatch):
     dims = SHAPES.get(shape, dict(T=4096, H=1))
     p = make_degenerate_problem(**case[1], **dims, seed=63, device="cuda")
     eo, es = _errors(p, *_run(p))
-    fla = _fla_errors(p, monkeypatch)
+    # fla on the two small shapes only: its Triton kernels compile and autotune per
+    # shape, which took minutes for T = 4096 on the H200.
+    fla = _fla_errors(p, monkeypatch) if shape in SHAPES else None
     print(f"{case[0]:34s} {shape:10s} flash-kda out {eo:.3e} state {es:.3e}"
-          + (f" | fla out {fla[0]:.3e} state {fla[1]:.3e}" if fla else " | fla not importable"))
+          + (f" | fla out {fla[0]:.3e} state {fla[1]:.3e}" if fla else " | fla not run"))
     assert eo <= GPU_BAR and es <= GPU_BAR, f"{case[0]}: out {eo:.3e} state {es:.3e}"
     if fla is not None:
         assert eo <= fla[0] and es <= fla[1], f"{case[0]}: worse than fla ({fla[0]:.3e}, {fla[1]:.3e})"
