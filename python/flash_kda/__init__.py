@@ -20,6 +20,8 @@ custom op).
                        op (torch.compile / CUDA-graph friendly)
     kda_decode(...)    decode as a torch.library custom op -> out (the pool updated in
                        place, declared as mutated: torch.compile friendly)
+    check_device_faults()  raises ValueError if a kernel met invalid device-resident
+                       cu_seqlens / state_indices values (see its docstring)
     workspace_size(...), cuda_available(), cuda_status()
 """
 from __future__ import annotations

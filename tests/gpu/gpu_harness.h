@@ -1,6 +1,18 @@
 // Runs a HostProblem on the CUDA backend and on the float64 oracle, and judges
 // the GPU result. Shared by the GPU tests and the device sanity runs.
 #pragma once
+#include <string>
+
+#include "flashkda/flashkda.h"
+
+// Skips the test, saying why, when the CUDA backend cannot run here. A macro, not
+// a function: GTEST_SKIP returns from the function it is written in.
+#define SKIP_WITHOUT_GPU()                                                               \
+  do {                                                                                   \
+    std::string why_no_gpu;                                                              \
+    if (!::flashkda::cuda_backend_available(&why_no_gpu)) GTEST_SKIP() << "no GPU run: " << why_no_gpu; \
+  } while (0)
+
 #ifdef FLASHKDA_WITH_CUDA
 #include <cuda_runtime.h>
 
@@ -41,6 +53,29 @@ struct DeviceBuffer {
     std::vector<T> h(n);
     if (n) FKDA_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
+  }
+};
+
+// A device allocation with `guard` bytes of a sentinel on either side of the
+// payload (which starts 256-byte aligned, as a workspace must), optionally
+// initialised from the host. damaged() counts the sentinel bytes a kernel changed.
+struct GuardedDeviceBuffer {
+  static constexpr uint8_t kSentinel = 0xA5;
+  static constexpr size_t kGuard = 1 << 16;  // a multiple of 256: the payload stays 256-byte aligned
+  DeviceBuffer<uint8_t> raw;
+  size_t bytes;
+  explicit GuardedDeviceBuffer(size_t payload) : raw(payload + 2 * kGuard), bytes(payload) {
+    FKDA_CUDA_CHECK(cudaMemset(raw.ptr, kSentinel, raw.n));
+  }
+  explicit GuardedDeviceBuffer(const std::vector<uint8_t>& payload) : GuardedDeviceBuffer(payload.size()) {
+    if (bytes) FKDA_CUDA_CHECK(cudaMemcpy(data(), payload.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  uint8_t* data() const { return raw.ptr + kGuard; }
+  size_t damaged() const {
+    const std::vector<uint8_t> h = raw.to_host();
+    size_t bad = 0;
+    for (size_t i = 0; i < kGuard; ++i) bad += (h[i] != kSentinel) + (h[kGuard + bytes + i] != kSentinel);
+    return bad;
   }
 };
 

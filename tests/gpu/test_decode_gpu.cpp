@@ -333,24 +333,6 @@ TEST_P(GpuDecodeKernels, DegenerateKeys) {
 // pool and cu_seqlens past T. The pool, out and the per-token states sit inside
 // sentinel-filled buffers; the kernels must leave every sentinel byte alone, and
 // check_device_faults() must name the argument and the first bad sequence.
-struct GuardedDeviceBytes {
-  static constexpr uint8_t kSentinel = 0x5A;
-  static constexpr size_t kGuard = 1 << 16;
-  DeviceBuffer<uint8_t> raw;
-  size_t bytes;
-  GuardedDeviceBytes(const std::vector<uint8_t>& payload) : raw(payload.size() + 2 * kGuard), bytes(payload.size()) {
-    FKDA_CUDA_CHECK(cudaMemset(raw.ptr, kSentinel, raw.n));
-    if (bytes) FKDA_CUDA_CHECK(cudaMemcpy(raw.ptr + kGuard, payload.data(), bytes, cudaMemcpyHostToDevice));
-  }
-  uint8_t* data() const { return raw.ptr + kGuard; }
-  size_t damaged() const {
-    const std::vector<uint8_t> h = raw.to_host();
-    size_t bad = 0;
-    for (size_t i = 0; i < kGuard; ++i) bad += (h[i] != kSentinel) + (h[kGuard + bytes + i] != kSentinel);
-    return bad;
-  }
-};
-
 struct DecodeGuardCase {
   const char* name;
   int variant;  // forced kernel variant
@@ -378,9 +360,9 @@ void run_decode_guard(const DecodeGuardCase& gc) {
   DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
   DeviceBuffer<int64_t> dcu(cu);
   DeviceBuffer<int32_t> idx(p.idx32);
-  GuardedDeviceBytes pool(p.pool_bytes());
-  GuardedDeviceBytes out(std::vector<uint8_t>(static_cast<size_t>(p.T * p.HV * p.V) * 2, 0xFF));
-  GuardedDeviceBytes per_token(std::vector<uint8_t>(static_cast<size_t>(p.T * p.per_slot) * state_elem_bytes(p), 0xFF));
+  GuardedDeviceBuffer pool(p.pool_bytes());
+  GuardedDeviceBuffer out(std::vector<uint8_t>(static_cast<size_t>(p.T * p.HV * p.V) * 2, 0xFF));
+  GuardedDeviceBuffer per_token(std::vector<uint8_t>(static_cast<size_t>(p.T * p.per_slot) * state_elem_bytes(p), 0xFF));
   DecodeArgs a = p.args(out.data(), pool.data(), per_token.data());
   a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr; a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
   a.state_indices = idx.ptr;

@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "flashkda/flashkda.h"
+#include "tests/gpu/gpu_harness.h"
 
 #ifdef FLASHKDA_WITH_CUDA
 #include <ostream>
 
 #include "sm90/sm90_forward.h"
-#include "tests/gpu/gpu_harness.h"
 
 namespace flashkda::sm90 {
 // How gtest prints a launch-plan parameter (found by argument-dependent lookup).
@@ -31,11 +31,6 @@ constexpr double kOutBar = 3.5e-3;
 constexpr double kStateBar = 2.5e-3;
 constexpr double kBf16StateBar = 6e-3;  // out and state when the state passes through bf16
 
-#define SKIP_WITHOUT_GPU()                                                  \
-  do {                                                                      \
-    std::string why;                                                        \
-    if (!cuda_backend_available(&why)) GTEST_SKIP() << "no GPU run: " << why; \
-  } while (0)
 
 #ifdef FLASHKDA_WITH_CUDA
 

@@ -20,23 +20,17 @@
 
 #include "flashkda/flashkda.h"
 
+#include "tests/gpu/gpu_harness.h"
+
 #ifdef FLASHKDA_WITH_CUDA
 #include "sm90/sm90_forward.h"
 #include "tests/common/degenerate_problem.h"
-#include "tests/gpu/gpu_harness.h"
 #endif
 
 namespace flashkda::testing {
 namespace {
 
 constexpr double kDegenerateBar = 1e-2;
-
-// A macro, not a function: GTEST_SKIP returns from the function it is written in.
-#define SKIP_WITHOUT_GPU()                                                    \
-  do {                                                                        \
-    std::string why;                                                          \
-    if (!cuda_backend_available(&why)) GTEST_SKIP() << "no GPU run: " << why; \
-  } while (0)
 
 #ifdef FLASHKDA_WITH_CUDA
 
@@ -143,27 +137,6 @@ TEST(GpuDegenerateInput, ServingRegressionBf16State) {
 // Guard bands: device-resident cu_seqlens values that break the rules.
 // ---------------------------------------------------------------------------
 
-constexpr uint8_t kSentinel = 0xA5;
-constexpr size_t kGuardBytes = 1 << 16;
-
-// A device allocation with kGuardBytes of sentinel on either side of `bytes` of
-// payload (256-byte aligned, as the workspace must be).
-struct GuardedBuffer {
-  DeviceBuffer<uint8_t> raw;
-  size_t bytes;
-  explicit GuardedBuffer(size_t payload) : raw(payload + 2 * kGuardBytes), bytes(payload) {
-    FKDA_CUDA_CHECK(cudaMemset(raw.ptr, kSentinel, raw.n));
-  }
-  void* data() const { return raw.ptr + kGuardBytes; }
-  // Sentinel bytes that changed, before and after the payload.
-  size_t damaged_guard_bytes() const {
-    const std::vector<uint8_t> h = raw.to_host();
-    size_t bad = 0;
-    for (size_t i = 0; i < kGuardBytes; ++i) bad += (h[i] != kSentinel) + (h[kGuardBytes + bytes + i] != kSentinel);
-    return bad;
-  }
-};
-
 // The first sequence n whose [c[n], c[n+1]) breaks 0 = c[0] <= ... <= c[N] = T.
 int64_t first_bad_sequence(const std::vector<int64_t>& cu, int64_t T) {
   const int64_t N = static_cast<int64_t>(cu.size()) - 1;
@@ -199,6 +172,32 @@ class GpuGuardBand : public ::testing::TestWithParam<BadCuSeqlens> {
   }
 };
 
+// Runs the forward of `p` with device cu_seqlens `bad` (no host copy, so nothing is
+// checked on the host), out, final_state and the workspace inside guard bands, and
+// returns the sentinel bytes the call changed.
+size_t forward_with_device_cu_seqlens(const HostProblem& p, const std::vector<int64_t>& bad) {
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), init(p.init_f32);
+  DeviceBuffer<int64_t> cu(bad);
+  GuardedDeviceBuffer out(p.out_elems() * 2), fin(p.state_elems() * 4);
+  ForwardArgs a = p.host_args(out.data(), fin.data());
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
+  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr; a.initial_state = init.ptr;
+  a.cu_seqlens = cu.ptr;
+  a.cu_seqlens_host = nullptr;
+  size_t ws_bytes = 0;
+  EXPECT_TRUE(workspace_size(a, Backend::kCuda, &ws_bytes).ok());
+  GuardedDeviceBuffer ws(ws_bytes);
+  const Status st = forward(a, Backend::kCuda, ws.data(), ws_bytes, nullptr);
+  EXPECT_TRUE(st.ok()) << st.message;  // the host cannot see device values
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+  const size_t damaged = out.damaged() + fin.damaged() + ws.damaged();
+  EXPECT_EQ(out.damaged(), 0u) << "out's guard bands were written";
+  EXPECT_EQ(fin.damaged(), 0u) << "final_state's guard bands were written";
+  EXPECT_EQ(ws.damaged(), 0u) << "the workspace's guard bands were written";
+  return damaged;
+}
+
 // Forward with cu_seqlens values broken in one way; states fp32 in and out.
 TEST_P(GpuGuardBand, ForwardCuSeqlens) {
   ProblemSpec spec;
@@ -209,26 +208,7 @@ TEST_P(GpuGuardBand, ForwardCuSeqlens) {
   GetParam().corrupt(bad, p.T);
   const int64_t expect_first = first_bad_sequence(bad, p.T);
   ASSERT_GE(expect_first, 0);
-
-  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
-  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), init(p.init_f32);
-  DeviceBuffer<int64_t> cu(bad);
-  GuardedBuffer out(p.out_elems() * 2), fin(p.state_elems() * 4);
-  ForwardArgs a = p.host_args(out.data(), fin.data());
-  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
-  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr; a.initial_state = init.ptr;
-  a.cu_seqlens = cu.ptr;
-  a.cu_seqlens_host = nullptr;  // device values only: nothing checked on the host
-  size_t ws_bytes = 0;
-  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &ws_bytes).ok());
-  GuardedBuffer ws(ws_bytes);
-  const Status st = forward(a, Backend::kCuda, ws.data(), ws_bytes, nullptr);
-  ASSERT_TRUE(st.ok()) << st.message;  // the host cannot see device values
-  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
-
-  EXPECT_EQ(out.damaged_guard_bytes(), 0u) << "out's guard bands were written";
-  EXPECT_EQ(fin.damaged_guard_bytes(), 0u) << "final_state's guard bands were written";
-  EXPECT_EQ(ws.damaged_guard_bytes(), 0u) << "the workspace's guard bands were written";
+  forward_with_device_cu_seqlens(p, bad);
 
   const Status f = check_device_faults(nullptr);
   EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << f.message;
@@ -258,21 +238,7 @@ TEST(GpuDeviceFaults, RecordSurvivesDeviceReset) {
     const HostProblem p = make_problem(spec, 53 + round);
     std::vector<int64_t> bad = p.cu_seqlens;
     bad.back() = p.T + 77;
-    DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
-    DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), init(p.init_f32);
-    DeviceBuffer<int64_t> cu(bad);
-    GuardedBuffer out(p.out_elems() * 2), fin(p.state_elems() * 4);
-    ForwardArgs a = p.host_args(out.data(), fin.data());
-    a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
-    a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr; a.initial_state = init.ptr;
-    a.cu_seqlens = cu.ptr;
-    a.cu_seqlens_host = nullptr;
-    size_t ws_bytes = 0;
-    ASSERT_TRUE(workspace_size(a, Backend::kCuda, &ws_bytes).ok());
-    GuardedBuffer ws(ws_bytes);
-    ASSERT_TRUE(forward(a, Backend::kCuda, ws.data(), ws_bytes, nullptr).ok());
-    FKDA_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(out.damaged_guard_bytes() + fin.damaged_guard_bytes() + ws.damaged_guard_bytes(), 0u) << round;
+    EXPECT_EQ(forward_with_device_cu_seqlens(p, bad), 0u) << round;
     const Status f = check_device_faults(nullptr);
     EXPECT_NE(f.message.find("first at sequence 3."), std::string::npos) << round << ": " << f.message;
   }
