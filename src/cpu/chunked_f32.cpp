@@ -258,7 +258,7 @@ void unit_lower_inverse_16(const float* L, float* inv) {
   // every later row. Each entry is a plain fp32 dot product of bounded terms, so
   // the result is exact to fp32 rounding (times the inverse's own condition) for
   // any |L_ij| <= 1; the product (I − L)(I + L²)(I + L⁴)(I + L⁸) it replaced
-  // carried powers of L up to 6435 and lost three digits on near-collinear keys.
+  // went through powers of L up to 6435 and lost three digits on near-collinear keys.
   for (int j = 0; j < C; ++j) {
     float x[C] = {};
     x[j] = 1.f;

@@ -15,7 +15,7 @@
 // decay, L tends to the all-ones strictly lower matrix, whose N⁸ has entries up
 // to C(15,7) = 6435 while X stays within ±1; the product then lives on
 // cancellation between large partial sums, which fp16 operands (or bf16 hi + lo
-// pairs) cannot carry. It returned NaN and errors up to 10³ on such input.
+// pairs) cannot represent. It returned NaN and errors up to 10³ on such input.
 #pragma once
 #include "sm90/kernel/fragments.cuh"
 #include "sm90/kernel/shared_storage.cuh"
