@@ -45,37 +45,6 @@ constexpr unsigned long long kNoFaultIndex = ~0ull;
 cudaError_t take_forward_faults(cudaStream_t stream, DeviceFaults* taken);
 cudaError_t take_decode_faults(cudaStream_t stream, DeviceFaults* taken);
 
-namespace {  // one record (and one take kernel) per translation unit that includes this
-
-__device__ DeviceFaults g_faults = {0u, 0u, {kNoFaultIndex, kNoFaultIndex, kNoFaultIndex}};
-__device__ DeviceFaults g_faults_taken;
-
-// Called by one thread per faulty sequence.
-__device__ __forceinline__ void record_fault(DeviceFaultKind kind, int64_t index) {
-  atomicOr(&g_faults.kinds, 1u << kind);
-  atomicMin(&g_faults.first_index[kind], static_cast<unsigned long long>(index));
-}
-
-// Read-and-clear, ordered in the stream after the kernels before it and atomic
-// against kernels on other streams.
-__global__ void take_faults_kernel() {
-  g_faults_taken.kinds = atomicExch(&g_faults.kinds, 0u);
-  for (int k = 0; k < kNumDeviceFaultKinds; ++k)
-    g_faults_taken.first_index[k] = atomicExch(&g_faults.first_index[k], kNoFaultIndex);
-}
-
-// The body of a unit's take function.
-inline cudaError_t take_this_unit_faults(cudaStream_t stream, DeviceFaults* taken) {
-  take_faults_kernel<<<1, 1, 0, stream>>>();
-  cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess)
-    err = cudaMemcpyFromSymbolAsync(taken, g_faults_taken, sizeof(DeviceFaults), 0, cudaMemcpyDeviceToHost, stream);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-  return err;
-}
-
-}  // namespace
-
 // [begin, end) of sequence n from device-resident offsets, clamped so that
 // 0 <= begin <= end <= total; `valid` says whether they needed no clamping and
 // fit the rule 0 = c[0] <= c[1] <= ... <= c[N] = total.

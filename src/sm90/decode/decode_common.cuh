@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "sm90/device_faults.h"
+#include "sm90/device_fault_record.cuh"
 
 namespace flashkda::sm90 {
 

@@ -16,6 +16,8 @@
 #include <cute/arch/copy_sm75.hpp>
 #include <cute/arch/mma_sm80.hpp>
 
+#include "sm90/kernel/shared_storage.cuh"
+
 namespace flashkda::sm90 {
 
 struct FragA { uint32_t x[4]; };
@@ -55,18 +57,6 @@ __device__ __forceinline__ FragA load_a(const T* m, int ld, int row0, int col0, 
   return a;
 }
 
-// B fragment (16 along k x 8 along n) from shared memory holding B transposed,
-// i.e. row-major [n][k]: element B[k][n] lives at m[n * ld + k].
-template <typename T>
-__device__ __forceinline__ FragB load_b_nk(const T* m, int ld, int n0, int k0, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const T* p = m + (n0 + g) * ld + k0 + 2 * t;
-  FragB b;
-  b.x[0] = *reinterpret_cast<const uint32_t*>(p);
-  b.x[1] = *reinterpret_cast<const uint32_t*>(p + 8);
-  return b;
-}
-
 // A fragment of a 16x16 block of a row-major matrix: one ldmatrix.x4 (rows 16-byte aligned).
 template <typename T>
 __device__ __forceinline__ FragA ldsm_a(const T* m, int ld, int row0, int col0, int lane) {
@@ -99,8 +89,7 @@ __device__ __forceinline__ void ldsm_b2_trans(const T* m, int ld, int n0, int la
 // ldsm_b2 for a 16x16 matrix stored with tile16_offset (shared_storage.cuh).
 __device__ __forceinline__ void ldsm_b2_tile16(const __nv_bfloat16* m, int lane, FragB& b0, FragB& b1) {
   const int i = lane >> 3, r = lane & 7;
-  const int row = r + 8 * (i >> 1), col = 8 * (i & 1);
-  const __nv_bfloat16* p = m + row * 16 + ((((col >> 3) ^ ((row >> 2) & 1)) << 3));
+  const __nv_bfloat16* p = m + tile16_offset(r + 8 * (i >> 1), 8 * (i & 1));
   cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), b0.x[0], b0.x[1], b1.x[0], b1.x[1]);
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 #include "sm90/kernel/chunk_loader.cuh"
 #include "sm90/kernel/chunk_matrices.cuh"
+#include "sm90/device_fault_record.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/prologue.cuh"
 #include "sm90/kernel/shared_storage.cuh"
