@@ -110,6 +110,15 @@ TEST(CApi, CudaAvailableMatchesCpp) {
   if (!cpp) EXPECT_EQ(std::string(flashkda_last_error()), why);
 }
 
+// No kernel of this process met a bad device-resident value (the CPU tests run
+// none; without a usable device nothing can be recorded): the check reports OK,
+// through the C ABI as through C++, and leaves no message.
+TEST(CApi, CheckDeviceFaultsWithNothingRecorded) {
+  EXPECT_TRUE(flashkda::check_device_faults(nullptr).ok());
+  EXPECT_EQ(flashkda_check_device_faults(nullptr), FLASHKDA_STATUS_OK) << flashkda_last_error();
+  EXPECT_STREQ(flashkda_last_error(), "");
+}
+
 // The C entry point and the C++ one give bitwise identical results.
 void expect_same_as_cpp(bool varlen, int32_t backend) {
   HostProblem p = small_problem(varlen);
