@@ -22,6 +22,13 @@ def test_check_without_a_gpu_kernel_is_quiet():
     flash_kda.check_device_faults()
 
 
+def test_check_names_a_non_cuda_device():
+    with pytest.raises(ValueError, match="device: expected a CUDA device"):
+        flash_kda.check_device_faults(device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="device: expected a CUDA device"):
+        flash_kda.check_device_faults(device=torch.zeros(1))
+
+
 def _guarded(shape, dtype, device="cuda"):
     """A tensor of `shape` inside a byte buffer with GUARD sentinel bytes on each side."""
     n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
