@@ -1,6 +1,9 @@
 // The CPU backends. Arguments reaching them have passed flashkda::validate();
 // every pointer is a host pointer.
 #pragma once
+#include <cstdint>
+#include <vector>
+
 #include "flashkda/flashkda.h"
 
 namespace flashkda::cpu {
@@ -16,6 +19,22 @@ Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded = nul
 // (sequence, value head). num_threads <= 0: std::thread::hardware_concurrency().
 // `out_unrounded` as for the oracle: out before its bf16 rounding.
 Status chunked_forward_f32(const ForwardArgs& args, int num_threads = 0, float* out_unrounded = nullptr);
+
+// The affine segment scan's twin (spec section 6). For one value head, a run of
+// tokens maps the incoming state to S_out = S_in·M + B, M [K, K], B [V, K]
+// (row-major, float64): B is the run's final state from a zero state, M the final
+// state of the same recurrence on K rows started from the identity with v = 0.
+// Consecutive runs compose as (M1, B1)∘(M2, B2) = (M1·M2, B1·M2 + B2).
+struct SegmentSummary {
+  int64_t K = 0, V = 0;
+  std::vector<double> M, B;
+};
+// Tokens [token_begin, token_end) of the flattened [B·T] axis (within one
+// sequence), value head hv, in float64 with the oracle's steps.
+SegmentSummary segment_summary_f64(const ForwardArgs& args, int64_t token_begin, int64_t token_end, int64_t hv);
+SegmentSummary compose(const SegmentSummary& first, const SegmentSummary& second);
+// S_in·M + B for a [V, K] state.
+std::vector<double> apply(const SegmentSummary& s, const std::vector<double>& S_in);
 
 // Decode (flashkda::decode on the CPU backends): the token recurrence in float64
 // on each sequence's pooled state, written back in place or to the out pool.

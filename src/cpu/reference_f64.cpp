@@ -3,7 +3,8 @@
 // six steps of the contract in order, no algebraic rearrangement.
 //
 // Parallel over (sequence, value head) pairs; every pair is independent and owns
-// disjoint slices of `out` and `final_state`.
+// disjoint slices of `out` and `final_state`. Also the twin of the affine segment
+// scan (spec section 6): a run of tokens as the map S_in ↦ S_in·M + B.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,19 +20,65 @@ namespace {
 
 inline double sigmoid_f64(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
-// One (sequence, value head): the recurrence over the tokens of `span`.
-void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv, float* out_unrounded) {
+// Steps 1-3 of the contract for token t of value head hv: q̂, k̂ (L2 normalised,
+// eps inside the root), the decay exp(a) and b = sigmoid(beta).
+struct TokenInputs {
+  std::vector<double> qn, kn, decay;
+  double b = 0;
+};
+
+void token_inputs(const ForwardArgs& args, int64_t t, int64_t hv, TokenInputs& x) {
   const int64_t H = args.num_heads;
   const int64_t HV = value_heads(args);
   const int64_t K = args.head_dim_k;
-  const int64_t V = args.head_dim_v;
   const int64_t h = hv / (HV / H);  // q/k head of this value head (GVA)
+  const uint16_t* qt = static_cast<const uint16_t*>(args.q) + (t * H + h) * K;
+  const uint16_t* kt = static_cast<const uint16_t*>(args.k) + (t * H + h) * K;
+  const uint16_t* gt = static_cast<const uint16_t*>(args.g) + (t * HV + hv) * K;
+  x.qn.resize(static_cast<size_t>(K));
+  x.kn.resize(static_cast<size_t>(K));
+  x.decay.resize(static_cast<size_t>(K));
+  // 1. L2 normalisation, eps inside the root.
+  double qss = 0, kss = 0;
+  for (int64_t d = 0; d < K; ++d) {
+    x.qn[d] = bf16_to_float(qt[d]);
+    x.kn[d] = bf16_to_float(kt[d]);
+    qss += x.qn[d] * x.qn[d];
+    kss += x.kn[d] * x.kn[d];
+  }
+  const double qinv = 1.0 / std::sqrt(qss + 1e-6);
+  const double kinv = 1.0 / std::sqrt(kss + 1e-6);
+  for (int64_t d = 0; d < K; ++d) {
+    x.qn[d] *= qinv;
+    x.kn[d] *= kinv;
+  }
+  // 2. Gate: a = lower_bound · sigmoid(exp(A_log) · (g + dt_bias)); decay = exp(a).
+  const double A = std::exp(static_cast<double>(args.A_log[hv]));
+  const float* dt_bias = args.dt_bias + hv * K;
+  for (int64_t d = 0; d < K; ++d) {
+    const double a = A * (static_cast<double>(bf16_to_float(gt[d])) + dt_bias[d]);
+    x.decay[d] = std::exp(static_cast<double>(args.lower_bound) * sigmoid_f64(a));
+  }
+  // 3. b = sigmoid(beta).
+  x.b = sigmoid_f64(bf16_to_float(static_cast<const uint16_t*>(args.beta)[t * HV + hv]));
+}
 
-  const auto* q = static_cast<const uint16_t*>(args.q);
-  const auto* k = static_cast<const uint16_t*>(args.k);
+// Steps 4-5 on row `row` of a state (K columns) with value v_e:
+// row ← row · diag(exp(a)); row ← row + b (v_e − row·k̂) k̂.
+void update_row(double* row, int64_t K, const TokenInputs& x, double v_e) {
+  for (int64_t d = 0; d < K; ++d) row[d] *= x.decay[d];
+  double sk = 0;
+  for (int64_t d = 0; d < K; ++d) sk += row[d] * x.kn[d];
+  const double coef = x.b * (v_e - sk);
+  for (int64_t d = 0; d < K; ++d) row[d] += coef * x.kn[d];
+}
+
+// One (sequence, value head): the recurrence over the tokens of `span`.
+void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv, float* out_unrounded) {
+  const int64_t HV = value_heads(args);
+  const int64_t K = args.head_dim_k;
+  const int64_t V = args.head_dim_v;
   const auto* v = static_cast<const uint16_t*>(args.v);
-  const auto* g = static_cast<const uint16_t*>(args.g);
-  const auto* beta = static_cast<const uint16_t*>(args.beta);
   auto* out = static_cast<uint16_t*>(args.out);
 
   // S [V][K], value-first, starts at initial_state[n][hv] (or zero).
@@ -45,54 +92,19 @@ void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n,
     for (int64_t i = 0; i < V * K; ++i) S[i] = bf16_to_float(s0[i]);
   }
 
-  const double A = std::exp(static_cast<double>(args.A_log[hv]));
-  const float* dt_bias = args.dt_bias + hv * K;
-  const double lower_bound = args.lower_bound;
   const double scale = args.scale;
-
-  std::vector<double> qn(K), kn(K), decay(K), vv(V);
+  TokenInputs x;
   for (int64_t t = span.token_begin; t < span.token_begin + span.length; ++t) {
-    const uint16_t* qt = q + (t * H + h) * K;
-    const uint16_t* kt = k + (t * H + h) * K;
+    token_inputs(args, t, hv, x);
     const uint16_t* vt = v + (t * HV + hv) * V;
-    const uint16_t* gt = g + (t * HV + hv) * K;
-
-    // 1. L2 normalisation, eps inside the root.
-    double qss = 0, kss = 0;
-    for (int64_t d = 0; d < K; ++d) {
-      qn[d] = bf16_to_float(qt[d]);
-      kn[d] = bf16_to_float(kt[d]);
-      qss += qn[d] * qn[d];
-      kss += kn[d] * kn[d];
-    }
-    const double qinv = 1.0 / std::sqrt(qss + 1e-6);
-    const double kinv = 1.0 / std::sqrt(kss + 1e-6);
-    for (int64_t d = 0; d < K; ++d) {
-      qn[d] *= qinv;
-      kn[d] *= kinv;
-    }
-    // 2. Gate: a = lower_bound · sigmoid(exp(A_log) · (g + dt_bias)); decay = exp(a).
-    for (int64_t d = 0; d < K; ++d) {
-      const double x = A * (static_cast<double>(bf16_to_float(gt[d])) + dt_bias[d]);
-      decay[d] = std::exp(lower_bound * sigmoid_f64(x));
-    }
-    // 3. b = sigmoid(beta).
-    const double b = sigmoid_f64(bf16_to_float(beta[t * HV + hv]));
-    for (int64_t e = 0; e < V; ++e) vv[e] = bf16_to_float(vt[e]);
-
     uint16_t* ot = out + (t * HV + hv) * V;
     for (int64_t e = 0; e < V; ++e) {
       double* row = S.data() + e * K;
-      // 4. S ← S · diag(exp(a)).
-      for (int64_t d = 0; d < K; ++d) row[d] *= decay[d];
-      // 5. S ← S + b · (v − S k̂) k̂ᵀ (row e of it).
-      double sk = 0;
-      for (int64_t d = 0; d < K; ++d) sk += row[d] * kn[d];
-      const double coef = b * (vv[e] - sk);
-      for (int64_t d = 0; d < K; ++d) row[d] += coef * kn[d];
+      // 4-5. Decay, then the delta-rule write of row e.
+      update_row(row, K, x, bf16_to_float(vt[e]));
       // 6. o = scale · S q̂ with the updated state.
       double o = 0;
-      for (int64_t d = 0; d < K; ++d) o += row[d] * qn[d];
+      for (int64_t d = 0; d < K; ++d) o += row[d] * x.qn[d];
       ot[e] = float_to_bf16(static_cast<float>(scale * o));
       if (out_unrounded != nullptr) out_unrounded[(t * HV + hv) * V + e] = static_cast<float>(scale * o);
     }
@@ -123,6 +135,59 @@ Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded) {
     reference_one(args, spans[static_cast<size_t>(i / HV)], i / HV, i % HV, out_unrounded);
   });
   return Status::Ok();
+}
+
+SegmentSummary segment_summary_f64(const ForwardArgs& args, int64_t token_begin, int64_t token_end, int64_t hv) {
+  const int64_t K = args.head_dim_k, V = args.head_dim_v, HV = value_heads(args);
+  const auto* v = static_cast<const uint16_t*>(args.v);
+  SegmentSummary s;
+  s.K = K;
+  s.V = V;
+  s.M.assign(static_cast<size_t>(K * K), 0.0);
+  s.B.assign(static_cast<size_t>(V * K), 0.0);
+  for (int64_t r = 0; r < K; ++r) s.M[static_cast<size_t>(r * K + r)] = 1.0;
+  // B: the recurrence from a zero state; M: the same recurrence on K rows started
+  // from the identity, with v = 0 (S_in · M is then what the tokens do to S_in).
+  TokenInputs x;
+  for (int64_t t = token_begin; t < token_end; ++t) {
+    token_inputs(args, t, hv, x);
+    const uint16_t* vt = v + (t * HV + hv) * V;
+    for (int64_t e = 0; e < V; ++e) update_row(s.B.data() + e * K, K, x, bf16_to_float(vt[e]));
+    for (int64_t r = 0; r < K; ++r) update_row(s.M.data() + r * K, K, x, 0.0);
+  }
+  return s;
+}
+
+SegmentSummary compose(const SegmentSummary& first, const SegmentSummary& second) {
+  const int64_t K = first.K, V = first.V;
+  SegmentSummary c;
+  c.K = K;
+  c.V = V;
+  c.M.assign(static_cast<size_t>(K * K), 0.0);
+  c.B = second.B;
+  // M = M1 M2 and B = B1 M2 + B2, row by row.
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t p = 0; p < K; ++p) {
+      const double a = first.M[static_cast<size_t>(i * K + p)];
+      for (int64_t j = 0; j < K; ++j) c.M[static_cast<size_t>(i * K + j)] += a * second.M[static_cast<size_t>(p * K + j)];
+    }
+  for (int64_t i = 0; i < V; ++i)
+    for (int64_t p = 0; p < K; ++p) {
+      const double a = first.B[static_cast<size_t>(i * K + p)];
+      for (int64_t j = 0; j < K; ++j) c.B[static_cast<size_t>(i * K + j)] += a * second.M[static_cast<size_t>(p * K + j)];
+    }
+  return c;
+}
+
+std::vector<double> apply(const SegmentSummary& s, const std::vector<double>& S_in) {
+  const int64_t K = s.K, V = s.V;
+  std::vector<double> S_out = s.B;
+  for (int64_t i = 0; i < V; ++i)
+    for (int64_t p = 0; p < K; ++p) {
+      const double a = S_in[static_cast<size_t>(i * K + p)];
+      for (int64_t j = 0; j < K; ++j) S_out[static_cast<size_t>(i * K + j)] += a * s.M[static_cast<size_t>(p * K + j)];
+    }
+  return S_out;
 }
 
 }  // namespace flashkda::cpu
