@@ -89,9 +89,10 @@ Status check_supported(const ForwardArgs& args) {
   const int64_t hv = value_heads(args);
   const int64_t n = num_sequences(args);
   // The prologue's grid is (chunk slots, HV / H, H).
-  if (args.num_heads > 65535)
-    return Status::NotSupported("num_heads: the CUDA backend supports at most 65535 q/k heads (got " +
-                                std::to_string(args.num_heads) + ")");
+  if (args.num_heads > 65535 || hv / args.num_heads > 65535)
+    return Status::NotSupported("num_heads/num_v_heads: the CUDA backend supports at most 65535 q/k heads and "
+                                "65535 value heads per q/k head (got H=" + std::to_string(args.num_heads) +
+                                ", HV=" + std::to_string(hv) + ")");
   if (num_chunk_slots(n, args.batch * args.seqlen) > int64_t{0x7fffffff})
     return Status::NotSupported("seqlen: too many 16-token chunks for one launch");
   if (n * hv * 4 > int64_t{0x7fffffff})
