@@ -83,22 +83,20 @@ void check_splits(const HostProblem& p, uint64_t seed) {
   }
 }
 
-TEST(SegmentScan, SpecDistributionAnySplit) {
+// 150 tokens, H = 1 with two value heads (GVA), head dim 32.
+ProblemSpec small_gva_spec() {
   ProblemSpec spec;
   spec.seqlen = 150;
   spec.heads = 1;
   spec.v_heads = 2;
   spec.head_dim = 32;
-  check_splits(make_problem(spec, 81), 82);
+  return spec;
 }
 
+TEST(SegmentScan, SpecDistributionAnySplit) { check_splits(make_problem(small_gva_spec(), 81), 82); }
+
 TEST(SegmentScan, DegenerateKeysAnySplit) {
-  ProblemSpec spec;
-  spec.seqlen = 150;
-  spec.heads = 1;
-  spec.v_heads = 2;
-  spec.head_dim = 32;
-  check_splits(make_degenerate_problem(spec, {KeyPattern::kCollinear, 1e-2, 8.f, true}, 83), 84);
+  check_splits(make_degenerate_problem(small_gva_spec(), {KeyPattern::kCollinear, 1e-2, 8.f, true}, 83), 84);
 }
 
 TEST(SegmentScan, FullHeadDim) {
