@@ -35,11 +35,11 @@ __global__ inline void fill_uniform_f32(float* x, int64_t n, uint64_t seed, floa
 }
 
 // A comma-separated option value, "a,b,,c" -> {"a", "b", "c"}.
-inline std::vector<std::string> split_list(const std::string& s) {
+inline std::vector<std::string> split_list(const std::string& s, char sep = ',') {
   std::vector<std::string> out;
   size_t b = 0;
   while (b < s.size()) {
-    size_t e = s.find(',', b);
+    size_t e = s.find(sep, b);
     if (e == std::string::npos) e = s.size();
     if (e > b) out.push_back(s.substr(b, e - b));
     b = e + 1;

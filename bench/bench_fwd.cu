@@ -2,13 +2,15 @@
 // and prints median ms, achieved GB/s and the ratio to the IO floor.
 //
 //   flashkda-bench [--heads 96,64] [--states fp32,bf16,none] [--iters 100] [--warmup 10]
-//                  [--v-split 0|1|2|4] [--stages 0|3|4] [--sweep-v-split] [--sweep-plan]
-//                  [--json FILE]
+//                  [--cases 8192,varlen6,8x1024] [--v-split 0|1|2] [--stages 0|3|4]
+//                  [--sweep-v-split] [--sweep-plan] [--plans "v,s;..."] [--json FILE]
 //
+// --cases: the standard table's three (default) and the tensor-parallel rows'
+// 1024, 32768, 4x8192, and 1M (one sequence of 2^20 tokens).
 // --v-split / --stages force one part of the launch plan (sm90::LaunchOverride);
 // unset parts keep the heuristic's choice. --sweep-plan times the plans worth
-// comparing (V split 1; V split 2 with 4 or 3 stages) one after the other on
-// the same inputs.
+// comparing (V split 1; V split 2 with 4 or 3 stages) one after the other on the
+// same inputs; --plans lists overrides to time the same way (v_split,stages).
 //
 // Timing: CUDA events around each launch, median of --iters launches after
 // --warmup. Inputs are random (never zeros), generated on the device; one
@@ -83,6 +85,8 @@ int main(int argc, char** argv) {
   flashkda::sm90::LaunchOverride forced;
   bool sweep = false, sweep_plan = false;
   std::string json;
+  std::vector<std::string> case_names = {"8192", "varlen6", "8x1024"};
+  std::vector<flashkda::sm90::LaunchOverride> listed_plans;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -95,6 +99,16 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::atoi(next().c_str());
     else if (a == "--v-split") forced.v_split = std::atoi(next().c_str());
     else if (a == "--stages") forced.stages = std::atoi(next().c_str());
+    else if (a == "--cases") case_names = split_list(next());
+    else if (a == "--plans") {
+      for (const std::string& one : split_list(next(), ';')) {
+        const std::vector<int> f = split_ints(one);
+        flashkda::sm90::LaunchOverride o;
+        if (f.size() > 0) o.v_split = f[0];
+        if (f.size() > 1) o.stages = f[1];
+        listed_plans.push_back(o);
+      }
+    }
     else if (a == "--sweep-v-split") sweep = true;
     else if (a == "--sweep-plan") sweep_plan = true;
     else if (a == "--json") json = next();
@@ -105,20 +119,33 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flashkda-bench: %s\n", why.c_str());
     return 1;
   }
-  const Case cases[] = {{"8192", {8192}},
+  const Case known[] = {{"8192", {8192}},
                         {"varlen6", {1300, 547, 2048, 963, 271, 3063}},
-                        {"8x1024", {1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024}}};
+                        {"8x1024", {1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024}},
+                        {"1024", {1024}},
+                        {"32768", {32768}},
+                        {"4x8192", {8192, 8192, 8192, 8192}},
+                        {"1M", {int64_t{1} << 20}}};
+  std::vector<Case> cases;
+  for (const std::string& name : case_names) {
+    const Case* found = nullptr;
+    for (const Case& c : known)
+      if (name == c.name) found = &c;
+    if (!found) { std::fprintf(stderr, "unknown case %s\n", name.c_str()); return 2; }
+    cases.push_back(*found);
+  }
   // Launch plans to time, each on the same inputs one after the other.
   std::vector<flashkda::sm90::LaunchOverride> plans = {forced};
   if (sweep) {
     plans.clear();
-    for (int vs : {1, 2, 4}) {
+    for (int vs : {1, 2}) {
       flashkda::sm90::LaunchOverride o = forced;
       o.v_split = vs;
       plans.push_back(o);
     }
   }
   if (sweep_plan) plans = {{1, 4}, {2, 4}, {2, 3}};
+  if (!listed_plans.empty()) plans = listed_plans;
   std::vector<Row> rows;
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
@@ -204,12 +231,11 @@ int main(int argc, char** argv) {
           CHECK_CUDA(cudaGetLastError());
           std::sort(ms.begin(), ms.end());
           const double med = ms[iters / 2];
-          char plan[64];
-          std::snprintf(plan, sizeof plan, "%d stages", used.stages);
+          const std::string plan = std::to_string(used.stages) + " stages";
           rows.push_back({H, c.name, st, used.v_split, plan, med, bytes / (med * 1e-3) / 1e9,
                           bytes / kCopyBandwidth * 1e3, st == "fp32" ? published_ms(H, c.name) : 0.0});
           std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d %s  %.3f ms\n", H, c.name, st.c_str(), used.v_split,
-                       plan, med);
+                       plan.c_str(), med);
         }
         flashkda::sm90::set_launch_override({});
         CHECK_CUDA(cudaFree(ws));

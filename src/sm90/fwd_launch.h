@@ -18,14 +18,14 @@ constexpr int kMaxCachedDevices = 64;
 cudaError_t launch_prologue(const FwdParams& p, int device, cudaStream_t stream);
 
 // Kernel 2: the recurrence, one CTA per (sequence, value head, V-slice);
-// kStateWarps = 8 / v_split warps, 16 rows of V each; kStages chunks in flight.
+// kStateWarps = 8 / v_split warps (whole warpgroups: V split 1 or 2), 16 rows of
+// V each; kStages chunks in flight.
 template <int kStateWarps, int kStages>
 cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream);
 
 extern template cudaError_t launch_recurrence<8, 4>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 1
 extern template cudaError_t launch_recurrence<4, 4>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2
 extern template cudaError_t launch_recurrence<4, 3>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2, 3 stages
-extern template cudaError_t launch_recurrence<2, 4>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 4
 
 // Which devices one kernel's dynamic shared memory limit has been raised on
 // (bit d: device d). The attribute belongs to the kernel's per-context function

@@ -167,7 +167,7 @@ void set_launch_override(const LaunchOverride& forced) {
 LaunchPlan effective_launch_plan(const ProblemShape& shape, int num_sms) {
   LaunchPlan plan = choose_launch_plan(shape, num_sms);
   const int v_split = g_force_v_split.load();
-  if (v_split == 1 || v_split == 2 || v_split == 4) plan.v_split = v_split;
+  if (v_split == 1 || v_split == 2) plan.v_split = v_split;
   const int stages = g_force_stages.load();
   if (stages == 3 || stages == 4) plan.stages = stages;
   if (plan.v_split != 2) plan.stages = 4;  // the only instantiations built
@@ -222,7 +222,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       err = plan.stages == 3 ? launch_recurrence<4, 3>(p, num_ctas, dev, s)
                              : launch_recurrence<4, 4>(p, num_ctas, dev, s);
       break;
-    default: err = launch_recurrence<2, 4>(p, num_ctas, dev, s); break;
+    default: err = cudaErrorInvalidValue; break;
   }
   if (err != cudaSuccess) return cuda_status(err, "launching the recurrence kernel");
   return Status::Ok();

@@ -39,7 +39,7 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms);
 // 0 keeps the heuristic's choice, an unbuilt combination falls back to 4 stages.
 // Process-wide, not thread-safe against concurrent forward() calls.
 struct LaunchOverride {
-  int v_split = 0;  // 1, 2 or 4
+  int v_split = 0;  // 1 or 2
   int stages = 0;   // 3 or 4
 };
 void set_launch_override(const LaunchOverride& forced);

@@ -161,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(States, GpuForwardStates,
 
 class GpuForwardPlan : public GpuForward, public ::testing::WithParamInterface<sm90::LaunchOverride> {};
 
-// Every recurrence instantiation (V split over 1, 2, 4 CTAs; 4 or 3 stages)
+// Every recurrence instantiation (V split over 1 or 2 CTAs; 4 or 3 stages)
 // computes the same thing, on sequences that end mid-chunk and one of length 1.
 TEST_P(GpuForwardPlan, EveryLaunchPlanMatchesOracle) {
   sm90::set_launch_override(GetParam());
@@ -172,7 +172,7 @@ TEST_P(GpuForwardPlan, EveryLaunchPlanMatchesOracle) {
 }
 INSTANTIATE_TEST_SUITE_P(Plans, GpuForwardPlan,
                          ::testing::Values(sm90::LaunchOverride{1, 4}, sm90::LaunchOverride{2, 4},
-                                           sm90::LaunchOverride{2, 3}, sm90::LaunchOverride{4, 4}),
+                                           sm90::LaunchOverride{2, 3}),
                          [](const ::testing::TestParamInfo<sm90::LaunchOverride>& info) {
                            return "vsplit" + std::to_string(info.param.v_split) + "_stages" +
                                   std::to_string(info.param.stages);
@@ -213,7 +213,7 @@ TEST_F(GpuForward, EveryLaunchPlanRunsAgainAfterDeviceReset) {
   spec.heads = 2;
   const HostProblem p = make_problem(spec, fresh_seed());
   for (const sm90::LaunchOverride plan : {sm90::LaunchOverride{1, 0}, sm90::LaunchOverride{2, 3},
-                                          sm90::LaunchOverride{2, 4}, sm90::LaunchOverride{4, 0}}) {
+                                          sm90::LaunchOverride{2, 4}}) {
     sm90::set_launch_override(plan);
     const RunResult before = run_cuda(p);
     ASSERT_TRUE(before.status.ok()) << before.status.message;

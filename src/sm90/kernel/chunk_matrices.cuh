@@ -15,14 +15,15 @@
 namespace flashkda::sm90 {
 
 // (X_hi + X_lo)·(K_inv_hi + K_inv_lo)ᵀ over the 128 key dimensions, dropping lo·lo.
-template <class Smem>
-__device__ __forceinline__ void times_kinv_t(FragC (&c)[2], const __nv_bfloat16 (*x_hi)[kLdRow],
-                                             const __nv_bfloat16 (*x_lo)[kLdRow], const Smem& s, int lane) {
+// load_x_hi(kk, lane): the A fragment of X_hi's key columns 16kk..16kk+15.
+template <class Smem, class LoadHi>
+__device__ __forceinline__ void times_kinv_t(FragC (&c)[2], LoadHi load_x_hi, const __nv_bfloat16 (*x_lo)[kLdRow],
+                                             const Smem& s, int lane) {
   zero(c[0]);
   zero(c[1]);
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    const FragA a_hi = ldsm_a(&x_hi[0][0], kLdRow, 0, 16 * kk, lane);
+    const FragA a_hi = load_x_hi(kk, lane);
     const FragA a_lo = ldsm_a(&x_lo[0][0], kLdRow, 0, 16 * kk, lane);
     FragB b_hi[2], b_lo[2];
     ldsm_b2(&s.kinv_hi[0][0], kLdRow, 0, 16 * kk, lane, b_hi[0], b_hi[1]);
@@ -40,7 +41,8 @@ template <class Smem>
 __device__ __forceinline__ void build_inverse(Smem& s, int lane) {
   const int g = lane >> 2, t = lane & 3;
   FragC n[2];
-  times_kinv_t(n, s.kdec_hi, s.kdec_lo, s, lane);
+  times_kinv_t(
+      n, [&](int kk, int l) { return ldsm_a(&s.kdec_hi[0][0], kLdRow, 0, 16 * kk, l); }, s.kdec_lo, s, lane);
   // N = −diag(b)·strict_lower(·). A select, not a multiply: the masked upper
   // triangle holds products 2^(G_i − G_j) with i < j that may overflow to inf.
 #pragma unroll
@@ -75,7 +77,9 @@ template <class Smem>
 __device__ __forceinline__ void build_mqk(Smem& s, int lane) {
   const int g = lane >> 2, t = lane & 3;
   FragC m[2];
-  times_kinv_t(m, s.qdec, s.qdec_lo, s, lane);
+  // Q_dec's high part is rows 16-31 of the record's swizzled wq.
+  times_kinv_t(
+      m, [&](int kk, int l) { return ldsm_a_sw128(s.wq, kWqRows, kChunk, 16 * kk, l); }, s.qdec_lo, s, lane);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     const int col = 8 * nt + 2 * t;
@@ -107,8 +111,8 @@ __device__ __forceinline__ void build_w(Smem& s, int warp, int lane) {
     zero(c);
     mma_f16(c, a, b[j]);
     const int col = 8 * nt + 2 * t;
-    *reinterpret_cast<uint32_t*>(&s.wneg[g][col]) = pack_bf16(-c.x[0], -c.x[1]);
-    *reinterpret_cast<uint32_t*>(&s.wneg[g + 8][col]) = pack_bf16(-c.x[2], -c.x[3]);
+    *reinterpret_cast<uint32_t*>(&s.wq[sw128_offset(g, col, kWqRows)]) = pack_bf16(-c.x[0], -c.x[1]);
+    *reinterpret_cast<uint32_t*>(&s.wq[sw128_offset(g + 8, col, kWqRows)]) = pack_bf16(-c.x[2], -c.x[3]);
   }
 }
 

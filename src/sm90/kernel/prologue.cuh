@@ -127,15 +127,14 @@ __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap
     *reinterpret_cast<uint32_t*>(&s.kinv_hi[i][m.d0]) = hi;
     *reinterpret_cast<uint32_t*>(&s.kinv_lo[i][m.d0]) = lo;
     split_bf16x2(qf.x * rq * up0, qf.y * rq * up1, hi, lo);
-    *reinterpret_cast<uint32_t*>(&s.qdec[i][m.d0]) = hi;
+    *reinterpret_cast<uint32_t*>(&s.wq[sw128_offset(kChunk + i, m.d0, kWqRows)]) = hi;
     *reinterpret_cast<uint32_t*>(&s.qdec_lo[i][m.d0]) = lo;
     *reinterpret_cast<uint32_t*>(&s.kdec16[i][m.d0]) = pack_f16(kdec0, kdec1);
     // 2^(G_last − G) as a product of two normal floats (no third ex2); <= 1 on real rows.
     split_bf16x2(k0 * (dl.x * down0), k1 * (dl.y * down1), hi, lo);
-    *reinterpret_cast<uint32_t*>(&s.kres_hi[i][m.d0]) = hi;
-    *reinterpret_cast<uint32_t*>(&s.kres_lo[i][m.d0]) = lo;
+    *reinterpret_cast<uint32_t*>(&s.kres_hi[sw128_offset(i, m.d0, kChunk)]) = hi;
+    *reinterpret_cast<uint32_t*>(&s.kres_lo[sw128_offset(i, m.d0, kChunk)]) = lo;
   }
-  // The thread's 4 tokens sit in one 8-token half of a 16-byte chunk of kres_t.
 }
 
 }  // namespace flashkda::sm90

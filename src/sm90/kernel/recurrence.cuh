@@ -7,12 +7,15 @@
 //   outᵀ = S Q_decᵀ + Uᵀ Mqkᵀ
 //   S    = S·diag(2^G_last) + Uᵀ K_res       (straight into the accumulators)
 // The fp32 accumulators convert in place to the bf16 A fragments of the next
-// product, so S never leaves the registers and the warps owning different rows
-// of V never wait for each other.
+// product, so S never leaves the registers. The two products with S (S [wᵀ
+// Q_decᵀ] and the update) run as wgmma over the 64 rows of a warpgroup, the
+// 16x16 ones as mma.sync per warp; the tiles of S are both the mma.sync C
+// layout and the wgmma accumulator layout.
 #pragma once
 #include "sm90/kernel/fragments.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/shared_storage.cuh"
+#include "sm90/kernel/wgmma.cuh"
 
 namespace flashkda::sm90 {
 
@@ -64,81 +67,56 @@ __device__ __forceinline__ void store_state(const StateRows& S, const FwdParams&
   }
 }
 
-// B fragments of K_res (16 tokens x key columns 8j..8j+7), hi and lo, with one
-// transposing ldmatrix.x4 from the token-major kres_hi / kres_lo: lane l points
-// at token 8·((l >> 3) & 1) + (l & 7) of kres_hi (l < 16) or kres_lo, column 8j.
-struct KresLane {
-  int offset;  // elements from kres_hi[0][0]
-  __device__ __forceinline__ explicit KresLane(int lane)
-      : offset((lane >> 4) * kChunk * kLdRow + (8 * ((lane >> 3) & 1) + (lane & 7)) * kLdRow) {}
-  __device__ __forceinline__ void load(const ChunkOperands& ops, int j, FragB& hi, FragB& lo) const {
-    const __nv_bfloat16* p = &ops.kres_hi[0][0] + offset + 8 * j;
-    cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(p), hi.x[0], hi.x[1], lo.x[0], lo.x[1]);
-  }
-};
-static_assert(offsetof(ChunkOperands, kres_lo) == offsetof(ChunkOperands, kres_hi) + sizeof(ChunkOperands::kres_hi),
-              "KresLane reaches kres_lo from kres_hi");
-
 // One chunk for the warp's 16 rows of V, columns vw..vw+15 of the CTA's slice
 // `v` (row stride ldv); the warp's outᵀ tile goes to its staging tile out_tile.
+// The four warps of a warpgroup (64 rows of V) run the two products with the
+// state as wgmma (wgmma.cuh); the small 16x16 products stay mma.sync, per warp.
 // Uᵀ and K_res enter the state update as bf16 hi + lo: a single bf16 rounding of
 // either is the largest term of the state's error (docs/design.md, "Accuracy").
 __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperands& ops, const uint16_t* v, int ldv,
                                                 int vw, __nv_bfloat16 (*out_tile)[kLdT], int lane) {
   const int g = lane >> 2, t = lane & 3;
-  // Uᵀ accumulates in two halves, u (the terms in v and the even k-steps of S wᵀ)
-  // and u_odd: the chain from the updated state to Uᵀ, the critical path of the
-  // whole sequence, is then 4 dependent mma instead of 8 (the v terms do not
-  // depend on the state and run ahead).
-  FragC u[2], u_odd[2], o[2];
+  // [−S wᵀ | S Q_decᵀ] (16 V rows x 32: tokens of −w, then of Q_dec), from the
+  // state before this chunk's update: eight k16 steps over the keys.
+  FragC uo[4];
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    zero(u[nt]);
-    zero(u_odd[nt]);
-    zero(o[nt]);
+  for (int i = 0; i < 4; ++i) zero(uo[i]);
+  FragA sa[kHeadDim / 16];
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) sa[kk] = to_a_bf16(S.tile[2 * kk], S.tile[2 * kk + 1]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    constexpr uint32_t kKStepBytes = 16 * 2;  // 16 keys of a 128-byte swizzled row
+    const char* b = reinterpret_cast<const char*>(ops.wq) + (kk / 4) * (kWqRows * 128) + (kk % 4) * kKStepBytes;
+    wgmma_m64n32k16(uo, sa[kk], sw128_descriptor(b, 16, kSw128AtomBytes));
   }
-  // uᵀ = Vᵀ A_wᵀ with A_w = hi + lo: v is exact in bf16, so two terms give A_w to ~16 bits.
-  // B fragments come in pairs of n-tiles, one ldmatrix.x4 each (ldsm_b2).
+  wgmma_commit();
+  // uᵀ's state-free part Vᵀ A_wᵀ with A_w = hi + lo (v is exact in bf16), while the wgmma runs.
+  FragC uv[2];
+  zero(uv[0]);
+  zero(uv[1]);
   const FragA vt = load_a_trans(v, ldv, 0, vw, lane);
   FragB aw_hi[2], aw_lo[2];
   ldsm_b2_tile16(ops.aw_hi, lane, aw_hi[0], aw_hi[1]);
   ldsm_b2_tile16(ops.aw_lo, lane, aw_lo[0], aw_lo[1]);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
-    mma_bf16(u[nt], vt, aw_hi[nt]);
-    mma_bf16(u[nt], vt, aw_lo[nt]);
+    mma_bf16(uv[nt], vt, aw_hi[nt]);
+    mma_bf16(uv[nt], vt, aw_lo[nt]);
   }
-  // − S wᵀ and S Q_decᵀ, both from the state before this chunk's update.
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    const FragA sa = to_a_bf16(S.tile[2 * kk], S.tile[2 * kk + 1]);
-    FragB wb[2], qb[2];
-    ldsm_b2(&ops.wneg[0][0], kLdRow, 0, 16 * kk, lane, wb[0], wb[1]);
-    ldsm_b2(&ops.qdec[0][0], kLdRow, 0, 16 * kk, lane, qb[0], qb[1]);
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      mma_bf16(kk % 2 ? u_odd[nt] : u[nt], sa, wb[nt]);
-      mma_bf16(o[nt], sa, qb[nt]);
-    }
-  }
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) u[nt].x[e] += u_odd[nt].x[e];
-  FragA ua_hi, ua_lo;
-  split_a_bf16(u[0], u[1], ua_hi, ua_lo);
-  // out += Uᵀ Mqkᵀ, hi·hi + lo·hi + hi·lo
   FragB m_hi[2], m_lo[2];
   ldsm_b2_tile16(ops.mqk_hi, lane, m_hi[0], m_hi[1]);
   ldsm_b2_tile16(ops.mqk_lo, lane, m_lo[0], m_lo[1]);
+  wgmma_wait_all();
+  FragC o[2] = {uo[2], uo[3]};
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    mma_bf16(o[nt], ua_hi, m_hi[nt]);
-    mma_bf16(o[nt], ua_lo, m_hi[nt]);
-    mma_bf16(o[nt], ua_hi, m_lo[nt]);
-  }
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) uo[nt].x[e] += uv[nt].x[e];
+  FragA ua_hi, ua_lo;
+  split_a_bf16(uo[0], uo[1], ua_hi, ua_lo);
   // S = S·diag(2^G_last) + Uᵀ K_res, hi·hi + lo·hi + hi·lo
-  const KresLane kl(lane);
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
     const float2 dl = *reinterpret_cast<const float2*>(&ops.decay_last[8 * j + 2 * t]);
@@ -146,11 +124,21 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     S.tile[j].x[1] *= dl.y;
     S.tile[j].x[2] *= dl.x;
     S.tile[j].x[3] *= dl.y;
-    FragB kres_hi, kres_lo;
-    kl.load(ops, j, kres_hi, kres_lo);
-    mma_bf16(S.tile[j], ua_hi, kres_hi);
-    mma_bf16(S.tile[j], ua_lo, kres_hi);
-    mma_bf16(S.tile[j], ua_hi, kres_lo);
+  }
+  constexpr uint32_t kKresAtomStride = kChunk * 128;  // bytes between the two 64-key atoms
+  const uint64_t kres_hi = sw128_descriptor(ops.kres_hi, kKresAtomStride, kSw128AtomBytes);
+  const uint64_t kres_lo = sw128_descriptor(ops.kres_lo, kKresAtomStride, kSw128AtomBytes);
+  wgmma_fence();
+  wgmma_m64n128k16_bt(S.tile, ua_hi, kres_hi);
+  wgmma_m64n128k16_bt(S.tile, ua_lo, kres_hi);
+  wgmma_m64n128k16_bt(S.tile, ua_hi, kres_lo);
+  wgmma_commit();
+  // out += Uᵀ Mqkᵀ, hi·hi + lo·hi + hi·lo, while the state update runs
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    mma_bf16(o[nt], ua_hi, m_hi[nt]);
+    mma_bf16(o[nt], ua_lo, m_hi[nt]);
+    mma_bf16(o[nt], ua_hi, m_lo[nt]);
   }
   // outᵀ tile (V rows x tokens) → staging [token][v]
 #pragma unroll
@@ -161,6 +149,7 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     out_tile[tok][g + 8] = __float2bfloat16_rn(o[nt].x[2]);
     out_tile[tok + 1][g + 8] = __float2bfloat16_rn(o[nt].x[3]);
   }
+  wgmma_wait_all();
 }
 
 }  // namespace flashkda::sm90

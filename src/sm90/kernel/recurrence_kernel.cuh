@@ -22,20 +22,25 @@ namespace flashkda::sm90 {
 // (docs/perf-log.md).
 template <int kStateWarps, int kStages>
 struct RecurrenceConfig {
+  static_assert(kStateWarps % 4 == 0, "the state's products are warpgroup MMAs: whole warpgroups of 4 warps");
   static constexpr int kThreads = 32 * kStateWarps;
   static constexpr int kVCta = 16 * kStateWarps;
   using Smem = RecurrenceSmem<kVCta, kStages, kStateWarps>;
+  // The swizzled record operands need 1024-byte aligned shared addresses; the
+  // dynamic allocation is only promised 16, so it carries one atom of slack.
+  static constexpr size_t kSmemBytes = sizeof(Smem) + kSw128AtomBytes;
 };
 
-// The state alone is 64 registers a thread; let the 1- and 2-warp-pair variants
-// use more than 128 rather than spill (their occupancy is bounded by shared memory).
+// The state alone is 64 registers a thread; let the one-warpgroup variant use
+// more than 128 rather than spill (its occupancy is bounded by shared memory).
 template <int kStateWarps, int kStages>
 __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThreads, kStateWarps == 8 ? 2 : 1)
     kda_recurrence_kernel(const __grid_constant__ FwdParams p) {
   using Cfg = RecurrenceConfig<kStateWarps, kStages>;
   using Smem = typename Cfg::Smem;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
+  const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((kSw128AtomBytes - raw_addr % kSw128AtomBytes) % kSw128AtomBytes));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
   const SequenceTile w = get_sequence_tile(p);
@@ -61,6 +66,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   int stage = 0;  // c % kStages, without 64-bit division
   for (int64_t c = 0; c < num_chunks; ++c) {
     cute::cp_async_wait<kStages - 2>();
+    fence_async_proxy();  // the record's cp.async writes, before wgmma reads them
     __syncthreads();
     issue_load(c + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
     const auto& st = s.stage[stage];

@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace flashkda::sm90 {
@@ -31,16 +32,31 @@ struct InverseScratch {
   float x[kChunk][kInverseXPitch];    // X row-major
 };
 
+// The record's [rows][128] operands in the canonical 128-byte-swizzled layout
+// of wgmma (the recurrence reads them straight from shared memory with
+// descriptors, sm90/kernel/wgmma.cuh): the 128 columns split into two 64-column
+// atoms of `rows` x 128 B, and within an atom the 16-byte chunk c of row r sits
+// at chunk c ^ (r % 8). A row's 64 columns of an atom stay in one 128-byte line,
+// so row-wise stores (prologue) and 8-row ldmatrix reads hit distinct banks.
+// Offsets in elements; atoms must start 1024-byte aligned.
+__host__ __device__ constexpr int sw128_offset(int row, int col, int rows) {
+  return (col / 64) * rows * 64 + (row / 8) * 512 + (row % 8) * 64 + ((((col % 64) / 8) ^ (row % 8)) * 8) + col % 8;
+}
+constexpr int kSw128AtomBytes = 1024;
+
 // Everything the sequential recurrence needs of one (chunk, value head), laid
 // out exactly as the recurrence kernel reads it from shared memory, so that the
 // hand-over is a flat 16-byte copy in both kernels. "hi/lo" pairs carry a value
 // as the sum of two bf16 numbers (~16 significant bits) where one bf16 rounding
 // would dominate the error budget (docs/design.md, "Accuracy").
-struct alignas(16) ChunkOperands {
-  __nv_bfloat16 wneg[kChunk][kLdRow];    // −w = −A_w·K_dec                 (B of S·wᵀ)
-  __nv_bfloat16 qdec[kChunk][kLdRow];    // scale·q̂·2^G                     (B of S·Q_decᵀ)
-  __nv_bfloat16 kres_hi[kChunk][kLdRow];  // K_res = k̂·2^(G_last−G), [token][key], hi + lo (B of the state update)
-  __nv_bfloat16 kres_lo[kChunk][kLdRow];
+struct alignas(kSw128AtomBytes) ChunkOperands {
+  // Rows 0-15: −w = −A_w·K_dec; rows 16-31: Q_dec = scale·q̂·2^G; [token][key],
+  // sw128_offset(row, key, 32): the B operand (K-major) of S·[−w; Q_dec]ᵀ.
+  __nv_bfloat16 wq[2 * kChunk * kHeadDim];
+  // K_res = k̂·2^(G_last−G), hi + lo, [token][key], sw128_offset(token, key, 16):
+  // the B operand (MN-major) of the state update.
+  __nv_bfloat16 kres_hi[kChunk * kHeadDim];
+  __nv_bfloat16 kres_lo[kChunk * kHeadDim];
   __nv_bfloat16 mqk_hi[kChunk * kChunk];  // lower_incl(Q_dec K_invᵀ), tile16_offset (B of Uᵀ·Mqkᵀ)
   __nv_bfloat16 mqk_lo[kChunk * kChunk];
   __nv_bfloat16 aw_hi[kChunk * kChunk];   // A_w = INV·diag(b), tile16_offset     (B of uᵀ = Vᵀ A_wᵀ)
@@ -48,15 +64,18 @@ struct alignas(16) ChunkOperands {
   float decay_last[kHeadDim];            // 2^G_last
 };
 static_assert(sizeof(ChunkOperands) % 16 == 0, "copied as 16-byte vectors");
+static_assert(offsetof(ChunkOperands, kres_hi) % kSw128AtomBytes == 0 &&
+                  offsetof(ChunkOperands, kres_lo) % kSw128AtomBytes == 0,
+              "swizzle atoms start 1024-byte aligned");
+constexpr int kWqRows = 2 * kChunk;
 
 // K_res enters the state update as hi + lo: its single-bf16 rounding left the
 // state 0.5–5 % off on near-collinear keys with slow decay, where rounding
 // errors in directions the keys rarely visit are never decayed or overwritten
-// (docs/design.md, "Degenerate keys"). It is stored token-major like the
-// prologue's other [16][128] operands, so that the prologue writes it with
-// conflict-free row stores, and the recurrence reads its B fragments with
-// transposing ldmatrix (a transposed [key][token] layout cost the prologue
-// 8-way bank conflicts on every store).
+// (docs/design.md, "Degenerate keys"). It is stored token-major (wgmma reads it
+// MN-major), so that the prologue writes it with conflict-free row stores (a
+// transposed [key][token] layout cost the prologue 8-way bank conflicts on
+// every store).
 
 // The 16x16 matrices of the record (Mqk, A_w) without padding: rows of two
 // 16-byte chunks, the two swapped on rows 4-7 of every 8, so that the 8 rows of
@@ -92,7 +111,7 @@ struct PrologueSmem : ChunkOperands {
   alignas(16) __nv_bfloat16 kdec_hi[kChunk][kLdRow];  // k̂·2^G   (A of L)
   alignas(16) __nv_bfloat16 kinv_hi[kChunk][kLdRow];  // k̂·2^-G  (B of L and Mqk)
   alignas(16) __nv_bfloat16 kinv_lo[kChunk][kLdRow];
-  alignas(16) __nv_bfloat16 qdec_lo[kChunk][kLdRow];  // low part of Q_dec (A of Mqk)
+  alignas(16) __nv_bfloat16 qdec_lo[kChunk][kLdRow];  // low part of Q_dec (A of Mqk; the high part is in wq)
   float rnorm_q[kChunk];   // 1/sqrt(|q|²+1e-6)
   float rnorm_k[kChunk];
   float beta_sig[kChunk];  // sigmoid(beta); 0.5 on pad rows (harmless: their k is 0)
@@ -104,7 +123,7 @@ template <int kVCta, int kStages, int kStateWarps>
 struct RecurrenceSmem {
   static constexpr int kLdV = kVCta + 8;
   struct Stage {
-    ChunkOperands ops;
+    ChunkOperands ops;  // 1024-byte aligned, so every stage is
     alignas(16) uint16_t v[kChunk][kLdV];
   };
   Stage stage[kStages];
