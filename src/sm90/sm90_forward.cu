@@ -108,7 +108,7 @@ int64_t slots_for(const ForwardArgs& args) {
 }  // namespace
 
 Status workspace_size(const ForwardArgs& args, size_t* bytes) {
-  // One ChunkOperands record per (chunk slot, value head): 18.5 KB per 16 tokens
+  // One ChunkOperands record per (chunk slot, value head): 19 KB per 16 tokens
   // and head, a little more than the q, k, v, g inputs themselves. Stored in its
   // shared-memory layout (swizzled where it would otherwise need padding):
   // unpacking a dense record cost the recurrence kernel more instructions than
@@ -156,6 +156,16 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   const bool chain_bound = shape.longest_chunks < 0 || 2 * shape.longest_chunks > work_per_cta;
   plan.v_split = 2;
   plan.stages = chain_bound ? 4 : 3;
+  // With the state's products as wgmma (2026-11-30): when every (sequence, head)
+  // gets an SM to itself as one 8-warp CTA but two 4-warp CTAs would double up
+  // on some SMs, the busiest SM holds 8 state warps either way, and the single
+  // CTA is faster (H = 96, T = 8192: 1.129 against 1.160 ms). With one 4-warp
+  // CTA per SM the split is far better (H = 64, T = 8192: 0.752 against 0.937).
+  const int64_t chains = shape.seqs * shape.heads;
+  if (chains <= num_sms && 2 * chains > num_sms) {
+    plan.v_split = 1;
+    plan.stages = 4;
+  }
   return plan;
 }
 

@@ -278,9 +278,14 @@ TEST(GpuForwardLaunchPlan, StandardTableOnAnH200) {
   std::vector<int64_t> eight = {0};
   for (int i = 0; i < 8; ++i) eight.push_back(eight.back() + 1024);
   for (int64_t heads : {96, 64}) {
+    // One sequence: 96 chains get an SM each as one 8-warp CTA (two 4-warp CTAs
+    // would double up on 60 SMs); 64 chains get an SM each as 4-warp CTAs.
     const auto p8192 = sm90::choose_launch_plan(sm90::problem_shape(shape_args(heads, &single, false)), kSms);
-    EXPECT_EQ(p8192.v_split, 2);
+    EXPECT_EQ(p8192.v_split, heads == 96 ? 1 : 2);
     EXPECT_EQ(p8192.stages, 4);
+    // Few heads (tensor-parallel serving): every chain gets its own SMs, split.
+    const auto tp = sm90::choose_launch_plan(sm90::problem_shape(shape_args(heads / 8, &single, false)), kSms);
+    EXPECT_EQ(tp.v_split, 2);
     const auto pv = sm90::choose_launch_plan(sm90::problem_shape(shape_args(heads, &varlen6, true)), kSms);
     EXPECT_EQ(pv.v_split, 2);
     EXPECT_EQ(pv.stages, 4);

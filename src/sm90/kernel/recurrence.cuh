@@ -67,6 +67,12 @@ __device__ __forceinline__ void store_state(const StateRows& S, const FwdParams&
   }
 }
 
+// Waits for the state update's wgmma before S is read again.
+__device__ __forceinline__ void finish_state_update(StateRows& S) {
+  wgmma_wait_all();
+  fence_accumulators(S.tile);
+}
+
 // One chunk for the warp's 16 rows of V, columns vw..vw+15 of the CTA's slice
 // `v` (row stride ldv); the warp's outᵀ tile goes to its staging tile out_tile.
 // The four warps of a warpgroup (64 rows of V) run the two products with the
@@ -109,6 +115,7 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
   ldsm_b2_tile16(ops.mqk_hi, lane, m_hi[0], m_hi[1]);
   ldsm_b2_tile16(ops.mqk_lo, lane, m_lo[0], m_lo[1]);
   wgmma_wait_all();
+  fence_accumulators(uo);
   FragC o[2] = {uo[2], uo[3]};
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
@@ -149,7 +156,8 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     out_tile[tok][g + 8] = __float2bfloat16_rn(o[nt].x[2]);
     out_tile[tok + 1][g + 8] = __float2bfloat16_rn(o[nt].x[3]);
   }
-  wgmma_wait_all();
+  finish_state_update(S);
 }
+
 
 }  // namespace flashkda::sm90

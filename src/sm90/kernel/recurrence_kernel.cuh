@@ -31,10 +31,12 @@ struct RecurrenceConfig {
   static constexpr size_t kSmemBytes = sizeof(Smem) + kSw128AtomBytes;
 };
 
-// The state alone is 64 registers a thread; let the one-warpgroup variant use
-// more than 128 rather than spill (its occupancy is bounded by shared memory).
+// The state alone is 64 registers a thread, the wgmma operands of a step another
+// ~50: both variants may use more than 128 registers rather than spill (the
+// 8-warp one, held to 128 for two CTAs an SM, spilled and had ptxas serialize
+// its wgmma). Occupancy is then bounded by registers and shared memory alike.
 template <int kStateWarps, int kStages>
-__global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThreads, kStateWarps == 8 ? 2 : 1)
+__global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThreads, 1)
     kda_recurrence_kernel(const __grid_constant__ FwdParams p) {
   using Cfg = RecurrenceConfig<kStateWarps, kStages>;
   using Smem = typename Cfg::Smem;

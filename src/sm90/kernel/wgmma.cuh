@@ -35,6 +35,16 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 // visible to wgmma's reads only through this fence (then a barrier).
 __device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// After a wait: the compiler must not move reads of these accumulators above it
+// (the wgmma asm statements say they write them at issue, not at completion).
+template <int N>
+__device__ __forceinline__ void fence_accumulators(FragC (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i].x[e])::"memory");
+}
+
 // d[0..3] += a · B, B K-major (32 columns: four n8-tiles), one k16 step.
 __device__ __forceinline__ void wgmma_m64n32k16(FragC (&d)[4], const FragA& a, uint64_t desc_b) {
   asm volatile(
