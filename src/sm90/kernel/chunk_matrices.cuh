@@ -79,7 +79,7 @@ __device__ __forceinline__ void build_mqk(Smem& s, int lane) {
   FragC m[2];
   // Q_dec's high part is rows 16-31 of the record's swizzled wq.
   times_kinv_t(
-      m, [&](int kk, int l) { return ldsm_a_sw128(s.wq, kWqRows, kChunk, 16 * kk, l); }, s.qdec_lo, s, lane);
+      m, [&](int kk, int l) { return ldsm_a_sw128(s.wq, kChunk, 16 * kk, l); }, s.qdec_lo, s, lane);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     const int col = 8 * nt + 2 * t;
@@ -104,15 +104,17 @@ __device__ __forceinline__ void build_w(Smem& s, int warp, int lane) {
   const FragA a = ldsm_a(&s.aw_f16[0][0], kLdT, 0, 0, lane);
   FragB b[2];
   ldsm_b2_trans(&s.kdec16[0][0], kLdRow, 16 * warp, lane, b[0], b[1]);
+  // Key columns 16w + 8j + 2t of rows g and g + 8 in wq: chunk 2(w % 4) + j of
+  // atom w / 4, swizzled with row g (sw128_offset, spelt out per lane).
+  const int base = (warp / 4) * 512 + g * 64 + 2 * t, swizzle = (2 * (warp % 4)) ^ g;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const int nt = 2 * warp + j;
     FragC c;
     zero(c);
     mma_f16(c, a, b[j]);
-    const int col = 8 * nt + 2 * t;
-    *reinterpret_cast<uint32_t*>(&s.wq[sw128_offset(g, col, kWqRows)]) = pack_bf16(-c.x[0], -c.x[1]);
-    *reinterpret_cast<uint32_t*>(&s.wq[sw128_offset(g + 8, col, kWqRows)]) = pack_bf16(-c.x[2], -c.x[3]);
+    const int off = base + ((swizzle ^ j) << 3);
+    *reinterpret_cast<uint32_t*>(&s.wq[off]) = pack_bf16(-c.x[0], -c.x[1]);
+    *reinterpret_cast<uint32_t*>(&s.wq[off + 1024]) = pack_bf16(-c.x[2], -c.x[3]);  // the next 8-row group
   }
 }
 

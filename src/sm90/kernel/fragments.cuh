@@ -67,10 +67,10 @@ __device__ __forceinline__ FragA ldsm_a(const T* m, int ld, int row0, int col0, 
   return a;
 }
 
-// ldsm_a for a matrix stored with sw128_offset (shared_storage.cuh), `rows` rows.
-__device__ __forceinline__ FragA ldsm_a_sw128(const __nv_bfloat16* m, int rows, int row0, int col0, int lane) {
+// ldsm_a for a matrix stored with sw128_offset (shared_storage.cuh).
+__device__ __forceinline__ FragA ldsm_a_sw128(const __nv_bfloat16* m, int row0, int col0, int lane) {
   const int i = lane >> 3, r = lane & 7;
-  const __nv_bfloat16* p = m + sw128_offset(row0 + r + 8 * (i & 1), col0 + 8 * (i >> 1), rows);
+  const __nv_bfloat16* p = m + sw128_offset(row0 + r + 8 * (i & 1), col0 + 8 * (i >> 1));
   FragA a;
   cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), a.x[0], a.x[1], a.x[2], a.x[3]);
   return a;

@@ -109,6 +109,12 @@ template <class Smem>
 __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap& m,
                                                        const float2 (&G)[kRowsPerThread], float scale) {
   const float2 dl = *reinterpret_cast<const float2*>(&s.decay_last[m.d0]);
+  static_assert(kRowsPerThread == 4, "rows 4q..4q+3 per thread");
+  // The thread's rows 4q..4q+3 in the swizzled record operands: a base per
+  // thread and, per row r, r·64 + ((chunk ^ r) << 3) (sw128_row_split_holds).
+  const int i0 = m.row(0), chunk = ((m.d0 % 64) / 8) ^ (i0 % 8);
+  const int base = (i0 / 8) * 1024 + (m.d0 / 64) * 512 + (i0 % 8) * 64 + m.d0 % 8;
+  constexpr int kQdecRow0 = kChunk * kHeadDim;  // Q_dec is rows 16-31 of wq
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const int i = m.row(r);
@@ -127,13 +133,14 @@ __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap
     *reinterpret_cast<uint32_t*>(&s.kinv_hi[i][m.d0]) = hi;
     *reinterpret_cast<uint32_t*>(&s.kinv_lo[i][m.d0]) = lo;
     split_bf16x2(qf.x * rq * up0, qf.y * rq * up1, hi, lo);
-    *reinterpret_cast<uint32_t*>(&s.wq[sw128_offset(kChunk + i, m.d0, kWqRows)]) = hi;
+    const int sw = base + r * 64 + ((chunk ^ r) << 3);
+    *reinterpret_cast<uint32_t*>(&s.wq[kQdecRow0 + sw]) = hi;
     *reinterpret_cast<uint32_t*>(&s.qdec_lo[i][m.d0]) = lo;
     *reinterpret_cast<uint32_t*>(&s.kdec16[i][m.d0]) = pack_f16(kdec0, kdec1);
     // 2^(G_last − G) as a product of two normal floats (no third ex2); <= 1 on real rows.
     split_bf16x2(k0 * (dl.x * down0), k1 * (dl.y * down1), hi, lo);
-    *reinterpret_cast<uint32_t*>(&s.kres_hi[sw128_offset(i, m.d0, kChunk)]) = hi;
-    *reinterpret_cast<uint32_t*>(&s.kres_lo[sw128_offset(i, m.d0, kChunk)]) = lo;
+    *reinterpret_cast<uint32_t*>(&s.kres_hi[sw]) = hi;
+    *reinterpret_cast<uint32_t*>(&s.kres_lo[sw]) = lo;
   }
 }
 

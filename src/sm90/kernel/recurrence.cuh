@@ -94,8 +94,8 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
     constexpr uint32_t kKStepBytes = 16 * 2;  // 16 keys of a 128-byte swizzled row
-    const char* b = reinterpret_cast<const char*>(ops.wq) + (kk / 4) * (kWqRows * 128) + (kk % 4) * kKStepBytes;
-    wgmma_m64n32k16(uo, sa[kk], sw128_descriptor(b, 16, kSw128AtomBytes));
+    const char* b = reinterpret_cast<const char*>(ops.wq) + (kk / 4) * kSw128AtomBytes + (kk % 4) * kKStepBytes;
+    wgmma_m64n32k16(uo, sa[kk], sw128_descriptor(b, 16, kSw128GroupBytes));
   }
   wgmma_commit();
   // uᵀ's state-free part Vᵀ A_wᵀ with A_w = hi + lo (v is exact in bf16), while the wgmma runs.
@@ -132,9 +132,9 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     S.tile[j].x[2] *= dl.x;
     S.tile[j].x[3] *= dl.y;
   }
-  constexpr uint32_t kKresAtomStride = kChunk * 128;  // bytes between the two 64-key atoms
-  const uint64_t kres_hi = sw128_descriptor(ops.kres_hi, kKresAtomStride, kSw128AtomBytes);
-  const uint64_t kres_lo = sw128_descriptor(ops.kres_lo, kKresAtomStride, kSw128AtomBytes);
+  // MN-major: LBO = the stride of the 64-key atoms, SBO = of the 8-token groups.
+  const uint64_t kres_hi = sw128_descriptor(ops.kres_hi, kSw128AtomBytes, kSw128GroupBytes);
+  const uint64_t kres_lo = sw128_descriptor(ops.kres_lo, kSw128AtomBytes, kSw128GroupBytes);
   wgmma_fence();
   wgmma_m64n128k16_bt(S.tile, ua_hi, kres_hi);
   wgmma_m64n128k16_bt(S.tile, ua_lo, kres_hi);

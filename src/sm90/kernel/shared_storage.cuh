@@ -32,17 +32,35 @@ struct InverseScratch {
   float x[kChunk][kInverseXPitch];    // X row-major
 };
 
-// The record's [rows][128] operands in the canonical 128-byte-swizzled layout
-// of wgmma (the recurrence reads them straight from shared memory with
-// descriptors, sm90/kernel/wgmma.cuh): the 128 columns split into two 64-column
-// atoms of `rows` x 128 B, and within an atom the 16-byte chunk c of row r sits
-// at chunk c ^ (r % 8). A row's 64 columns of an atom stay in one 128-byte line,
-// so row-wise stores (prologue) and 8-row ldmatrix reads hit distinct banks.
-// Offsets in elements; atoms must start 1024-byte aligned.
-__host__ __device__ constexpr int sw128_offset(int row, int col, int rows) {
-  return (col / 64) * rows * 64 + (row / 8) * 512 + (row % 8) * 64 + ((((col % 64) / 8) ^ (row % 8)) * 8) + col % 8;
+// The record's [rows][128] operands in a canonical 128-byte-swizzled layout of
+// wgmma (the recurrence reads them straight from shared memory with
+// descriptors, sm90/kernel/wgmma.cuh): blocks of 8 rows x 64 columns (1 KB, the
+// swizzle atom), the two 64-column atoms of an 8-row group side by side, the
+// groups one after the other; within an atom row r's 16-byte chunk c sits at
+// chunk c ^ (r % 8). A row's 64 columns of an atom stay in one 128-byte line,
+// so row-wise stores (prologue) and 8-row ldmatrix reads hit distinct banks,
+// and a given (row % 8, column) is one fixed offset from its group's start
+// whatever the array, so the prologue's stores into three of them share one
+// address register. Offsets in elements; atoms start 1024-byte aligned.
+__host__ __device__ constexpr int sw128_offset(int row, int col) {
+  return (row / 8) * 1024 + (col / 64) * 512 + (row % 8) * 64 + ((((col % 64) / 8) ^ (row % 8)) * 8) + col % 8;
 }
 constexpr int kSw128AtomBytes = 1024;
+constexpr int kSw128GroupBytes = 2 * kSw128AtomBytes;  // 8 rows x 128 columns
+// A thread of the prologue's element map owns rows 4q..4q+3 (q its row group):
+// they share row / 8 and bit 2 of row % 8, so row r of the four sits at a
+// per-thread base plus r·64 + ((c ^ r) << 3), c the base row's swizzled chunk.
+constexpr bool sw128_row_split_holds() {
+  for (int col = 0; col < 128; ++col)
+    for (int i0 = 0; i0 < 32; i0 += 4)
+      for (int r = 0; r < 4; ++r) {
+        const int base = (i0 / 8) * 1024 + (col / 64) * 512 + (i0 % 8) * 64 + col % 8;
+        const int c = ((col % 64) / 8) ^ (i0 % 8);
+        if (base + r * 64 + ((c ^ r) << 3) != sw128_offset(i0 + r, col)) return false;
+      }
+  return true;
+}
+static_assert(sw128_row_split_holds(), "the prologue's split row offsets");
 
 // Everything the sequential recurrence needs of one (chunk, value head), laid
 // out exactly as the recurrence kernel reads it from shared memory, so that the
@@ -51,9 +69,9 @@ constexpr int kSw128AtomBytes = 1024;
 // would dominate the error budget (docs/design.md, "Accuracy").
 struct alignas(kSw128AtomBytes) ChunkOperands {
   // Rows 0-15: −w = −A_w·K_dec; rows 16-31: Q_dec = scale·q̂·2^G; [token][key],
-  // sw128_offset(row, key, 32): the B operand (K-major) of S·[−w; Q_dec]ᵀ.
+  // sw128_offset(row, key): the B operand (K-major) of S·[−w; Q_dec]ᵀ.
   __nv_bfloat16 wq[2 * kChunk * kHeadDim];
-  // K_res = k̂·2^(G_last−G), hi + lo, [token][key], sw128_offset(token, key, 16):
+  // K_res = k̂·2^(G_last−G), hi + lo, [token][key], sw128_offset(token, key):
   // the B operand (MN-major) of the state update.
   __nv_bfloat16 kres_hi[kChunk * kHeadDim];
   __nv_bfloat16 kres_lo[kChunk * kHeadDim];

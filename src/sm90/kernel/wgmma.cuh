@@ -6,13 +6,14 @@
 // recurrence loop (docs/perf-log.md, "wgmma in the recurrence").
 //
 // B layouts (shared_storage.cuh, sw128_offset): 128-byte swizzle, atoms of 8
-// rows x 128 B, 1024-byte aligned. Descriptor: start address, LBO, SBO (bytes,
+// rows x 128 B, 1024-byte aligned, the two 64-column atoms of an 8-row group
+// adjacent (groups 2048 B apart). Descriptor: start address, LBO, SBO (bytes,
 // all >> 4), swizzle mode 1 (128 B) in bits 62-63.
-//   K-major (B = Xᵀ for X [n][k], k contiguous): SBO = 1024, the stride of
+//   K-major (B = Xᵀ for X [n][k], k contiguous): SBO = 2048, the stride of
 //     8-row groups; LBO unused. Key step kk starts (kk / 4) atoms and
 //     (kk % 4) · 32 bytes further.
 //   MN-major (B = X for X [k][n], n contiguous; transposed flag set):
-//     LBO = the stride of 64-column atoms, SBO = the stride of 8-row groups.
+//     LBO = 1024, the stride of 64-column atoms; SBO = 2048, of 8-row groups.
 // The layouts and the fragment mapping were checked against a float64 product
 // on the H200 before use (the GPU tests compare every result to the oracle).
 #pragma once
