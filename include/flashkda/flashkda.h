@@ -211,6 +211,59 @@ Status decode(const DecodeArgs& args, Backend backend, void* stream);
 // capture. In a build without CUDA it returns kOk.
 Status check_device_faults(void* stream = nullptr);
 
+// ---------------------------------------------------------------------------
+// Segment summaries: a run of tokens as an affine map of the state
+// ---------------------------------------------------------------------------
+//
+// For one (sequence, value head), the tokens [begin, end) map the state they
+// start from to the state they leave, S_out = S_in·M + B, with the rows of the
+// state S [V, K] as row vectors, M [K, K] and B [V, K]: B is the run's final state
+// from a zero state, and M what the run does to any state (the final state of the
+// same recurrence on K rows, started from the identity, with v = 0). Runs that
+// follow each other compose,
+//   (M1, B1)∘(M2, B2) = (M1·M2, B1·M2 + B2),
+// so a long sequence split into segments can be summarised segment by segment in
+// parallel (on several devices), the summaries composed along the sequence into
+// each segment's incoming state S_in (of the segment before it: S_in·M + B), and
+// each segment's forward run from that state (forward() with initial_state):
+// the same outputs and final state as one straight run. docs/design.md,
+// "Segment summaries", has the method and its error; spec section 6.
+//
+// Backends: kCpuReference (float64 token recurrence, rounded to fp32 at the end)
+// and kCpuChunked (two runs of the chunked fp32 algorithm: B from a zero state,
+// M from the identity). kCuda answers kNotSupported for now.
+struct SegmentSummaryArgs {
+  // The tokens: q, k, v, g, beta, A_log, dt_bias, the shapes, cu_seqlens and
+  // lower_bound as for forward(). Its out, scale and states are not used (the
+  // state does not depend on scale).
+  ForwardArgs inputs;
+  // int64 [S, 2], in the backend's memory: segment s is the tokens
+  // [segments[2s], segments[2s+1]) of the flattened B·T axis, all in one
+  // sequence (begin == end: an empty run, (I, 0)). Segments may overlap and come
+  // in any order.
+  const int64_t* segments = nullptr;
+  int64_t num_segments = 0;
+  float* M = nullptr;  // fp32 [S, HV, K, K]
+  float* B = nullptr;  // fp32 [S, HV, V, K]
+};
+Status segment_summaries(const SegmentSummaryArgs& args, Backend backend);
+
+// count compositions at once: (M, B)[i] = (M1, B1)[i] ∘ (M2, B2)[i], the run of
+// summary 1 followed by the run of summary 2. Sums in float64. The outputs may be
+// the memory of either input (in place).
+struct ComposeSummariesArgs {
+  int64_t count = 0;
+  int64_t head_dim_k = 0;  // K
+  int64_t head_dim_v = 0;  // V
+  const float* M1 = nullptr;  // fp32 [count, K, K]
+  const float* B1 = nullptr;  // fp32 [count, V, K]
+  const float* M2 = nullptr;
+  const float* B2 = nullptr;
+  float* M = nullptr;  // fp32 [count, K, K]
+  float* B = nullptr;  // fp32 [count, V, K]
+};
+Status compose_summaries(const ComposeSummariesArgs& args, Backend backend);
+
 // Human-readable names, for messages and tools.
 const char* to_string(DType dtype);
 const char* to_string(Backend backend);

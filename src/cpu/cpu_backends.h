@@ -36,6 +36,13 @@ SegmentSummary compose(const SegmentSummary& first, const SegmentSummary& second
 // S_in·M + B for a [V, K] state.
 std::vector<double> apply(const SegmentSummary& s, const std::vector<double>& S_in);
 
+// flashkda::segment_summaries and compose_summaries on the CPU backends
+// (segment_summaries.cpp): the oracle's steps per (segment, value head), or two
+// chunked fp32 runs per segment; compositions summed in float64.
+Status segment_summaries_f64(const SegmentSummaryArgs& args, int num_threads = 0);
+Status segment_summaries_chunked_f32(const SegmentSummaryArgs& args, int num_threads = 0);
+Status compose_summaries_f64(const ComposeSummariesArgs& args, int num_threads = 0);
+
 // Decode (flashkda::decode on the CPU backends): the token recurrence in float64
 // on each sequence's pooled state, written back in place or to the out pool.
 Status decode_f64(const DecodeArgs& args);

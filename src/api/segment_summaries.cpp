@@ -1,0 +1,129 @@
+// flashkda::segment_summaries / compose_summaries: validation, then dispatch to a
+// CPU backend (kCuda: kNotSupported until the segment scan has its kernels).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "api/guarded.h"
+#include "api/validation_util.h"
+#include "common/sequences.h"
+#include "cpu/cpu_backends.h"
+#include "flashkda/flashkda.h"
+
+namespace flashkda {
+using api::guarded;
+using namespace validation;
+
+namespace {
+
+Status cuda_not_yet(const char* what) {
+  return Status::NotSupported(cat(what, ": backend kCuda has no segment-scan kernels yet; "
+                                        "use kCpuReference or kCpuChunked (host memory)"));
+}
+
+// The token inputs as validate() checks them: the summary reads no out and no
+// states, so those are left out of the check (out pointed at v, states absent).
+Status validate_inputs(const ForwardArgs& in, Backend backend) {
+  ForwardArgs f = in;
+  f.out = const_cast<void*>(in.v);
+  f.initial_state = nullptr;
+  f.initial_state_dtype = DType::kNone;
+  f.final_state = nullptr;
+  f.final_state_dtype = DType::kNone;
+  f.scale = 1.f;
+  return validate(f, backend);
+}
+
+Status validate_segment_summaries(const SegmentSummaryArgs& a, Backend backend) {
+  if (!known_backend(backend))
+    return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
+                               " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
+  if (backend == Backend::kCuda) return cuda_not_yet("segment_summaries");
+  Status st = validate_inputs(a.inputs, backend);
+  if (!st.ok()) return st;
+  const ForwardArgs& in = a.inputs;
+  const int64_t HV = value_heads(in), K = in.head_dim_k, V = in.head_dim_v;
+  const int64_t S = a.num_segments;
+  if (S < 0) return Status::Invalid(cat("num_segments: expected a value >= 0, got ", S));
+  int64_t n_seg = 0, n_m = 0, n_b = 0;
+  if (!tensor_fits({S, 2}, 8, &n_seg) || !tensor_fits({S, HV, K, K}, 4, &n_m) || !tensor_fits({S, HV, V, K}, 4, &n_b))
+    return Status::Invalid(cat("num_segments: ", S, " summaries of [", HV, ", ", K, ", ", K,
+                               "] overflow int64 element counts"));
+  if (S == 0) return Status::Ok();
+  if (a.segments == nullptr) return Status::Invalid("segments: null pointer");
+  if (a.M == nullptr) return Status::Invalid("M: null pointer");
+  if (a.B == nullptr) return Status::Invalid("B: null pointer");
+  if (!aligned(a.segments, 8)) return Status::Invalid("segments: expected an 8-byte aligned pointer");
+  if (!aligned(a.M, 4)) return Status::Invalid("M: expected a 4-byte aligned pointer");
+  if (!aligned(a.B, 4)) return Status::Invalid("B: expected a 4-byte aligned pointer");
+
+  // Every segment inside one sequence (the CPU backends read host memory, so the
+  // values are checked here, each against the sequence its first token is in).
+  const std::vector<SequenceSpan> spans = sequence_spans(in, in.cu_seqlens);
+  const int64_t total = in.batch * in.seqlen;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t b = a.segments[2 * s], e = a.segments[2 * s + 1];
+    if (b < 0 || e < b || e > total)
+      return Status::Invalid(cat("segments: segment ", s, " = [", b, ", ", e,
+                                 "): expected 0 <= begin <= end <= B*T = ", total));
+    if (b == e) continue;
+    // The sequence holding token b: the last one starting at or before it (an
+    // empty sequence starts where the next one does, so that one is last).
+    const auto it = std::upper_bound(spans.begin(), spans.end(), b, [](int64_t t, const SequenceSpan& sp) {
+      return t < sp.token_begin;
+    });
+    const int64_t n = static_cast<int64_t>(it - spans.begin()) - 1;  // >= 0: spans[0] starts at 0 <= b
+    const SequenceSpan& sp = spans[static_cast<size_t>(n)];
+    if (e > sp.token_begin + sp.length)
+      return Status::Invalid(cat("segments: segment ", s, " = [", b, ", ", e, ") runs past the end of sequence ", n,
+                                 " (tokens [", sp.token_begin, ", ", sp.token_begin + sp.length,
+                                 ")); expected every segment inside one sequence"));
+  }
+  return Status::Ok();
+}
+
+Status validate_compose(const ComposeSummariesArgs& a, Backend backend) {
+  if (!known_backend(backend))
+    return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
+                               " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
+  if (backend == Backend::kCuda) return cuda_not_yet("compose_summaries");
+  if (a.count < 0) return Status::Invalid(cat("count: expected a value >= 0, got ", a.count));
+  if (a.head_dim_k < 1 || a.head_dim_k > kCpuMaxHeadDim)
+    return Status::Invalid(cat("head_dim_k: expected a value in [1, ", kCpuMaxHeadDim, "], got ", a.head_dim_k));
+  if (a.head_dim_v < 1 || a.head_dim_v > kCpuMaxHeadDim)
+    return Status::Invalid(cat("head_dim_v: expected a value in [1, ", kCpuMaxHeadDim, "], got ", a.head_dim_v));
+  int64_t n = 0;
+  if (!tensor_fits({a.count, a.head_dim_k + a.head_dim_v, a.head_dim_k}, 4, &n))
+    return Status::Invalid(cat("count: ", a.count, " summaries overflow int64 element counts"));
+  if (a.count == 0) return Status::Ok();
+  const struct {
+    const char* name;
+    const void* p;
+  } ptrs[] = {{"M1", a.M1}, {"B1", a.B1}, {"M2", a.M2}, {"B2", a.B2}, {"M", a.M}, {"B", a.B}};
+  for (const auto& x : ptrs) {
+    if (x.p == nullptr) return Status::Invalid(cat(x.name, ": null pointer"));
+    if (!aligned(x.p, 4)) return Status::Invalid(cat(x.name, ": expected a 4-byte aligned pointer"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status segment_summaries(const SegmentSummaryArgs& args, Backend backend) {
+  return guarded(backend, "segment_summaries", [&]() -> Status {
+    Status st = validate_segment_summaries(args, backend);
+    if (!st.ok() || args.num_segments == 0) return st;
+    return backend == Backend::kCpuReference ? cpu::segment_summaries_f64(args)
+                                             : cpu::segment_summaries_chunked_f32(args);
+  });
+}
+
+Status compose_summaries(const ComposeSummariesArgs& args, Backend backend) {
+  return guarded(backend, "compose_summaries", [&]() -> Status {
+    Status st = validate_compose(args, backend);
+    if (!st.ok() || args.count == 0) return st;
+    return cpu::compose_summaries_f64(args);
+  });
+}
+
+}  // namespace flashkda
