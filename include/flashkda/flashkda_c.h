@@ -9,7 +9,10 @@
  * The struct layouts are part of the ABI (on 64-bit platforms, no padding):
  * flashkda_forward_args is 12 pointers, 7 int64, 2 int32 and 2 float, 168 bytes;
  * flashkda_decode_args is 14 pointers, 10 int64, 3 int32, 2 float and a reserved
- * int32, 216 bytes. A layout change bumps FLASHKDA_C_ABI_VERSION. */
+ * int32, 216 bytes; flashkda_segment_summary_args is a flashkda_forward_args,
+ * a pointer, an int64 and two pointers, 200 bytes; flashkda_compose_summaries_args
+ * is 3 int64 and 6 pointers, 72 bytes. A layout change bumps
+ * FLASHKDA_C_ABI_VERSION. */
 #ifndef FLASHKDA_FLASHKDA_C_H_
 #define FLASHKDA_FLASHKDA_C_H_
 
@@ -150,6 +153,35 @@ int32_t flashkda_forward(const flashkda_forward_args* args, int32_t backend, voi
  * given tensors because of such values; the outputs of those calls are
  * unspecified. Synchronises: keep it off the hot path. */
 int32_t flashkda_check_device_faults(void* stream);
+
+/* Segment summaries (flashkda::segment_summaries, compose_summaries; see
+ * flashkda.h for the math): for one value head, tokens [begin, end) of a sequence
+ * map an incoming state S_in [V, K] to S_in·M + B. CPU backends; the CUDA backend
+ * answers FLASHKDA_STATUS_NOT_SUPPORTED for now. */
+typedef struct flashkda_segment_summary_args {
+  flashkda_forward_args inputs; /* the token tensors, shapes, cu_seqlens, lower_bound; out/states/scale unused */
+  const int64_t* segments;      /* int64 [S, 2]: (begin, end) on the flattened B*T token axis */
+  int64_t num_segments;         /* S */
+  float* M;                     /* fp32 [S, HV, K, K] */
+  float* B;                     /* fp32 [S, HV, V, K] */
+} flashkda_segment_summary_args;
+
+int32_t flashkda_segment_summaries(const flashkda_segment_summary_args* args, int32_t backend);
+
+/* (M, B)[i] = (M1, B1)[i] o (M2, B2)[i] for i < count; outputs may alias inputs. */
+typedef struct flashkda_compose_summaries_args {
+  int64_t count;
+  int64_t head_dim_k; /* K */
+  int64_t head_dim_v; /* V */
+  const float* M1;    /* fp32 [count, K, K] */
+  const float* B1;    /* fp32 [count, V, K] */
+  const float* M2;
+  const float* B2;
+  float* M;
+  float* B;
+} flashkda_compose_summaries_args;
+
+int32_t flashkda_compose_summaries(const flashkda_compose_summaries_args* args, int32_t backend);
 
 /* 1 when the CUDA backend can run in this process, else 0 (and the reason is
  * in flashkda_last_error()). */

@@ -60,7 +60,14 @@ static_assert(offsetof(flashkda_decode_args, head_dim_v) == 184, "");
 static_assert(offsetof(flashkda_decode_args, state_dtype) == 192, "");
 static_assert(offsetof(flashkda_decode_args, lower_bound) == 208, "");
 static_assert(sizeof(flashkda_decode_args) == 216, "");
+static_assert(offsetof(flashkda_segment_summary_args, segments) == 168, "");
+static_assert(offsetof(flashkda_segment_summary_args, B) == 192, "");
+static_assert(sizeof(flashkda_segment_summary_args) == 200, "");
+static_assert(offsetof(flashkda_compose_summaries_args, M1) == 24, "");
+static_assert(sizeof(flashkda_compose_summaries_args) == 72, "");
 #endif
+static_assert(std::is_standard_layout<flashkda_segment_summary_args>::value, "");
+static_assert(std::is_standard_layout<flashkda_compose_summaries_args>::value, "");
 static_assert(std::is_standard_layout<flashkda_decode_args>::value, "");
 static_assert(std::is_trivial<flashkda_decode_args>::value, "");
 
@@ -200,6 +207,36 @@ int32_t flashkda_validate_decode(const flashkda_decode_args* args, int32_t backe
 int32_t flashkda_decode(const flashkda_decode_args* args, int32_t backend, void* stream) {
   if (args == nullptr) return null_args();
   return guarded([&] { return record(flashkda::decode(to_cpp(*args), static_cast<Backend>(backend), stream)); });
+}
+
+int32_t flashkda_segment_summaries(const flashkda_segment_summary_args* args, int32_t backend) {
+  if (args == nullptr) return null_args();
+  return guarded([&] {
+    flashkda::SegmentSummaryArgs a;
+    a.inputs = to_cpp(args->inputs);
+    a.segments = args->segments;
+    a.num_segments = args->num_segments;
+    a.M = args->M;
+    a.B = args->B;
+    return record(flashkda::segment_summaries(a, static_cast<Backend>(backend)));
+  });
+}
+
+int32_t flashkda_compose_summaries(const flashkda_compose_summaries_args* args, int32_t backend) {
+  if (args == nullptr) return null_args();
+  return guarded([&] {
+    flashkda::ComposeSummariesArgs a;
+    a.count = args->count;
+    a.head_dim_k = args->head_dim_k;
+    a.head_dim_v = args->head_dim_v;
+    a.M1 = args->M1;
+    a.B1 = args->B1;
+    a.M2 = args->M2;
+    a.B2 = args->B2;
+    a.M = args->M;
+    a.B = args->B;
+    return record(flashkda::compose_summaries(a, static_cast<Backend>(backend)));
+  });
 }
 
 int32_t flashkda_check_device_faults(void* stream) {

@@ -262,3 +262,73 @@ TEST(CApi, DecodePdlModeValues) {
 }
 
 }  // namespace
+
+namespace {
+
+// Segment summaries and their composition through the C ABI: the same bits as
+// the C++ API, and errors with their message.
+TEST(CApi, SegmentSummariesMatchCppBitwise) {
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_segment_summary_args) == 200, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_compose_summaries_args) == 72, "C struct layout changed");
+  const HostProblem p = small_problem(true);  // sequences [0, 19), [19, 19), [19, 40)
+  const std::vector<int64_t> segments = {0, 7, 7, 19, 19, 19, 25, 40};
+  const int64_t S = 4, HV = p.HV, K = p.K, V = p.V;
+  for (const int32_t backend : {FLASHKDA_BACKEND_CPU_REFERENCE, FLASHKDA_BACKEND_CPU_CHUNKED}) {
+    std::vector<float> M_c(static_cast<size_t>(S * HV * K * K)), B_c(static_cast<size_t>(S * HV * V * K));
+    std::vector<float> M_cpp(M_c.size()), B_cpp(B_c.size());
+    flashkda_segment_summary_args c{};
+    c.inputs = to_c(p.host_args(nullptr, nullptr));
+    c.segments = segments.data();
+    c.num_segments = S;
+    c.M = M_c.data();
+    c.B = B_c.data();
+    ASSERT_EQ(flashkda_segment_summaries(&c, backend), FLASHKDA_STATUS_OK) << flashkda_last_error();
+    flashkda::SegmentSummaryArgs a;
+    a.inputs = p.host_args(nullptr, nullptr);
+    a.segments = segments.data();
+    a.num_segments = S;
+    a.M = M_cpp.data();
+    a.B = B_cpp.data();
+    ASSERT_TRUE(flashkda::segment_summaries(a, static_cast<flashkda::Backend>(backend)).ok());
+    EXPECT_EQ(M_c, M_cpp);
+    EXPECT_EQ(B_c, B_cpp);
+
+    // The first two segments composed (in place into the first), both ways.
+    flashkda_compose_summaries_args k{};
+    k.count = HV;
+    k.head_dim_k = K;
+    k.head_dim_v = V;
+    k.M1 = M_c.data();
+    k.B1 = B_c.data();
+    k.M2 = M_c.data() + HV * K * K;
+    k.B2 = B_c.data() + HV * V * K;
+    k.M = M_c.data();
+    k.B = B_c.data();
+    ASSERT_EQ(flashkda_compose_summaries(&k, backend), FLASHKDA_STATUS_OK) << flashkda_last_error();
+    flashkda::ComposeSummariesArgs kc;
+    kc.count = HV;
+    kc.head_dim_k = K;
+    kc.head_dim_v = V;
+    kc.M1 = M_cpp.data();
+    kc.B1 = B_cpp.data();
+    kc.M2 = M_cpp.data() + HV * K * K;
+    kc.B2 = B_cpp.data() + HV * V * K;
+    kc.M = M_cpp.data();
+    kc.B = B_cpp.data();
+    ASSERT_TRUE(flashkda::compose_summaries(kc, static_cast<flashkda::Backend>(backend)).ok());
+    EXPECT_EQ(M_c, M_cpp);
+    EXPECT_EQ(B_c, B_cpp);
+
+    // Segment 3 reaching into sequence 2 from sequence 0 is rejected by name.
+    const std::vector<int64_t> across = {10, 25};
+    c.segments = across.data();
+    c.num_segments = 1;
+    EXPECT_EQ(flashkda_segment_summaries(&c, backend), FLASHKDA_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashkda_last_error()).find("past the end of sequence 0"), std::string::npos)
+        << flashkda_last_error();
+  }
+  EXPECT_EQ(flashkda_segment_summaries(nullptr, FLASHKDA_BACKEND_CPU_CHUNKED), FLASHKDA_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(flashkda_compose_summaries(nullptr, FLASHKDA_BACKEND_CPU_CHUNKED), FLASHKDA_STATUS_INVALID_ARGUMENT);
+}
+
+}  // namespace
