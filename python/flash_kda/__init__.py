@@ -22,6 +22,9 @@ custom op).
                        place, declared as mutated: torch.compile friendly)
     check_device_faults()  raises ValueError if a kernel met invalid device-resident
                        cu_seqlens / state_indices values (see its docstring)
+    segment_summaries(...), compose_summaries(...)
+                       a run of tokens as an affine map of the state (M, B), and
+                       their composition: the pieces of context parallelism (CPU)
     workspace_size(...), cuda_available(), cuda_status()
 """
 from __future__ import annotations
@@ -51,7 +54,7 @@ else:  # pragma: no cover - exercised only without torch
 
 __version__ = "0.1.0"
 __all__ = ["fwd", "decode", "kda_forward", "kda_decode", "workspace_size", "check_device_faults", "cuda_available",
-           "cuda_status", "compiled_with_cuda"]
+           "cuda_status", "compiled_with_cuda", "segment_summaries", "compose_summaries"]
 
 #: Used when ``lower_bound=None`` is passed (fla passes its own value through,
 #: which may be None): the FlashKDA/fla safe-gate default and the widest bound
@@ -246,6 +249,48 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
     _, stream = _runtime(q, stream, need_alloc=False)
     _C.decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound, cu_seqlens,
               cu_seqlens_host, state_out_pool, per_token_states, stream, pdl_mode)
+    return out
+
+
+def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound=None, cu_seqlens=None,
+                      backend="auto"):
+    """Affine summaries of token ranges: ``(M, B)`` with ``S_out = S_in @ M + B``.
+
+    For one (sequence, value head), the tokens ``[begin, end)`` map the state they
+    start from, ``S_in`` ``[V, K]``, to the state they leave, ``S_in @ M + B``
+    (``M`` ``[K, K]``, ``B`` ``[V, K]``: B is the final state from a zero state).
+    Summaries of consecutive ranges compose with :func:`compose_summaries`; a range's
+    ``fwd`` from the composed incoming state (``initial_state``) gives the same
+    outputs and final state as one straight run. The building blocks of splitting a
+    long sequence across devices (context parallelism).
+
+    Args: q, k, v, g, beta, A_log, dt_bias, lower_bound and cu_seqlens as for
+    :func:`fwd` (``[B, T, ...]`` with B == 1 for cu_seqlens). ``segments``: int64
+    ``[S, 2]`` of ``(begin, end)`` on the flattened ``B*T`` token axis, each inside
+    one sequence, in any order (``begin == end``: the identity). ``backend``:
+    'auto' / 'cpu' (the chunked fp32 CPU backend) or 'reference' (float64 steps);
+    CPU tensors only for now ('cuda' raises NotImplementedError).
+
+    Returns fp32 ``M`` ``[S, HV, K, K]`` and ``B`` ``[S, HV, V, K]``.
+    """
+    _, lower_bound = _resolve_scalars(q, None, lower_bound)
+    S, HV, K, V = segments.shape[0], v.shape[2], q.shape[3], v.shape[3]
+    M = _torch.empty((S, HV, K, K), dtype=_torch.float32, device=q.device)
+    B = _torch.empty((S, HV, V, K), dtype=_torch.float32, device=q.device)
+    _C.segment_summaries(q, k, v, g, beta, A_log, dt_bias, lower_bound, cu_seqlens, segments, M, B, backend)
+    return M, B
+
+
+def compose_summaries(M1, B1, M2, B2, *, out=None, backend="auto"):
+    """``(M1, B1)`` followed by ``(M2, B2)``: ``(M1 @ M2, B1 @ M2 + B2)``, summed in float64.
+
+    fp32 ``M*`` ``[..., K, K]`` and ``B*`` ``[..., V, K]`` with the same leading dims
+    (up to 3). ``out``: a ``(M, B)`` pair to write (may be either input, in place),
+    else new tensors. Returns ``(M, B)``.
+    """
+    if out is None:
+        out = (_torch.empty_like(M1), _torch.empty_like(B1))
+    _C.compose_summaries(M1, B1, M2, B2, out[0], out[1], backend)
     return out
 
 

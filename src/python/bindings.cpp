@@ -800,6 +800,89 @@ void decode_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handl
   if (!st.ok()) raise_status(st);
 }
 
+// ---- segment summaries ----------------------------------------------------------
+// The token tensors are checked as fwd checks them (v stands in for `out`, which
+// the summaries do not write; no states); segments int64 [S, 2], M fp32
+// [S, HV, K, K] and B fp32 [S, HV, V, K] on the same device, written in place.
+void segment_summaries_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
+                          nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle cu_seqlens,
+                          nb::handle segments, nb::handle M, nb::handle B, const std::string& backend) {
+  Call c = prepare(q, k, v, g, beta, 1.0, v, A_log, dt_bias, lower_bound, nb::none(), nb::none(), cu_seqlens,
+                   nb::none(), backend);
+  Arg seg = take("segments", segments, {DT::kI64}, false);
+  Arg m = take("M", M, {DT::kF32}, false);
+  Arg b = take("B", B, {DT::kF32}, false);
+  if (seg.ndim() != 2 || seg.dim(1) != 2)
+    raise_value(cat("segments: expected an int64 tensor [S, 2] of (begin, end) token pairs, got shape ",
+                    shape_string(seg)));
+  const int64_t S = seg.dim(0), HV = c.args.num_v_heads, K = c.args.head_dim_k, V = c.args.head_dim_v;
+  expect_shape(m, {S, HV, K, K}, "[S, HV, K, K]");
+  expect_shape(b, {S, HV, V, K}, "[S, HV, V, K]");
+  for (const Arg* a : {&seg, &m, &b}) {
+    expect_contiguous(*a);
+    expect_device(*a, c.q);
+  }
+  flashkda::SegmentSummaryArgs a;
+  a.inputs = c.args;
+  a.segments = static_cast<const int64_t*>(seg.cdata());
+  a.num_segments = S;
+  a.M = static_cast<float*>(m.data());
+  a.B = static_cast<float*>(b.data());
+  flashkda::Status st;
+  {
+    nb::gil_scoped_release release;
+    st = flashkda::segment_summaries(a, c.backend);
+  }
+  if (!st.ok()) raise_status(st);
+}
+
+// (M, B) = (M1, B1)∘(M2, B2) over any leading dims: M* fp32 [..., K, K], B* fp32
+// [..., V, K], all with the same leading dims; M, B may be M1/B1 or M2/B2.
+void compose_summaries_py(nb::handle M1, nb::handle B1, nb::handle M2, nb::handle B2, nb::handle M, nb::handle B,
+                          const std::string& backend) {
+  Arg m1 = take("M1", M1, {DT::kF32}, false), b1 = take("B1", B1, {DT::kF32}, false);
+  Arg m2 = take("M2", M2, {DT::kF32}, false), b2 = take("B2", B2, {DT::kF32}, false);
+  Arg m = take("M", M, {DT::kF32}, false), b = take("B", B, {DT::kF32}, false);
+  if (m1.ndim() < 2 || m1.ndim() > 5 || m1.dim(m1.ndim() - 1) != m1.dim(m1.ndim() - 2))
+    raise_value(cat("M1: expected a tensor [..., K, K] with at most 3 leading dims, got shape ", shape_string(m1)));
+  const size_t lead = m1.ndim() - 2;
+  const int64_t K = m1.dim(lead);
+  if (b1.ndim() != m1.ndim() || b1.dim(lead + 1) != K)
+    raise_value(cat("B1: expected a tensor [..., V, K] with the leading dims of M1 and K=", K, ", got shape ",
+                    shape_string(b1)));
+  const int64_t V = b1.dim(lead);
+  Shape leading({});
+  int64_t count = 1;
+  for (size_t i = 0; i < lead; ++i) {
+    leading = leading.then({m1.dim(i)});
+    count *= m1.dim(i);
+  }
+  const Shape mshape = leading.then({K, K}), bshape = leading.then({V, K});
+  for (const Arg* a : {&m2, &m}) expect_shape(*a, mshape, "[..., K, K] (the shape of M1)");
+  for (const Arg* a : {&b2, &b}) expect_shape(*a, bshape, "[..., V, K] (the shape of B1)");
+  for (const Arg* a : {&m1, &b1, &m2, &b2, &m, &b}) {
+    expect_contiguous(*a);
+    expect_device(*a, m1);
+  }
+  flashkda::ComposeSummariesArgs a;
+  a.count = count;
+  a.head_dim_k = K;
+  a.head_dim_v = V;
+  a.M1 = static_cast<const float*>(m1.cdata());
+  a.B1 = static_cast<const float*>(b1.cdata());
+  a.M2 = static_cast<const float*>(m2.cdata());
+  a.B2 = static_cast<const float*>(b2.cdata());
+  a.M = static_cast<float*>(m.data());
+  a.B = static_cast<float*>(b.data());
+  const flashkda::Backend be = parse_backend(backend, m1.dev);
+  flashkda::Status st;
+  {
+    nb::gil_scoped_release release;
+    st = flashkda::compose_summaries(a, be);
+  }
+  if (!st.ok()) raise_status(st);
+}
+
 nb::tuple cuda_status() {
   std::string why;
   const bool ok = flashkda::cuda_backend_available(&why);
@@ -835,6 +918,14 @@ NB_MODULE(_C, m) {
         "CPU tensors run the float64 CPU decode, CUDA tensors the kCuda kernel on `stream` "
         "(cudaStream_t as an int). `pdl_mode`: programmatic dependent launch of that kernel, "
         "0 auto, 1 on, -1 off (flash_kda.decode's pdl=None/True/False).");
+  m.def("segment_summaries", &segment_summaries_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(),
+        "beta"_a.none(), "A_log"_a.none(), "dt_bias"_a.none(), "lower_bound"_a, "cu_seqlens"_a.none(),
+        "segments"_a.none(), "M"_a.none(), "B"_a.none(), "backend"_a = "auto",
+        "Writes the affine summaries (M [S, HV, K, K], B [S, HV, V, K]) of the token ranges in `segments` "
+        "(int64 [S, 2]) in place: see flash_kda.segment_summaries.");
+  m.def("compose_summaries", &compose_summaries_py, "M1"_a.none(), "B1"_a.none(), "M2"_a.none(), "B2"_a.none(),
+        "M"_a.none(), "B"_a.none(), "backend"_a = "auto",
+        "(M, B) = (M1, B1) o (M2, B2), in place into M, B: see flash_kda.compose_summaries.");
   m.def(
       "check_device_faults",
       [](int device, uintptr_t stream) {
