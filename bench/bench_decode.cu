@@ -10,7 +10,7 @@
 // Timing: kStepsPerGraph decode steps captured in one graph; the graph replayed
 // --iters times with CUDA events around each replay; median / kStepsPerGraph.
 //
-// Without --variants: the production kernel, one table (as device_round.sh reads).
+// Without --variants: the production kernel, one table (as scripts/gpu_test_and_bench.sh reads).
 // With --variants (A/B mode): each entry is a kernel variant name (lat, fuse-ef-occ, ...,
 // see sm90_decode.cu) optionally suffixed "+pdl" (launched with programmatic
 // dependent launch; without it a variant runs with PDL off), "all" for every

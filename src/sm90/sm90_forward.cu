@@ -141,7 +141,7 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   LaunchPlan plan;
   // Rows of S are independent, so a (sequence, head) can be served by several
   // CTAs that each own a slice of V and share the chunk records through L2.
-  // Measured on the H200 (docs/perf-log.md, 2026-11-29 session 3): two 4-warp
+  // Measured on the H200 (docs/perf-log.md, 2026-11-29, late): two 4-warp
   // CTAs per (sequence, head) beat one 8-warp CTA in every row of the standard
   // table except 64/8x1024 (within 1 %), and a quarter slice never paid. When
   // the longest chain of chunks bounds the kernel (the longest sequence has more

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The Python package on the GPU machine, from the repository root, in one call:
-#   bash scripts/device_python.sh [STEP...]     STEP: tests overhead forward decode (default: all four)
-# Expects the carried wheels: .devbuild/wheels/flash_kda-*.whl (built here with
-# CUDA on: python3.12 -m pip wheel . -w .devbuild/wheels --no-deps) and .whl/
-# (fla-core, plus pytest / matplotlib pieces installed only when the machine
-# lacks them). Installs them into /tmp/site (nothing else on the machine changes),
-# then runs the chosen steps, each bounded by `timeout` (a benchmark stopped by it
-# still prints and writes the rows it finished):
+# The Python package on a Hopper GPU machine without network access, from the
+# repository root:
+#   bash scripts/gpu_python.sh [STEP...]     STEP: tests overhead forward decode (default: all four)
+# Expects prebuilt wheels: WHEELS_DIR/flash_kda-*.whl (default .devbuild/wheels;
+# build it with CUDA on: python3.12 -m pip wheel . -w .devbuild/wheels --no-deps)
+# and EXTRA_WHEELS_DIR (default .whl: fla-core, plus pytest / matplotlib pieces
+# installed only when the machine lacks them). Installs them into /tmp/site
+# (nothing else on the machine changes), then runs the chosen steps, each bounded
+# by `timeout` (a benchmark stopped by it still prints and writes the rows it
+# finished):
 #   tests     pytest tests/python, GPU tests included, skips listed with their reasons (270 s)
 #             -> $OUT/pytest.txt, $OUT/pytest.xml
 #   overhead  bench/host_overhead.py: host time per fwd / decode call, GPU idle (45 s)
@@ -15,25 +17,28 @@
 #             fla autotunes once per shape) -> $OUT/compare_fla.md, $OUT/compare_fla.png
 #   decode    bench/compare_fla.py --no-forward: decode steps against fla's
 #             fused_recurrent_kda under CUDA graphs (90 s) -> $OUT/compare_fla_decode.md
-# and the log of the benchmarks in $OUT/bench.txt. All four stay inside one 10-minute call.
+# and the log of the benchmarks in $OUT/bench.txt; $OUT is RESULTS_DIR (default
+# ./gpu-results). All four take under 10 minutes.
 # FORWARD_ARGS="--heads 64 --cases varlen6,8x1024" narrows the forward step;
 # TESTS_TIMEOUT / FORWARD_TIMEOUT (seconds) replace the tests' and forward's limits; fla's
-# compiled kernels come back as $OUT/triton-cache.tgz (unpack into
-# .devbuild/triton-cache and carry it: the next call skips their compilation).
+# compiled kernels are packed as $OUT/triton-cache.tgz (unpack it into
+# TRITON_CACHE_DIR before the next run to skip their compilation).
 # Exits non-zero when the install, a test or a benchmark fails.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT="${OUT:-/tmp/flashkda-python-out}"
+OUT="${RESULTS_DIR:-$PWD/gpu-results}"
 mkdir -p "$OUT"
 site=/tmp/site
 start=$(date +%s)
-step() { echo; echo "==== device_python [$(( $(date +%s) - start ))s]: $*"; }
+step() { echo; echo "==== gpu_python [$(( $(date +%s) - start ))s]: $*"; }
 
 step "install (python3: $(python3 --version 2>&1), torch $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null))"
 shopt -s nullglob
-ours=(.devbuild/wheels/flash_kda-*.whl)
-fla=(.whl/fla_core-*.whl)
-[ ${#ours[@]} -eq 1 ] || { echo "device_python: expected one .devbuild/wheels/flash_kda-*.whl, found ${#ours[@]}" >&2; exit 2; }
+wheels="${WHEELS_DIR:-.devbuild/wheels}"
+extra_wheels="${EXTRA_WHEELS_DIR:-.whl}"
+ours=("$wheels"/flash_kda-*.whl)
+fla=("$extra_wheels"/fla_core-*.whl)
+[ ${#ours[@]} -eq 1 ] || { echo "gpu_python: expected one $wheels/flash_kda-*.whl, found ${#ours[@]}" >&2; exit 2; }
 rm -rf "$site"
 python3 -m pip install -q --no-index --no-deps --target "$site" "${fla[@]}" "${ours[@]}" || exit 2
 
@@ -44,12 +49,12 @@ for pair in pytest:pytest iniconfig:iniconfig pluggy:pluggy pygments:pygments pa
             kiwisolver:kiwisolver pillow:PIL pyparsing:pyparsing python_dateutil:dateutil six:six tzdata:tzdata; do
   dist=${pair%%:*} mod=${pair##*:}
   if ! python3 -c "import $mod" 2>/dev/null; then
-    w=(.whl/${dist}-*.whl)
+    w=("$extra_wheels"/${dist}-*.whl)
     [ ${#w[@]} -gt 0 ] && extra+=("${w[0]}")
   fi
 done
 if [ ${#extra[@]} -gt 0 ]; then
-  echo "device_python: adding ${extra[*]}"
+  echo "gpu_python: adding ${extra[*]}"
   python3 -m pip install -q --no-index --no-deps --target "$site" "${extra[@]}" || exit 2
 fi
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
@@ -59,14 +64,13 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | h
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(tests overhead forward decode)
 for s in "${steps[@]}"; do
-  case "$s" in tests|overhead|forward|decode) ;; *) echo "device_python: unknown step $s" >&2; exit 2 ;; esac
+  case "$s" in tests|overhead|forward|decode) ;; *) echo "gpu_python: unknown step $s" >&2; exit 2 ;; esac
 done
 export PYTHONUNBUFFERED=1
 # fla's Triton kernels compile and autotune on first use, for minutes per forward
-# shape. Their compiled kernels are cached in TRITON_CACHE_DIR: a carried
-# .devbuild/triton-cache is used and the cache is returned as
-# $OUT/triton-cache.tgz, to unpack there before the next call.
-export TRITON_CACHE_DIR="$PWD/.devbuild/triton-cache"
+# shape. Their compiled kernels are cached in TRITON_CACHE_DIR (default
+# .devbuild/triton-cache), and the cache is packed as $OUT/triton-cache.tgz.
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/.devbuild/triton-cache}"
 mkdir -p "$TRITON_CACHE_DIR"
 # FORWARD_ARGS narrows the forward comparison, e.g. "--heads 64 --cases varlen6,8x1024".
 FORWARD_ARGS="${FORWARD_ARGS:-}"
@@ -94,12 +98,12 @@ for s in "${steps[@]}"; do
       timeout 90 python3 bench/compare_fla.py --no-forward --md "$OUT/compare_fla_decode.md" 2>&1 | tee -a "$OUT/bench.txt"
       rc=${PIPESTATUS[0]} ;;
   esac
-  echo "device_python: $s exit code $rc"
+  echo "gpu_python: $s exit code $rc"
   summary="$summary $s=$rc"
   [ "$rc" -eq 0 ] || rc_all=1
 done
 
-tar -czf "$OUT/triton-cache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null || echo "device_python: could not pack the Triton cache"
+tar -czf "$OUT/triton-cache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null || echo "gpu_python: could not pack the Triton cache"
 step "done:$summary; outputs in $OUT"
 ls -la "$OUT"
 exit $rc_all

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One round on the H200, in a single device call: build (unless a carried build
-# is there), GPU tests, compute-sanitizer memcheck + racecheck on a small varlen
-# case, and the benchmark table (printed last). Logs and JSON go to $OUT.
-#   BUILD=build-dev scripts/device_round.sh [--no-bench] [--bench-args "..."]
+# On a Hopper GPU machine, from the repository root: build (unless BUILD already
+# holds one), the GPU tests, compute-sanitizer memcheck + racecheck on a small
+# varlen case, and the benchmark tables (printed last). Logs and JSON go to
+# RESULTS_DIR (default ./gpu-results).
+#   BUILD=build-dev scripts/gpu_test_and_bench.sh [--no-bench] [--bench-args "..."] [--profile]
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 BUILD=${BUILD:-build-dev}
-OUT=${OUT:-/tmp/flashkda-out}
+OUT=${RESULTS_DIR:-$root/gpu-results}
 mkdir -p "$OUT"
 bench=1
 bench_args=""
@@ -31,7 +32,7 @@ fi
 
 status=0
 echo "== GPU tests"
-# A hang must not eat the whole device call. The suite took 254 s on 2026-11-29
+# A hang must not stall the whole run. The suite took 254 s on 2026-11-29
 # (every decode kernel variant, with and without PDL, on every case); a
 # caller's own `timeout` around this script must leave it that much.
 timeout 420 "$BUILD/tests/flashkda_gpu_tests" --gtest_color=no >"$OUT/gpu_tests.log" 2>&1 || status=1
@@ -63,5 +64,5 @@ if [ $bench -eq 1 ]; then
   "$BUILD/flashkda-bench-decode" --json "$OUT/bench_decode.json" | tee "$OUT/bench_decode.md"
   [ ${PIPESTATUS[0]} -eq 0 ] || status=1
 fi
-echo "== device round exit status $status"
+echo "== gpu_test_and_bench exit status $status"
 exit $status

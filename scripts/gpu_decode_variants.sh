@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decode A/B round on the H200, in a single device call (docs/perf-log.md, decode):
+# Decode kernel variants side by side on a Hopper GPU machine (docs/perf-log.md, decode):
 #   1. the GPU decode tests for every kernel variant, each with and without
 #      programmatic dependent launch (PDL), summarised per variant;
 #   2. the A/B benchmark: every variant side by side in one process on the same
@@ -9,11 +9,11 @@
 #   3. with --ncu: Nsight Compute on one N = 1 step (fp32 pool, H = 32) of each
 #      variant in NCU_VARIANTS (default lat): duration and active cycles;
 #   4. compute-sanitizer memcheck + racecheck on small decode cases, every variant.
-# Each step is time-boxed so the whole round fits one 600 s device call
-# (BUDGET_S, default 570). Logs, JSON and the tables go to $OUT.
+# Each step is time-boxed so that the whole run fits BUDGET_S seconds (default
+# 570). Logs, JSON and the tables go to RESULTS_DIR (default ./gpu-results).
 #
 #   [VARIANTS=lat,fuse-ef-occ,...] [NCU_VARIANTS="lat fuse-ef-occ"] \
-#     scripts/device_decode_ab.sh BUILD_DIR [--no-sanitizer] [--ncu] [--bench-args "..."]
+#     scripts/gpu_decode_variants.sh BUILD_DIR [--no-sanitizer] [--ncu] [--bench-args "..."]
 #
 # BUILD_DIR should hold a built flashkda_gpu_tests and flashkda-bench-decode;
 # when they are missing, only those two targets are built (configuring a fresh
@@ -24,7 +24,7 @@ cd "$root"
 [ $# -ge 1 ] || { echo "usage: $0 BUILD_DIR [--no-sanitizer] [--bench-args \"...\"]" >&2; exit 2; }
 BUILD="$1"
 shift
-OUT=${OUT:-/tmp/flashkda-out}
+OUT=${RESULTS_DIR:-$root/gpu-results}
 mkdir -p "$OUT"
 sanitizer=1
 ncu_n1=0
@@ -109,5 +109,5 @@ if [ $sanitizer -eq 1 ]; then
     [ $rc -eq 0 ] || [ $rc -eq 124 ] || status=1
   done
 fi
-echo "== decode A/B round exit status $status ($((SECONDS)) s)"
+echo "== gpu_decode_variants exit status $status ($((SECONDS)) s)"
 exit $status
