@@ -12,7 +12,11 @@ Inputs follow the spec's accuracy distribution. Times are medians in ms
 importable; else CUDA events over --iters launches after warm-up). fla's Triton
 kernels autotune on their first call per shape, so each shape is warmed once
 before it is timed. --heads and --cases pick rows (e.g. --heads 64 --cases
-varlen6,8x1024).
+varlen6,8x1024). --table tp replaces them by the tensor-parallel (few heads per
+GPU) table of spec section 5: H in {12, 24, 48} x one sequence of 1024, 8192,
+32768 tokens; H = 12 with 4 x 8192 and with the varlen-6 lengths; H = 1 with one
+sequence of 2^20 tokens (cases 1024, 32768, 4x8192, 1M are also accepted by
+--cases).
 
 Decode (--decode; --no-forward for decode only): one decode step, one token per
 sequence, N in --seqs (1, 8, 64, 256, 1024), H = 32, K = V = 128, fp32 and bf16
@@ -39,7 +43,7 @@ Progress goes to stderr, flushed, as each measurement starts; the tables go to
 stdout at the end, and also when the run is stopped (SIGTERM, e.g. `timeout`, or
 Ctrl-C): whatever rows are done are printed (and written to --md).
 
-  python3 bench/compare_fla.py [--heads 96,64] [--cases 8192,varlen6,8x1024]
+  python3 bench/compare_fla.py [--heads 96,64] [--cases 8192,varlen6,8x1024] [--table standard|tp]
                                [--state fp32] [--png out.png] [--md out.md]
                                [--decode] [--no-forward] [--seqs 1,8,64,256,1024]
                                [--decode-heads 32] [--pools fp32,bf16] [--fla-decode serving|plain]
@@ -62,7 +66,14 @@ CASES = {
     "8192": [8192],
     "varlen6": [1300, 547, 2048, 963, 271, 3063],
     "8x1024": [1024] * 8,
+    "1024": [1024],
+    "32768": [32768],
+    "4x8192": [8192] * 4,
+    "1M": [1 << 20],
 }
+# The tensor-parallel table (spec section 5): (H, case) rows.
+TP_ROWS = [(h, c) for h in (12, 24, 48) for c in ("1024", "8192", "32768")] + [
+    (12, "4x8192"), (12, "varlen6"), (1, "1M")]
 STATES = {"fp32": torch.float32, "bf16": torch.bfloat16, "none": None}
 
 
@@ -341,7 +352,9 @@ def parse_list(text, cast=str):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", default="96,64")
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--cases", default="8192,varlen6,8x1024")
+    ap.add_argument("--table", default="standard", choices=["standard", "tp"],
+                    help="tp: the tensor-parallel rows of spec section 5 instead of --heads x --cases")
     ap.add_argument("--state", default="fp32", choices=list(STATES))
     ap.add_argument("--iters", type=int, default=100, help="CUDA-event iterations (without triton)")
     ap.add_argument("--png", default=None, help="write a bar chart of the forward rows here (needs matplotlib)")
@@ -371,6 +384,7 @@ def main():
     for c in cases:
         if c not in CASES:
             sys.exit(f"compare_fla: unknown case {c!r} (known: {', '.join(CASES)})")
+    rows = TP_ROWS if args.table == "tp" else [(H, c) for H in heads for c in cases]
     seqs = parse_list(args.seqs, int)
     pools = parse_list(args.pools)
     for pname in pools:
@@ -417,33 +431,32 @@ def main():
 
     with torch.inference_mode():
         if run_forward:
-            for H in heads:
-                for case in cases:
-                    seqlens = CASES[case]
-                    x = make_inputs(seqlens, H, state_dtype)
-                    log(f"forward H={H} {case}: flash_kda ...")
-                    f_ours = ours(x, state_dtype)
-                    o_ours, s_ours = f_ours()
-                    t_ours = median_ms(f_ours, args.iters)
-                    row = dict(H=H, case=case, state=args.state, ours=t_ours, fla=float("nan"),
-                               d_out=float("nan"), d_state=float("nan"), floor=io_floor_ms(sum(seqlens), H))
-                    if chunk_kda is not None:
-                        log(f"forward H={H} {case}: fla (first call autotunes this shape) ...")
-                        f_fla = fla_fn(chunk_kda, x, state_dtype)
-                        o_fla, s_fla = f_fla()  # warm-up: autotunes on the first call of a shape
-                        torch.cuda.synchronize()
-                        row["fla"] = median_ms(f_fla, args.iters)
-                        row["d_out"] = rel(o_ours, o_fla)
-                        if s_ours is not None:
-                            row["d_state"] = rel(s_ours.float(), s_fla.float())
-                    fwd_rows.append(row)
-                    log(f"forward H={H:3d} {case:8s} ours {row['ours']:.3f} ms  fla {row['fla']:.3f} ms  "
-                        f"ratio {row['ours'] / row['fla']:.2f}  rel diff out {row['d_out']:.2e} "
-                        f"state {row['d_state']:.2e}")
-                    write_md()  # after every row: a partial table survives a time limit
-                    if args.png:
-                        plot(fwd_rows, args.png)
-                    del x
+            for H, case in rows:
+                seqlens = CASES[case]
+                x = make_inputs(seqlens, H, state_dtype)
+                log(f"forward H={H} {case}: flash_kda ...")
+                f_ours = ours(x, state_dtype)
+                o_ours, s_ours = f_ours()
+                t_ours = median_ms(f_ours, args.iters)
+                row = dict(H=H, case=case, state=args.state, ours=t_ours, fla=float("nan"),
+                           d_out=float("nan"), d_state=float("nan"), floor=io_floor_ms(sum(seqlens), H))
+                if chunk_kda is not None:
+                    log(f"forward H={H} {case}: fla (first call autotunes this shape) ...")
+                    f_fla = fla_fn(chunk_kda, x, state_dtype)
+                    o_fla, s_fla = f_fla()  # warm-up: autotunes on the first call of a shape
+                    torch.cuda.synchronize()
+                    row["fla"] = median_ms(f_fla, args.iters)
+                    row["d_out"] = rel(o_ours, o_fla)
+                    if s_ours is not None:
+                        row["d_state"] = rel(s_ours.float(), s_fla.float())
+                fwd_rows.append(row)
+                log(f"forward H={H:3d} {case:8s} ours {row['ours']:.3f} ms  fla {row['fla']:.3f} ms  "
+                    f"ratio {row['ours'] / row['fla']:.2f}  rel diff out {row['d_out']:.2e} "
+                    f"state {row['d_state']:.2e}")
+                write_md()  # after every row: a partial table survives a time limit
+                if args.png:
+                    plot(fwd_rows, args.png)
+                del x
         if run_decode:
             for pool_name in pools:
                 for N in seqs:
