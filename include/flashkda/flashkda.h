@@ -57,6 +57,9 @@ struct Status {
 //   cu_seqlens  int64 [N+1]        optional; requires B == 1
 // N is the number of sequences: num_seqs with cu_seqlens, else B.
 // HV (value heads) is a multiple of H; value head hv reads q/k head hv / (HV/H).
+// Element type of slot indices into a state pool (forward and decode).
+enum class IndexType : int32_t { kInt32 = 0, kInt64 = 1 };
+
 struct ForwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -90,6 +93,25 @@ struct ForwardArgs {
 
   float scale = 0.f;          // usually K^-0.5
   float lower_bound = -5.f;   // in [-5, 0)
+
+  // Forward on a state pool (serving engines, spec section 7), instead of
+  // initial_state / final_state (which must then be null). Sequence n starts
+  // from slot state_indices[n] of state_pool and its final state goes back to
+  // the same slot, in place: element (hv, i, j) of slot s is
+  // state_pool[s·pool_stride + (hv·V + i)·K + j]. A negative index means no
+  // slot: the sequence starts from zero and nothing of the pool is read or
+  // written for it. has_initial_state (optional, one byte per sequence, 0 or
+  // not) marks sequences that start from zero although they have a slot (their
+  // final state is still written). Two sequences on one slot: which final state
+  // the slot keeps is unspecified. All three arrays live in the backend's memory.
+  // The CPU backends run it; kCuda answers kNotSupported for now.
+  void* state_pool = nullptr;
+  DType state_pool_dtype = DType::kNone;       // kFP32 or kBF16 with a pool
+  int64_t pool_size = 0;                       // P slots
+  int64_t pool_stride = 0;                     // elements between slots; 0 = HV·V·K
+  const void* state_indices = nullptr;         // [N], int32 or int64
+  IndexType state_index_type = IndexType::kInt32;
+  const uint8_t* has_initial_state = nullptr;  // [N] or null (every sequence with a slot has a state)
 };
 
 // Bytes of scratch memory forward() needs for these arguments on this backend
@@ -114,8 +136,6 @@ bool cuda_backend_available(std::string* why = nullptr);
 // ---------------------------------------------------------------------------
 // Decode: a few new tokens per running sequence, states in an engine's pool.
 // ---------------------------------------------------------------------------
-
-enum class IndexType : int32_t { kInt32 = 0, kInt64 = 1 };
 
 // Programmatic dependent launch for the CUDA decode (DecodeArgs). The values
 // are those of the C ABI's field: -1 off, 0 auto, 1 on.

@@ -7,10 +7,11 @@
  * recent call on that thread ("" after a successful one).
  *
  * The struct layouts are part of the ABI (on 64-bit platforms, no padding):
- * flashkda_forward_args is 12 pointers, 7 int64, 2 int32 and 2 float, 168 bytes;
+ * flashkda_forward_args is 15 pointers, 9 int64, 4 int32 and 2 float, 216 bytes
+ * (ABI 2 appended the state-pool fields to ABI 1's 168 bytes);
  * flashkda_decode_args is 14 pointers, 10 int64, 3 int32, 2 float and a reserved
  * int32, 216 bytes; flashkda_segment_summary_args is a flashkda_forward_args,
- * a pointer, an int64 and two pointers, 200 bytes; flashkda_compose_summaries_args
+ * a pointer, an int64 and two pointers, 248 bytes; flashkda_compose_summaries_args
  * is 3 int64 and 6 pointers, 72 bytes. A layout change bumps
  * FLASHKDA_C_ABI_VERSION. */
 #ifndef FLASHKDA_FLASHKDA_C_H_
@@ -26,7 +27,7 @@ extern "C" {
 #define FLASHKDA_VERSION_MAJOR 0
 #define FLASHKDA_VERSION_MINOR 1
 #define FLASHKDA_VERSION_PATCH 0
-#define FLASHKDA_C_ABI_VERSION 1
+#define FLASHKDA_C_ABI_VERSION 2
 
 /* Status codes (= flashkda::StatusCode). */
 #define FLASHKDA_STATUS_OK 0
@@ -72,6 +73,15 @@ typedef struct flashkda_forward_args {
   int32_t final_state_dtype;   /* FLASHKDA_DTYPE_* */
   float scale;                 /* usually K^-0.5 */
   float lower_bound;           /* in [-5, 0) */
+  /* Forward on a state pool instead of initial_state / final_state (see
+   * flashkda::ForwardArgs): slot state_indices[n] in, and out again in place. */
+  void* state_pool;                 /* bf16/fp32 [pool_size, HV, V, K], slots pool_stride apart, or NULL */
+  const void* state_indices;        /* int32/int64 [N]; negative = no slot */
+  const uint8_t* has_initial_state; /* [N] (0: start from zero), or NULL */
+  int64_t pool_size;                /* slots */
+  int64_t pool_stride;              /* elements between slots; 0 = HV*V*K */
+  int32_t state_pool_dtype;         /* FLASHKDA_DTYPE_FP32 / _BF16 with a pool, else _NONE */
+  int32_t state_index_type;         /* FLASHKDA_INDEX_* */
 } flashkda_forward_args;
 
 /* Zeroes *args and sets lower_bound = -5 (the C++ defaults). */

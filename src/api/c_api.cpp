@@ -53,16 +53,20 @@ static_assert(offsetof(flashkda_forward_args, initial_state_dtype) == 152, "");
 static_assert(offsetof(flashkda_forward_args, final_state_dtype) == 156, "");
 static_assert(offsetof(flashkda_forward_args, scale) == 160, "");
 static_assert(offsetof(flashkda_forward_args, lower_bound) == 164, "");
-static_assert(sizeof(flashkda_forward_args) == 168, "");
+static_assert(offsetof(flashkda_forward_args, state_pool) == 168, "");
+static_assert(offsetof(flashkda_forward_args, pool_size) == 192, "");
+static_assert(offsetof(flashkda_forward_args, state_pool_dtype) == 208, "");
+static_assert(offsetof(flashkda_forward_args, state_index_type) == 212, "");
+static_assert(sizeof(flashkda_forward_args) == 216, "");
 static_assert(offsetof(flashkda_decode_args, per_token_states) == 104, "");
 static_assert(offsetof(flashkda_decode_args, num_seqs) == 112, "");
 static_assert(offsetof(flashkda_decode_args, head_dim_v) == 184, "");
 static_assert(offsetof(flashkda_decode_args, state_dtype) == 192, "");
 static_assert(offsetof(flashkda_decode_args, lower_bound) == 208, "");
 static_assert(sizeof(flashkda_decode_args) == 216, "");
-static_assert(offsetof(flashkda_segment_summary_args, segments) == 168, "");
-static_assert(offsetof(flashkda_segment_summary_args, B) == 192, "");
-static_assert(sizeof(flashkda_segment_summary_args) == 200, "");
+static_assert(offsetof(flashkda_segment_summary_args, segments) == 216, "");
+static_assert(offsetof(flashkda_segment_summary_args, B) == 240, "");
+static_assert(sizeof(flashkda_segment_summary_args) == 248, "");
 static_assert(offsetof(flashkda_compose_summaries_args, M1) == 24, "");
 static_assert(sizeof(flashkda_compose_summaries_args) == 72, "");
 #endif
@@ -115,6 +119,13 @@ ForwardArgs to_cpp(const flashkda_forward_args& c) {
   a.final_state_dtype = static_cast<DType>(c.final_state_dtype);
   a.batch = c.batch;
   a.seqlen = c.seqlen;
+  a.state_pool = c.state_pool;
+  a.state_pool_dtype = static_cast<DType>(c.state_pool_dtype);
+  a.pool_size = c.pool_size;
+  a.pool_stride = c.pool_stride;
+  a.state_indices = c.state_indices;
+  a.state_index_type = static_cast<IndexType>(c.state_index_type);
+  a.has_initial_state = c.has_initial_state;
   return a;
 }
 

@@ -33,8 +33,12 @@ namespace {
 Status dispatch(const ForwardArgs& args, Backend backend, void* workspace, size_t workspace_bytes, void* stream) {
   switch (backend) {
     case Backend::kCpuReference:
+      if (args.state_pool != nullptr)
+        return cpu::forward_on_pool(args, [](const ForwardArgs& a) { return cpu::reference_forward_f64(a); });
       return cpu::reference_forward_f64(args);
     case Backend::kCpuChunked:
+      if (args.state_pool != nullptr)
+        return cpu::forward_on_pool(args, [](const ForwardArgs& a) { return cpu::chunked_forward_f32(a); });
       return cpu::chunked_forward_f32(args);
     case Backend::kCuda: {
       // No device check here: validate() ran sm90::check_supported, which starts

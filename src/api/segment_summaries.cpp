@@ -30,6 +30,10 @@ Status validate_inputs(const ForwardArgs& in, Backend backend) {
   f.initial_state_dtype = DType::kNone;
   f.final_state = nullptr;
   f.final_state_dtype = DType::kNone;
+  f.state_pool = nullptr;
+  f.state_pool_dtype = DType::kNone;
+  f.state_indices = nullptr;
+  f.has_initial_state = nullptr;
   f.scale = 1.f;
   return validate(f, backend);
 }

@@ -121,6 +121,38 @@ Status validate(const ForwardArgs& a, Backend backend) {
                                to_string(a.initial_state_dtype), ") when both states are given, got ",
                                to_string(a.final_state_dtype)));
 
+  // ---- state pool --------------------------------------------------------------
+  const bool pool = a.state_pool != nullptr;
+  int64_t pool_stride = 0;
+  if (!pool) {
+    if (a.state_pool_dtype != DType::kNone)
+      return Status::Invalid(cat("state_pool: null pointer but state_pool_dtype is ", to_string(a.state_pool_dtype),
+                                 " (use kNone without a pool)"));
+    if (a.state_indices != nullptr) return Status::Invalid("state_indices: given without state_pool");
+    if (a.has_initial_state != nullptr) return Status::Invalid("has_initial_state: given without state_pool");
+  } else {
+    if (a.initial_state != nullptr || a.final_state != nullptr)
+      return Status::Invalid("state_pool: given together with initial_state / final_state (expected one or the "
+                             "other: with a pool the states are read from and written to its slots)");
+    if (a.state_pool_dtype != DType::kFP32 && a.state_pool_dtype != DType::kBF16)
+      return Status::Invalid(cat("state_pool_dtype: expected kFP32 or kBF16 with a state_pool, got ",
+                                 to_string(a.state_pool_dtype)));
+    if (a.pool_size < 1) return Status::Invalid(cat("pool_size: expected a value >= 1, got ", a.pool_size));
+    const int64_t per_slot = HV * V * K;  // fits: checked with the states above
+    pool_stride = a.pool_stride == 0 ? per_slot : a.pool_stride;
+    if (pool_stride < per_slot)
+      return Status::Invalid(cat("pool_stride: expected 0 or at least num_v_heads*head_dim_v*head_dim_k = ", per_slot,
+                                 " elements, got ", a.pool_stride));
+    int64_t pool_elems = 0;
+    if (!tensor_fits({a.pool_size, pool_stride}, 4, &pool_elems))
+      return Status::Invalid(cat("pool_size: pool_size * pool_stride overflows int64 (", a.pool_size, " * ",
+                                 pool_stride, ")"));
+    if (a.state_index_type != IndexType::kInt32 && a.state_index_type != IndexType::kInt64)
+      return Status::Invalid(cat("state_index_type: unknown value ", static_cast<int32_t>(a.state_index_type),
+                                 " (expected kInt32=0 or kInt64=1)"));
+    if (a.state_indices == nullptr) return Status::Invalid("state_indices: null pointer (required with state_pool)");
+  }
+
   // ---- pointers: alignment ---------------------------------------------------
   // kCuda loads bf16 tiles with 16-byte vector / TMA accesses; the CPU backends
   // need the natural alignment of the element type.
@@ -146,6 +178,8 @@ Status validate(const ForwardArgs& a, Backend backend) {
        cuda ? state_align : static_cast<uintptr_t>(dtype_bytes(a.final_state_dtype))},
       {"cu_seqlens", a.cu_seqlens, 8},
       {"cu_seqlens_host", a.cu_seqlens_host, 8},
+      {"state_pool", a.state_pool, cuda ? state_align : static_cast<uintptr_t>(dtype_bytes(a.state_pool_dtype))},
+      {"state_indices", a.state_indices, a.state_index_type == IndexType::kInt64 ? 8u : 4u},
   };
   for (const Al& x : alignments)
     if (x.ptr != nullptr && !aligned(x.ptr, x.align))
@@ -170,7 +204,21 @@ Status validate(const ForwardArgs& a, Backend backend) {
     }
   }
 
+  // ---- slot indices (host memory for the CPU backends) -----------------------------
+  if (pool && !cuda) {
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t idx = a.state_index_type == IndexType::kInt64 ? static_cast<const int64_t*>(a.state_indices)[n]
+                                                                  : static_cast<const int32_t*>(a.state_indices)[n];
+      if (idx >= a.pool_size)
+        return Status::Invalid(cat("state_indices: entry ", n, " is ", idx, ", expected < pool_size=", a.pool_size,
+                                   " (or negative for no slot)"));
+    }
+  }
+
   // ---- backend-specific shape support ------------------------------------------
+  if (cuda && pool)
+    return Status::NotSupported("state_pool: backend kCuda has no forward on a state pool yet; run it on "
+                                "kCpuReference / kCpuChunked, or pass dense initial_state / final_state");
   if (cuda) return sm90::check_supported(a);
   return Status::Ok();
 }

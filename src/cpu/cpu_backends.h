@@ -2,6 +2,7 @@
 // every pointer is a host pointer.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "flashkda/flashkda.h"
@@ -35,6 +36,12 @@ SegmentSummary segment_summary_f64(const ForwardArgs& args, int64_t token_begin,
 SegmentSummary compose(const SegmentSummary& first, const SegmentSummary& second);
 // S_in·M + B for a [V, K] state.
 std::vector<double> apply(const SegmentSummary& s, const std::vector<double>& S_in);
+
+// The forward on a state pool (ForwardArgs::state_pool) for the CPU backends:
+// gathers each sequence's slot into a dense initial state (zero without a slot
+// or a state), calls `run` on dense states, scatters the final states back to
+// their slots (state_pool.cpp).
+Status forward_on_pool(const ForwardArgs& args, const std::function<Status(const ForwardArgs&)>& run);
 
 // flashkda::segment_summaries and compose_summaries on the CPU backends
 // (segment_summaries.cpp): the oracle's steps per (segment, value head), or two

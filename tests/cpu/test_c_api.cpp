@@ -32,6 +32,10 @@ flashkda_forward_args to_c(const flashkda::ForwardArgs& a) {
   c.batch = a.batch; c.seqlen = a.seqlen; c.num_heads = a.num_heads; c.num_v_heads = a.num_v_heads;
   c.head_dim_k = a.head_dim_k; c.head_dim_v = a.head_dim_v;
   c.scale = a.scale; c.lower_bound = a.lower_bound;
+  c.state_pool = a.state_pool; c.state_pool_dtype = static_cast<int32_t>(a.state_pool_dtype);
+  c.pool_size = a.pool_size; c.pool_stride = a.pool_stride;
+  c.state_indices = a.state_indices; c.state_index_type = static_cast<int32_t>(a.state_index_type);
+  c.has_initial_state = a.has_initial_state;
   return c;
 }
 
@@ -46,7 +50,7 @@ HostProblem small_problem(bool varlen) {
 }
 
 TEST(CApi, LayoutAndVersion) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_forward_args) == 168, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_forward_args) == 216, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || offsetof(flashkda_forward_args, lower_bound) == 164, "C struct layout changed");
   EXPECT_EQ(flashkda_abi_version(), FLASHKDA_C_ABI_VERSION);
   EXPECT_STREQ(flashkda_version(), "0.1.0");
@@ -268,7 +272,7 @@ namespace {
 // Segment summaries and their composition through the C ABI: the same bits as
 // the C++ API, and errors with their message.
 TEST(CApi, SegmentSummariesMatchCppBitwise) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_segment_summary_args) == 200, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_segment_summary_args) == 248, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || sizeof(flashkda_compose_summaries_args) == 72, "C struct layout changed");
   const HostProblem p = small_problem(true);  // sequences [0, 19), [19, 19), [19, 40)
   const std::vector<int64_t> segments = {0, 7, 7, 19, 19, 19, 25, 40};
