@@ -155,7 +155,8 @@ def _pdl_mode(pdl) -> int:
 
 def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
         initial_state=None, final_state=None, cu_seqlens=None, *,
-        cu_seqlens_host=None, workspace=None, stream=None, backend="auto") -> None:
+        cu_seqlens_host=None, state_pool=None, state_indices=None, has_initial_state=None,
+        workspace=None, stream=None, backend="auto") -> None:
     """KDA forward into ``out`` (and ``final_state``), in place. FlashKDA's signature.
 
     Args (B batch, T tokens, H q/k heads, HV value heads = a multiple of H, K/V head dims,
@@ -171,7 +172,13 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
             as initial_state when both are given.
         cu_seqlens: int64 ``[N+1]`` on the tensors' device (requires B == 1), or None.
     Keyword-only extensions: ``cu_seqlens_host`` (an int64 CPU copy of cu_seqlens: validated;
-    never made implicitly, as a device-to-host copy would synchronise), ``workspace`` (uint8 scratch; default: allocated per call from
+    never made implicitly, as a device-to-host copy would synchronise); ``state_pool`` (bf16/fp32
+    ``[P, HV, V, K]``, any stride between slots) with ``state_indices`` (int32/int64 ``[N]``) and
+    optionally ``has_initial_state`` (bool/uint8 ``[N]``): sequence n starts from slot
+    ``state_indices[n]`` (from zero when the index is negative or its flag is false) and its final
+    state is written back to that slot in place (none for a negative index), instead of
+    initial_state / final_state; CPU tensors for now (CUDA raises NotImplementedError);
+    ``workspace`` (uint8 scratch; default: allocated per call from
     torch's caching allocator), ``stream`` (cudaStream_t as int; default: torch's current
     stream), ``backend`` ('auto', 'cuda', 'cpu', 'reference').
 
@@ -183,12 +190,13 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     alloc, stream = _runtime(q, stream)
     # Positional: the cheapest call into the extension (this is on every step's path).
     _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-           cu_seqlens_host, workspace, alloc, stream, backend)
+           cu_seqlens_host, state_pool, state_indices, has_initial_state, workspace, alloc, stream, backend)
 
 
 def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
                    initial_state=None, final_state=None, cu_seqlens=None, *,
-                   cu_seqlens_host=None, backend="auto") -> int:
+                   cu_seqlens_host=None, state_pool=None, state_indices=None, has_initial_state=None,
+                   backend="auto") -> int:
     """Bytes of scratch memory ``fwd`` needs for these arguments (checked as fwd checks them).
 
     A caller-provided ``workspace`` needs ``workspace_size(...) + 255`` bytes unless its
@@ -196,7 +204,8 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
     """
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     return int(_C.workspace_size(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state,
-                                 final_state, cu_seqlens, cu_seqlens_host, backend))
+                                 final_state, cu_seqlens, cu_seqlens_host, state_pool, state_indices,
+                                 has_initial_state, backend))
 
 
 def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,

@@ -74,7 +74,7 @@ std::string cat(const Ts&... parts) {
 }
 
 // ---- dtypes -----------------------------------------------------------------
-enum class DT { kBF16, kF16, kF32, kF64, kI32, kI64, kU8, kOther };
+enum class DT { kBF16, kF16, kF32, kF64, kI32, kI64, kU8, kBool, kOther };
 
 DT dtype_of(const nb::dlpack::dtype& d) {
   if (d.lanes != 1) return DT::kOther;
@@ -86,6 +86,7 @@ DT dtype_of(const nb::dlpack::dtype& d) {
   if (d.code == uint8_t(C::Int) && d.bits == 32) return DT::kI32;
   if (d.code == uint8_t(C::Int) && d.bits == 64) return DT::kI64;
   if (d.code == uint8_t(C::UInt) && d.bits == 8) return DT::kU8;
+  if (d.code == uint8_t(C::Bool) && d.bits == 8) return DT::kBool;
   return DT::kOther;
 }
 
@@ -98,6 +99,7 @@ const char* name_of(DT t) {
     case DT::kI32: return "int32";
     case DT::kI64: return "int64";
     case DT::kU8: return "uint8";
+    case DT::kBool: return "bool";
     default: return "?";
   }
 }
@@ -481,14 +483,15 @@ flashkda::Backend parse_backend(const std::string& s, const Device& dev) {
 
 // Everything of one call, checked, with the ForwardArgs filled in.
 struct Call {
-  Arg q, k, v, g, beta, out, A_log, dt_bias, s0, s1, cu, cu_host;
+  Arg q, k, v, g, beta, out, A_log, dt_bias, s0, s1, cu, cu_host, pool, idx, has;
   flashkda::ForwardArgs args;
   flashkda::Backend backend = flashkda::Backend::kCpuChunked;
 };
 
 Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, double scale, nb::handle out,
              nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle initial_state,
-             nb::handle final_state, nb::handle cu_seqlens, nb::handle cu_seqlens_host, const std::string& backend) {
+             nb::handle final_state, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle state_pool,
+             nb::handle state_indices, nb::handle has_initial_state, const std::string& backend) {
   Call c;
   // dtypes first (TypeError), in argument order.
   c.q = take("q", q, {DT::kBF16}, false);
@@ -503,6 +506,9 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   c.s1 = take("final_state", final_state, {DT::kBF16, DT::kF32}, true);
   c.cu = take("cu_seqlens", cu_seqlens, {DT::kI64}, true);
   c.cu_host = take("cu_seqlens_host", cu_seqlens_host, {DT::kI64}, true);
+  c.pool = take("state_pool", state_pool, {DT::kBF16, DT::kF32}, true);
+  c.idx = take("state_indices", state_indices, {DT::kI32, DT::kI64}, true);
+  c.has = take("has_initial_state", has_initial_state, {DT::kBool, DT::kU8}, true);
   if (c.s0.present && c.s1.present && dtype_of(c.s0.dtype) != dtype_of(c.s1.dtype))
     raise_type(cat("final_state: expected the same dtype as initial_state (", dtype_string(c.s0.dtype),
                    ") when both are given, got ", dtype_string(c.s1.dtype)));
@@ -534,14 +540,28 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   }
   if (c.s0.present) expect_shape(c.s0, {N, HV, V, K}, "[N, HV, V, K]");
   if (c.s1.present) expect_shape(c.s1, {N, HV, V, K}, "[N, HV, V, K]");
+  // A state pool: slots of [HV, V, K] at any stride (expect_pool), one index per sequence.
+  int64_t pool_stride = 0;
+  if (c.pool.present) {
+    if (c.s0.present || c.s1.present)
+      raise_value("state_pool: given together with initial_state / final_state (expected one or the other)");
+    if (!c.idx.present) raise_value("state_indices: required with state_pool ([N] int32 or int64 slot per sequence)");
+    pool_stride = expect_pool(c.pool, -1, HV, V, K);
+  } else {
+    if (c.idx.present) raise_value("state_indices: given without state_pool");
+    if (c.has.present) raise_value("has_initial_state: given without state_pool");
+  }
+  if (c.idx.present) expect_shape(c.idx, {N}, "[N] (one slot per sequence)");
+  if (c.has.present) expect_shape(c.has, {N}, "[N] (one flag per sequence)");
 
   // Strides (ValueError).
   for (const Arg* a : {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.out, &c.A_log, &c.dt_bias, &c.s0, &c.s1, &c.cu,
-                       &c.cu_host})
+                       &c.cu_host, &c.idx, &c.has})
     expect_contiguous(*a);
 
   // Devices (ValueError): everything where q is, except the host copy of cu_seqlens.
-  for (const Arg* a : {&c.k, &c.v, &c.g, &c.beta, &c.out, &c.A_log, &c.dt_bias, &c.s0, &c.s1, &c.cu})
+  for (const Arg* a : {&c.k, &c.v, &c.g, &c.beta, &c.out, &c.A_log, &c.dt_bias, &c.s0, &c.s1, &c.cu, &c.pool,
+                       &c.idx, &c.has})
     expect_device(*a, c.q);
   if (c.cu_host.present && c.cu_host.dev.type != kDLCPU)
     raise_value(cat("cu_seqlens_host: expected a CPU tensor, got ", c.cu_host.dev.str()));
@@ -566,6 +586,15 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   a.head_dim_k = K; a.head_dim_v = V;
   a.scale = static_cast<float>(scale);
   a.lower_bound = static_cast<float>(lower_bound);
+  if (c.pool.present) {
+    a.state_pool = c.pool.data();
+    a.state_pool_dtype = state_dtype(c.pool);
+    a.pool_size = c.pool.dim(0);
+    a.pool_stride = pool_stride;
+    a.state_indices = c.idx.cdata();
+    a.state_index_type = dtype_of(c.idx.dtype) == DT::kI64 ? flashkda::IndexType::kInt64 : flashkda::IndexType::kInt32;
+    a.has_initial_state = static_cast<const uint8_t*>(c.has.cdata());
+  }
   return c;
 }
 
@@ -606,19 +635,21 @@ size_t required_workspace(const Call& c) {
 size_t workspace_size_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, double scale,
                          nb::handle out, nb::handle A_log, nb::handle dt_bias, double lower_bound,
                          nb::handle initial_state, nb::handle final_state, nb::handle cu_seqlens,
-                         nb::handle cu_seqlens_host, const std::string& backend) {
+                         nb::handle cu_seqlens_host, nb::handle state_pool, nb::handle state_indices,
+                         nb::handle has_initial_state, const std::string& backend) {
   Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-                   cu_seqlens_host, backend);
+                   cu_seqlens_host, state_pool, state_indices, has_initial_state, backend);
   return required_workspace(c);
 }
 
 // Returns the workspace size that was needed (0 for the CPU backends).
 size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, double scale, nb::handle out,
               nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle initial_state,
-              nb::handle final_state, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle workspace,
-              nb::handle alloc, uintptr_t stream, const std::string& backend) {
+              nb::handle final_state, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle state_pool,
+              nb::handle state_indices, nb::handle has_initial_state, nb::handle workspace, nb::handle alloc,
+              uintptr_t stream, const std::string& backend) {
   Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-                   cu_seqlens_host, backend);
+                   cu_seqlens_host, state_pool, state_indices, has_initial_state, backend);
   const size_t need = required_workspace(c);  // validates c.args: forward_prevalidated below relies on it
 
   void* ws = nullptr;
@@ -808,7 +839,7 @@ void segment_summaries_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g
                           nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle cu_seqlens,
                           nb::handle segments, nb::handle M, nb::handle B, const std::string& backend) {
   Call c = prepare(q, k, v, g, beta, 1.0, v, A_log, dt_bias, lower_bound, nb::none(), nb::none(), cu_seqlens,
-                   nb::none(), backend);
+                   nb::none(), nb::none(), nb::none(), nb::none(), backend);
   Arg seg = take("segments", segments, {DT::kI64}, false);
   Arg m = take("M", M, {DT::kF32}, false);
   Arg b = take("B", B, {DT::kF32}, false);
@@ -897,7 +928,8 @@ NB_MODULE(_C, m) {
   // .none(): a None tensor reaches take(), which names the argument in its TypeError.
   m.def("fwd", &fwd_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(), "scale"_a,
         "out"_a.none(), "A_log"_a.none(), "dt_bias"_a.none(), "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
-        "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "workspace"_a = nb::none(),
+        "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "state_pool"_a = nb::none(),
+        "state_indices"_a = nb::none(), "has_initial_state"_a = nb::none(), "workspace"_a = nb::none(),
         "alloc"_a = nb::none(), "stream"_a = 0, "backend"_a = "auto",
         "Runs the KDA forward into `out` (and `final_state`), in place. Tensors: see flash_kda.fwd. "
         "`workspace`: uint8 scratch on the tensors' device, or `alloc(nbytes)` returning one. "
@@ -906,7 +938,8 @@ NB_MODULE(_C, m) {
         "Returns the workspace bytes the call needed.");
   m.def("workspace_size", &workspace_size_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(),
         "beta"_a.none(), "scale"_a, "out"_a.none(), "A_log"_a.none(), "dt_bias"_a.none(), "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
-        "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "backend"_a = "auto",
+        "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "state_pool"_a = nb::none(),
+        "state_indices"_a = nb::none(), "has_initial_state"_a = nb::none(), "backend"_a = "auto",
         "Bytes of scratch memory fwd needs for these arguments (0 on the CPU backends). "
         "Checks the arguments exactly as fwd does.");
   m.def("decode", &decode_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),

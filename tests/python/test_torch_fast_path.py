@@ -252,7 +252,7 @@ def test_fwd_error_messages_name_the_argument(small):
     fast, _ = both_paths(fwd_with(small, **FWD_TYPE_ERRORS["q complex64"](small)))
     assert fast == (TypeError, "q: expected dtype bfloat16, got complex64")
     fast, _ = both_paths(fwd_with(small, **FWD_TYPE_ERRORS["q bool"](small)))
-    assert fast == (TypeError, "q: expected dtype bfloat16, got bool8")
+    assert fast == (TypeError, "q: expected dtype bfloat16, got bool")
     fast, _ = both_paths(fwd_with(small, k=[1, 2, 3]))
     assert fast == (TypeError, "k: expected a tensor supporting DLPack (torch.Tensor, CuPy or NumPy array), "
                                "got list")

@@ -1,0 +1,76 @@
+"""flash_kda.fwd on a state pool (state_pool / state_indices / has_initial_state) on
+the CPU backends: bitwise the dense forward from the gathered slots, final states back
+in their slots, the other slots and the padding between slots untouched; errors by name."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flash_kda
+from kda_reference import make_problem
+
+P, PAD = 6, 8  # slots; elements of padding after each slot
+
+
+def strided_pool(HV, V, K, dtype, gen):
+    """[P, HV, V, K] slots PAD elements apart, filled (padding included) with random values."""
+    base = (0.1 * torch.randn(P, HV * V * K + PAD, generator=gen)).to(dtype)
+    return base, base[:, :HV * V * K].view(P, HV, V, K)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_pool_forward_equals_the_dense_forward(backend, dtype, index_dtype):
+    p = make_problem(H=2, HV=4, K=32, seqlens=[37, 0, 64, 21], seed=3)
+    HV, V, K = 4, 32, 32
+    gen = torch.Generator().manual_seed(4)
+    base, pool = strided_pool(HV, V, K, dtype, gen)
+    before = base.clone()
+    slots = torch.tensor([4, -1, 1, 0], dtype=index_dtype)
+    has = torch.tensor([True, True, False, True])
+    # The dense twin, gathered by hand.
+    init = torch.zeros(4, HV, V, K, dtype=dtype)
+    for n in (0, 3):
+        init[n] = pool[int(slots[n])]
+    fin = torch.empty_like(init)
+    out_dense = torch.empty_like(p["v"])
+    common = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"])
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out_dense, initial_state=init,
+                  final_state=fin, backend=backend, **common)
+    out = torch.empty_like(p["v"])
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, state_pool=pool, state_indices=slots,
+                  has_initial_state=has, backend=backend, **common)
+    assert torch.equal(out, out_dense)
+    for s in range(P):
+        seqs = [n for n in range(4) if int(slots[n]) == s]
+        if seqs:
+            assert torch.equal(pool[s], fin[seqs[0]]), f"slot {s}"
+        else:
+            assert torch.equal(base[s, :HV * V * K], before[s, :HV * V * K]), f"slot {s} was written"
+        assert torch.equal(base[s, HV * V * K:], before[s, HV * V * K:]), f"padding after slot {s}"
+
+
+def test_pool_arguments_are_checked_by_name():
+    p = make_problem(H=1, K=32, seqlens=[10, 20], seed=5)
+    pool = torch.zeros(3, 1, 32, 32)
+    slots = torch.tensor([0, 2], dtype=torch.int32)
+    out = torch.empty_like(p["v"])
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out)
+    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"])
+    with pytest.raises(ValueError, match="state_pool: given together with initial_state"):
+        flash_kda.fwd(*args, initial_state=p["initial_state"], state_pool=pool, state_indices=slots, **kw)
+    with pytest.raises(ValueError, match="state_indices: required with state_pool"):
+        flash_kda.fwd(*args, state_pool=pool, **kw)
+    with pytest.raises(ValueError, match="state_indices: given without state_pool"):
+        flash_kda.fwd(*args, state_indices=slots, **kw)
+    with pytest.raises(ValueError, match="has_initial_state: given without state_pool"):
+        flash_kda.fwd(*args, has_initial_state=torch.ones(2, dtype=torch.bool), **kw)
+    with pytest.raises(ValueError, match=r"state_indices: expected shape \[N\]"):
+        flash_kda.fwd(*args, state_pool=pool, state_indices=torch.tensor([0, 1, 2], dtype=torch.int32), **kw)
+    with pytest.raises(TypeError, match="state_indices"):
+        flash_kda.fwd(*args, state_pool=pool, state_indices=slots.float(), **kw)
+    with pytest.raises(ValueError, match="state_indices: entry 1 is 3, expected < pool_size=3"):
+        flash_kda.fwd(*args, state_pool=pool, state_indices=torch.tensor([0, 3], dtype=torch.int32), **kw)
+    with pytest.raises(ValueError, match="state_pool"):
+        flash_kda.fwd(*args, state_pool=torch.zeros(3, 1, 32, 16), state_indices=slots, **kw)
