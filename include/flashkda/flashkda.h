@@ -112,6 +112,22 @@ struct ForwardArgs {
   const void* state_indices = nullptr;         // [N], int32 or int64
   IndexType state_index_type = IndexType::kInt32;
   const uint8_t* has_initial_state = nullptr;  // [N] or null (every sequence with a slot has a state)
+
+  // Checkpoints for prefix caching (optional, spec section 7): the state of each
+  // sequence at the start of each of its checkpoint_interval-token pieces, i.e.
+  // after 0, c, 2c, ... tokens: ceil(L_n / c) entries for a sequence of L_n
+  // tokens (its final state, after all L_n, is final_state / the pool slot).
+  // Sequence n's entries start at checkpoint_offset(n) = Σ_{m<n} ceil(L_m / c)
+  // (a B·T batch: n·ceil(T/c)); an entry is [HV, K, V] (key-major, the layout of
+  // fla's return_intermediate_states `h`, which SGLang reads with c = 64), or
+  // [HV, V, K] with checkpoints_value_major. checkpoints_capacity says how many
+  // entries the buffer holds (at least the total). The CPU backends write them;
+  // kCuda answers kNotSupported for now.
+  void* checkpoints = nullptr;
+  DType checkpoints_dtype = DType::kNone;  // kBF16 or kFP32 with checkpoints
+  int64_t checkpoint_interval = 0;         // c: a positive multiple of 16
+  int64_t checkpoints_capacity = 0;        // entries in the buffer
+  bool checkpoints_value_major = false;
 };
 
 // Bytes of scratch memory forward() needs for these arguments on this backend

@@ -7,11 +7,11 @@
  * recent call on that thread ("" after a successful one).
  *
  * The struct layouts are part of the ABI (on 64-bit platforms, no padding):
- * flashkda_forward_args is 15 pointers, 9 int64, 4 int32 and 2 float, 216 bytes
- * (ABI 2 appended the state-pool fields to ABI 1's 168 bytes);
+ * flashkda_forward_args is 16 pointers, 11 int64, 6 int32 and 2 float, 248 bytes
+ * (ABI 2 appended the state-pool and checkpoint fields to ABI 1's 168 bytes);
  * flashkda_decode_args is 14 pointers, 10 int64, 3 int32, 2 float and a reserved
  * int32, 216 bytes; flashkda_segment_summary_args is a flashkda_forward_args,
- * a pointer, an int64 and two pointers, 248 bytes; flashkda_compose_summaries_args
+ * a pointer, an int64 and two pointers, 280 bytes; flashkda_compose_summaries_args
  * is 3 int64 and 6 pointers, 72 bytes. A layout change bumps
  * FLASHKDA_C_ABI_VERSION. */
 #ifndef FLASHKDA_FLASHKDA_C_H_
@@ -82,6 +82,13 @@ typedef struct flashkda_forward_args {
   int64_t pool_stride;              /* elements between slots; 0 = HV*V*K */
   int32_t state_pool_dtype;         /* FLASHKDA_DTYPE_FP32 / _BF16 with a pool, else _NONE */
   int32_t state_index_type;         /* FLASHKDA_INDEX_* */
+  /* Checkpoints for prefix caching (see flashkda::ForwardArgs): entry
+   * offset(n) + j = sequence n's state after j * checkpoint_interval tokens. */
+  void* checkpoints;                /* bf16/fp32 [capacity, HV, K, V] ([.., V, K] value-major), or NULL */
+  int64_t checkpoint_interval;      /* a positive multiple of 16 */
+  int64_t checkpoints_capacity;     /* entries in the buffer */
+  int32_t checkpoints_dtype;        /* FLASHKDA_DTYPE_FP32 / _BF16 with checkpoints, else _NONE */
+  int32_t checkpoints_value_major;  /* 0: [HV, K, V] entries (fla's layout); 1: [HV, V, K] */
 } flashkda_forward_args;
 
 /* Zeroes *args and sets lower_bound = -5 (the C++ defaults). */

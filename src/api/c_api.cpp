@@ -57,16 +57,18 @@ static_assert(offsetof(flashkda_forward_args, state_pool) == 168, "");
 static_assert(offsetof(flashkda_forward_args, pool_size) == 192, "");
 static_assert(offsetof(flashkda_forward_args, state_pool_dtype) == 208, "");
 static_assert(offsetof(flashkda_forward_args, state_index_type) == 212, "");
-static_assert(sizeof(flashkda_forward_args) == 216, "");
+static_assert(offsetof(flashkda_forward_args, checkpoints) == 216, "");
+static_assert(offsetof(flashkda_forward_args, checkpoints_dtype) == 240, "");
+static_assert(sizeof(flashkda_forward_args) == 248, "");
 static_assert(offsetof(flashkda_decode_args, per_token_states) == 104, "");
 static_assert(offsetof(flashkda_decode_args, num_seqs) == 112, "");
 static_assert(offsetof(flashkda_decode_args, head_dim_v) == 184, "");
 static_assert(offsetof(flashkda_decode_args, state_dtype) == 192, "");
 static_assert(offsetof(flashkda_decode_args, lower_bound) == 208, "");
 static_assert(sizeof(flashkda_decode_args) == 216, "");
-static_assert(offsetof(flashkda_segment_summary_args, segments) == 216, "");
-static_assert(offsetof(flashkda_segment_summary_args, B) == 240, "");
-static_assert(sizeof(flashkda_segment_summary_args) == 248, "");
+static_assert(offsetof(flashkda_segment_summary_args, segments) == 248, "");
+static_assert(offsetof(flashkda_segment_summary_args, B) == 272, "");
+static_assert(sizeof(flashkda_segment_summary_args) == 280, "");
 static_assert(offsetof(flashkda_compose_summaries_args, M1) == 24, "");
 static_assert(sizeof(flashkda_compose_summaries_args) == 72, "");
 #endif
@@ -126,6 +128,11 @@ ForwardArgs to_cpp(const flashkda_forward_args& c) {
   a.state_indices = c.state_indices;
   a.state_index_type = static_cast<IndexType>(c.state_index_type);
   a.has_initial_state = c.has_initial_state;
+  a.checkpoints = c.checkpoints;
+  a.checkpoints_dtype = static_cast<DType>(c.checkpoints_dtype);
+  a.checkpoint_interval = c.checkpoint_interval;
+  a.checkpoints_capacity = c.checkpoints_capacity;
+  a.checkpoints_value_major = c.checkpoints_value_major != 0;
   return a;
 }
 

@@ -34,6 +34,10 @@ Status validate_inputs(const ForwardArgs& in, Backend backend) {
   f.state_pool_dtype = DType::kNone;
   f.state_indices = nullptr;
   f.has_initial_state = nullptr;
+  f.checkpoints = nullptr;
+  f.checkpoints_dtype = DType::kNone;
+  f.checkpoint_interval = 0;
+  f.checkpoints_capacity = 0;
   f.scale = 1.f;
   return validate(f, backend);
 }

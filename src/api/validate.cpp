@@ -153,6 +153,27 @@ Status validate(const ForwardArgs& a, Backend backend) {
     if (a.state_indices == nullptr) return Status::Invalid("state_indices: null pointer (required with state_pool)");
   }
 
+  // ---- checkpoints -----------------------------------------------------------------
+  const bool checkpoints = a.checkpoints != nullptr;
+  if (!checkpoints) {
+    if (a.checkpoints_dtype != DType::kNone || a.checkpoint_interval != 0 || a.checkpoints_capacity != 0)
+      return Status::Invalid("checkpoints: null pointer but checkpoints_dtype / checkpoint_interval / "
+                             "checkpoints_capacity set (leave them at their defaults without checkpoints)");
+  } else {
+    if (a.checkpoints_dtype != DType::kFP32 && a.checkpoints_dtype != DType::kBF16)
+      return Status::Invalid(cat("checkpoints_dtype: expected kFP32 or kBF16 with checkpoints, got ",
+                                 to_string(a.checkpoints_dtype)));
+    if (a.checkpoint_interval < 16 || a.checkpoint_interval % 16 != 0)
+      return Status::Invalid(cat("checkpoint_interval: expected a positive multiple of 16, got ",
+                                 a.checkpoint_interval));
+    if (a.checkpoints_capacity < 1)
+      return Status::Invalid(cat("checkpoints_capacity: expected a value >= 1, got ", a.checkpoints_capacity));
+    int64_t n_ck = 0;
+    if (!tensor_fits({a.checkpoints_capacity, HV, K, V}, 4, &n_ck))
+      return Status::Invalid(cat("checkpoints_capacity: capacity * HV * K * V overflows int64 (capacity ",
+                                 a.checkpoints_capacity, ")"));
+  }
+
   // ---- pointers: alignment ---------------------------------------------------
   // kCuda loads bf16 tiles with 16-byte vector / TMA accesses; the CPU backends
   // need the natural alignment of the element type.
@@ -180,6 +201,7 @@ Status validate(const ForwardArgs& a, Backend backend) {
       {"cu_seqlens_host", a.cu_seqlens_host, 8},
       {"state_pool", a.state_pool, cuda ? state_align : static_cast<uintptr_t>(dtype_bytes(a.state_pool_dtype))},
       {"state_indices", a.state_indices, a.state_index_type == IndexType::kInt64 ? 8u : 4u},
+      {"checkpoints", a.checkpoints, cuda ? state_align : static_cast<uintptr_t>(dtype_bytes(a.checkpoints_dtype))},
   };
   for (const Al& x : alignments)
     if (x.ptr != nullptr && !aligned(x.ptr, x.align))
@@ -204,6 +226,25 @@ Status validate(const ForwardArgs& a, Backend backend) {
     }
   }
 
+  // ---- checkpoint capacity: the total Σ ceil(L_n / c), where the lengths are on the host
+  if (checkpoints) {
+    const int64_t c = a.checkpoint_interval;
+    int64_t need = -1;
+    if (!varlen) {
+      need = N * ((T + c - 1) / c);
+    } else {
+      const int64_t* cu = cuda ? a.cu_seqlens_host : a.cu_seqlens;
+      if (cu != nullptr) {
+        need = 0;
+        for (int64_t n = 0; n < N; ++n) need += (cu[n + 1] - cu[n] + c - 1) / c;
+      }
+    }
+    if (need > a.checkpoints_capacity)
+      return Status::Invalid(cat("checkpoints_capacity: the sequences need ", need, " checkpoints of ", c,
+                                 " tokens (sum of ceil(length / ", c, ")), the buffer holds ",
+                                 a.checkpoints_capacity));
+  }
+
   // ---- slot indices (host memory for the CPU backends) -----------------------------
   if (pool && !cuda) {
     for (int64_t n = 0; n < N; ++n) {
@@ -216,6 +257,9 @@ Status validate(const ForwardArgs& a, Backend backend) {
   }
 
   // ---- backend-specific shape support ------------------------------------------
+  if (cuda && checkpoints)
+    return Status::NotSupported("checkpoints: backend kCuda does not write checkpoints yet; run it on "
+                                "kCpuReference / kCpuChunked");
   if (cuda && pool)
     return Status::NotSupported("state_pool: backend kCuda has no forward on a state pool yet; run it on "
                                 "kCpuReference / kCpuChunked, or pass dense initial_state / final_state");

@@ -22,6 +22,7 @@
 
 #include "common/bf16.h"
 #include "common/sequences.h"
+#include "cpu/checkpoints.h"
 #include "cpu/cpu_backends.h"
 #include "cpu/parallel.h"
 
@@ -209,7 +210,8 @@ void recurrence_step(ChunkScratch& c, float* S) {
   }
 }
 
-void chunked_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv,
+// checkpoint0: sequence n's first checkpoint entry (used when args.checkpoints is set).
+void chunked_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv, int64_t checkpoint0,
                  ChunkScratch& c, std::vector<float>& S, float* out_unrounded) {
   const int64_t H = args.num_heads, HV = value_heads(args), K = c.K, V = c.V;
   const int64_t h = hv / (HV / H);
@@ -226,6 +228,9 @@ void chunked_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, i
   }
 
   for (int64_t c0 = 0; c0 < span.length; c0 += kChunk) {
+    // The interval is a multiple of the chunk: a checkpoint falls on a chunk boundary.
+    if (args.checkpoints != nullptr && c0 % args.checkpoint_interval == 0)
+      write_checkpoint(args, checkpoint0 + c0 / args.checkpoint_interval, hv, S.data());
     const int n_c = static_cast<int>(std::min<int64_t>(kChunk, span.length - c0));
     const int64_t t0 = span.token_begin + c0;
     prepare_chunk(args, t0, n_c, h, hv, c);
@@ -275,6 +280,8 @@ Status chunked_forward_f32(const ForwardArgs& args, int num_threads, float* out_
   if (H <= 0 || HV <= 0 || HV % H != 0 || K <= 0 || V <= 0)
     return Status::Invalid("chunked_forward_f32: bad head counts or head dims");
   const std::vector<SequenceSpan> spans = sequence_spans(args, args.cu_seqlens);
+  const std::vector<int64_t> checkpoint0 =
+      args.checkpoints != nullptr ? checkpoint_offsets(args, spans) : std::vector<int64_t>(spans.size() + 1, 0);
 
   // Tasks = (sequence, value head) pairs, longest sequences first.
   std::vector<std::pair<int64_t, int64_t>> tasks;
@@ -290,7 +297,8 @@ Status chunked_forward_f32(const ForwardArgs& args, int num_threads, float* out_
       [&] { return std::make_pair(ChunkScratch(K, V), std::vector<float>()); },
       [&](auto& local, int64_t i) {
         const auto [n, hv] = tasks[static_cast<size_t>(i)];
-        chunked_one(args, spans[static_cast<size_t>(n)], n, hv, local.first, local.second, out_unrounded);
+        chunked_one(args, spans[static_cast<size_t>(n)], n, hv, checkpoint0[static_cast<size_t>(n)], local.first,
+                    local.second, out_unrounded);
       });
   return Status::Ok();
 }

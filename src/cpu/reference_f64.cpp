@@ -12,6 +12,7 @@
 
 #include "common/bf16.h"
 #include "common/sequences.h"
+#include "cpu/checkpoints.h"
 #include "cpu/cpu_backends.h"
 #include "cpu/parallel.h"
 
@@ -74,7 +75,9 @@ void update_row(double* row, int64_t K, const TokenInputs& x, double v_e) {
 }
 
 // One (sequence, value head): the recurrence over the tokens of `span`.
-void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv, float* out_unrounded) {
+// checkpoint0: sequence n's first checkpoint entry (used when args.checkpoints is set).
+void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv, int64_t checkpoint0,
+                   float* out_unrounded) {
   const int64_t HV = value_heads(args);
   const int64_t K = args.head_dim_k;
   const int64_t V = args.head_dim_v;
@@ -95,6 +98,9 @@ void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n,
   const double scale = args.scale;
   TokenInputs x;
   for (int64_t t = span.token_begin; t < span.token_begin + span.length; ++t) {
+    const int64_t done = t - span.token_begin;  // tokens of this sequence already in S
+    if (args.checkpoints != nullptr && done % args.checkpoint_interval == 0)
+      write_checkpoint(args, checkpoint0 + done / args.checkpoint_interval, hv, S.data());
     token_inputs(args, t, hv, x);
     const uint16_t* vt = v + (t * HV + hv) * V;
     uint16_t* ot = out + (t * HV + hv) * V;
@@ -128,11 +134,14 @@ Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded) {
     return Status::Invalid("reference_forward_f64: bad head counts or head dims");
   const std::vector<SequenceSpan> spans = sequence_spans(args, args.cu_seqlens);
   const int64_t tasks = static_cast<int64_t>(spans.size()) * HV;
+  const std::vector<int64_t> checkpoint0 =
+      args.checkpoints != nullptr ? checkpoint_offsets(args, spans) : std::vector<int64_t>(spans.size() + 1, 0);
 
   // Longest sequences are not reordered: the oracle is about clarity, and the
   // (n, hv) pairs are handed out one at a time, which balances well enough.
   parallel_for(tasks, 0, [&](int64_t i) {
-    reference_one(args, spans[static_cast<size_t>(i / HV)], i / HV, i % HV, out_unrounded);
+    reference_one(args, spans[static_cast<size_t>(i / HV)], i / HV, i % HV, checkpoint0[static_cast<size_t>(i / HV)],
+                  out_unrounded);
   });
   return Status::Ok();
 }

@@ -36,6 +36,9 @@ flashkda_forward_args to_c(const flashkda::ForwardArgs& a) {
   c.pool_size = a.pool_size; c.pool_stride = a.pool_stride;
   c.state_indices = a.state_indices; c.state_index_type = static_cast<int32_t>(a.state_index_type);
   c.has_initial_state = a.has_initial_state;
+  c.checkpoints = a.checkpoints; c.checkpoints_dtype = static_cast<int32_t>(a.checkpoints_dtype);
+  c.checkpoint_interval = a.checkpoint_interval; c.checkpoints_capacity = a.checkpoints_capacity;
+  c.checkpoints_value_major = a.checkpoints_value_major ? 1 : 0;
   return c;
 }
 
@@ -50,7 +53,7 @@ HostProblem small_problem(bool varlen) {
 }
 
 TEST(CApi, LayoutAndVersion) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_forward_args) == 216, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_forward_args) == 248, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || offsetof(flashkda_forward_args, lower_bound) == 164, "C struct layout changed");
   EXPECT_EQ(flashkda_abi_version(), FLASHKDA_C_ABI_VERSION);
   EXPECT_STREQ(flashkda_version(), "0.1.0");
@@ -272,7 +275,7 @@ namespace {
 // Segment summaries and their composition through the C ABI: the same bits as
 // the C++ API, and errors with their message.
 TEST(CApi, SegmentSummariesMatchCppBitwise) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_segment_summary_args) == 248, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_segment_summary_args) == 280, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || sizeof(flashkda_compose_summaries_args) == 72, "C struct layout changed");
   const HostProblem p = small_problem(true);  // sequences [0, 19), [19, 19), [19, 40)
   const std::vector<int64_t> segments = {0, 7, 7, 19, 19, 19, 25, 40};
