@@ -156,6 +156,7 @@ def _pdl_mode(pdl) -> int:
 def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
         initial_state=None, final_state=None, cu_seqlens=None, *,
         cu_seqlens_host=None, state_pool=None, state_indices=None, has_initial_state=None,
+        checkpoints=None, checkpoint_interval=64, checkpoints_value_major=False,
         workspace=None, stream=None, backend="auto") -> None:
     """KDA forward into ``out`` (and ``final_state``), in place. FlashKDA's signature.
 
@@ -178,6 +179,12 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     ``state_indices[n]`` (from zero when the index is negative or its flag is false) and its final
     state is written back to that slot in place (none for a negative index), instead of
     initial_state / final_state; CPU tensors for now (CUDA raises NotImplementedError);
+    ``checkpoints`` (bf16/fp32 ``[..., HV, K, V]``, or ``[..., HV, V, K]`` with
+    ``checkpoints_value_major=True``; the leading dims hold at least sum(ceil(L_n / c))
+    entries) receives each sequence's state after 0, c, 2c, ... tokens, c =
+    ``checkpoint_interval`` (a multiple of 16; 64 gives the layout of fla's
+    ``return_intermediate_states``): sequence n's entries follow those of the sequences
+    before it; CPU tensors for now;
     ``workspace`` (uint8 scratch; default: allocated per call from
     torch's caching allocator), ``stream`` (cudaStream_t as int; default: torch's current
     stream), ``backend`` ('auto', 'cuda', 'cpu', 'reference').
@@ -190,12 +197,14 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     alloc, stream = _runtime(q, stream)
     # Positional: the cheapest call into the extension (this is on every step's path).
     _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-           cu_seqlens_host, state_pool, state_indices, has_initial_state, workspace, alloc, stream, backend)
+           cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
+           checkpoints_value_major, workspace, alloc, stream, backend)
 
 
 def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
                    initial_state=None, final_state=None, cu_seqlens=None, *,
                    cu_seqlens_host=None, state_pool=None, state_indices=None, has_initial_state=None,
+                   checkpoints=None, checkpoint_interval=64, checkpoints_value_major=False,
                    backend="auto") -> int:
     """Bytes of scratch memory ``fwd`` needs for these arguments (checked as fwd checks them).
 
@@ -205,7 +214,8 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     return int(_C.workspace_size(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state,
                                  final_state, cu_seqlens, cu_seqlens_host, state_pool, state_indices,
-                                 has_initial_state, backend))
+                                 has_initial_state, checkpoints, checkpoint_interval, checkpoints_value_major,
+                                 backend))
 
 
 def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,
