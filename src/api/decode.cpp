@@ -138,13 +138,8 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
                                  cu_host[N]));
   }
   if (!cuda && N > 0) {
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t idx = a.index_type == IndexType::kInt64 ? static_cast<const int64_t*>(a.state_indices)[n]
-                                                            : static_cast<const int32_t*>(a.state_indices)[n];
-      if (idx >= a.pool_size)
-        return Status::Invalid(cat("state_indices: entry ", n, " is ", idx, ", expected < pool_size=", a.pool_size,
-                                   " (or negative for a padding entry)"));
-    }
+    const Status s = check_slot_indices(a.state_indices, a.index_type, N, a.pool_size, "a padding entry");
+    if (!s.ok()) return s;
   }
   if (cuda) return sm90::check_decode_supported(a);
   return Status::Ok();

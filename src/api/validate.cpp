@@ -247,13 +247,8 @@ Status validate(const ForwardArgs& a, Backend backend) {
 
   // ---- slot indices (host memory for the CPU backends) -----------------------------
   if (pool && !cuda) {
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t idx = a.state_index_type == IndexType::kInt64 ? static_cast<const int64_t*>(a.state_indices)[n]
-                                                                  : static_cast<const int32_t*>(a.state_indices)[n];
-      if (idx >= a.pool_size)
-        return Status::Invalid(cat("state_indices: entry ", n, " is ", idx, ", expected < pool_size=", a.pool_size,
-                                   " (or negative for no slot)"));
-    }
+    const Status s = check_slot_indices(a.state_indices, a.state_index_type, N, a.pool_size, "no slot");
+    if (!s.ok()) return s;
   }
 
   // ---- backend-specific shape support ------------------------------------------

@@ -141,6 +141,11 @@ double rel_rms(const X* x, const R* ref, size_t n) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+template <typename X, typename R>
+double rel_rms(const std::vector<X>& x, const std::vector<R>& ref) {
+  return rel_rms(x.data(), ref.data(), x.size());
+}
+
 inline std::vector<float> bf16_vector_to_float(const std::vector<uint16_t>& x) {
   std::vector<float> y(x.size());
   for (size_t i = 0; i < x.size(); ++i) y[i] = bf16_to_float(x[i]);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/bf16.h"
@@ -15,6 +16,13 @@
 #include "tests/common/kda_problem.h"
 
 namespace flashkda::testing {
+
+// validate(a, backend) fails with `code` and a message containing `needle`.
+inline void expect_invalid(const ForwardArgs& a, Backend backend, StatusCode code, const std::string& needle) {
+  const Status st = validate(a, backend);
+  EXPECT_EQ(st.code, code) << st.message;
+  EXPECT_NE(st.message.find(needle), std::string::npos) << "message: " << st.message;
+}
 
 struct RunResult {
   std::vector<uint16_t> out;         // bf16 [B, T, HV, V]

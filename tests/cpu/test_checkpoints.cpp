@@ -157,11 +157,7 @@ TEST(CheckpointsValidation, BadArgumentsAreNamed) {
     a.checkpoints_capacity = 8;
     return a;
   };
-  auto expect = [&](const ForwardArgs& a, Backend b, StatusCode code, const std::string& needle) {
-    const Status st = validate(a, b);
-    EXPECT_EQ(st.code, code) << st.message;
-    EXPECT_NE(st.message.find(needle), std::string::npos) << "message: " << st.message;
-  };
+  const auto expect = expect_invalid;
   EXPECT_TRUE(validate(base(), Backend::kCpuChunked).ok());
   ForwardArgs a = base();
   a.checkpoint_interval = 24;

@@ -16,15 +16,6 @@
 namespace flashkda::testing {
 namespace {
 
-double rel(const std::vector<double>& x, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    num += (x[i] - ref[i]) * (x[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / den);
-}
-
 // One sequence of T tokens, one head pair with GVA (H = 1, HV = 2), head dim D.
 void check_splits(const HostProblem& p, uint64_t seed) {
   const int64_t T = p.T, K = p.K, V = p.V, HV = p.HV;
@@ -68,7 +59,7 @@ void check_splits(const HostProblem& p, uint64_t seed) {
               want.push_back(straight.out_unrounded[static_cast<size_t>(((b + t) * HV + hv) * V + c)]);
             }
           // The incoming state passes through fp32 (the forward's state dtype): ~1e-7.
-          EXPECT_LE(rel(got, want), 1e-6) << "run [" << b << ", " << e << ") hv " << hv;
+          EXPECT_LE(rel_rms(got, want), 1e-6) << "run [" << b << ", " << e << ") hv " << hv;
         }
         prefix = cpu::compose(prefix, cpu::segment_summary_f64(args, b, e, hv));
       }
@@ -77,8 +68,8 @@ void check_splits(const HostProblem& p, uint64_t seed) {
       const std::vector<double> composed = cpu::apply(prefix, S0);
       const std::vector<double> whole = cpu::apply(cpu::segment_summary_f64(args, 0, T, hv), S0);
       std::vector<double> oracle(straight.final_f32.begin() + hv * V * K, straight.final_f32.begin() + (hv + 1) * V * K);
-      EXPECT_LE(rel(composed, whole), 1e-12) << "trial " << trial << " hv " << hv;
-      EXPECT_LE(rel(composed, oracle), 1e-6) << "trial " << trial << " hv " << hv;
+      EXPECT_LE(rel_rms(composed, whole), 1e-12) << "trial " << trial << " hv " << hv;
+      EXPECT_LE(rel_rms(composed, oracle), 1e-6) << "trial " << trial << " hv " << hv;
     }
   }
 }

@@ -19,15 +19,6 @@
 namespace flashkda::testing {
 namespace {
 
-double rel_rms(const std::vector<double>& x, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    num += (x[i] - ref[i]) * (x[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / den);
-}
-
 // Varlen with GVA and an empty sequence: H = 1, HV = 2, head dim 32, fp32 states.
 ProblemSpec varlen_gva_spec() {
   ProblemSpec spec;
@@ -258,8 +249,8 @@ TEST(SegmentSummariesApi, ComposeIsAssociativeAndInPlace) {
   compose(abM.data(), abB.data(), &s.M[2 * m], &s.B[2 * b], left_M.data(), left_B.data());
   compose(&s.M[m], &s.B[b], &s.M[2 * m], &s.B[2 * b], bcM.data(), bcB.data());
   compose(&s.M[0], &s.B[0], bcM.data(), bcB.data(), right_M.data(), right_B.data());
-  EXPECT_LE(rel_rms({left_M.begin(), left_M.end()}, {right_M.begin(), right_M.end()}), 1e-6);
-  EXPECT_LE(rel_rms({left_B.begin(), left_B.end()}, {right_B.begin(), right_B.end()}), 1e-6);
+  EXPECT_LE(rel_rms(left_M, right_M), 1e-6);
+  EXPECT_LE(rel_rms(left_B, right_B), 1e-6);
   // In place, into either input.
   std::vector<float> M2(s.M.begin() + m, s.M.begin() + 2 * m), B2(s.B.begin() + b, s.B.begin() + 2 * b);
   compose(&s.M[0], &s.B[0], M2.data(), B2.data(), M2.data(), B2.data());
