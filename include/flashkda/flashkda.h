@@ -128,7 +128,19 @@ struct ForwardArgs {
   int64_t checkpoint_interval = 0;         // c: a positive multiple of 16
   int64_t checkpoints_capacity = 0;        // entries in the buffer
   bool checkpoints_value_major = false;
+
+  // Checkpoints into pool slots (vLLM's "align" prefix caching; needs state_pool):
+  // for sequence n, up to two token offsets slot_checkpoint_offsets[2n + i]
+  // (multiples of 16 in [16, L_n]; negative: none) whose states go to pool slots
+  // slot_checkpoint_slots[2n + i] (state_index_type; negative: none), in the
+  // pool's dtype and layout. Host memory for the CPU backends; kCuda answers
+  // kNotSupported for now.
+  const int64_t* slot_checkpoint_offsets = nullptr;  // [N, 2]
+  const void* slot_checkpoint_slots = nullptr;       // [N, 2]
 };
+
+// Slot checkpoints per sequence (ForwardArgs::slot_checkpoint_offsets).
+constexpr int64_t kSlotCheckpointsPerSequence = 2;
 
 // Bytes of scratch memory forward() needs for these arguments on this backend
 // (0 is a valid answer). The workspace must be in the backend's memory and

@@ -59,16 +59,17 @@ static_assert(offsetof(flashkda_forward_args, state_pool_dtype) == 208, "");
 static_assert(offsetof(flashkda_forward_args, state_index_type) == 212, "");
 static_assert(offsetof(flashkda_forward_args, checkpoints) == 216, "");
 static_assert(offsetof(flashkda_forward_args, checkpoints_dtype) == 240, "");
-static_assert(sizeof(flashkda_forward_args) == 248, "");
+static_assert(offsetof(flashkda_forward_args, slot_checkpoint_offsets) == 248, "");
+static_assert(sizeof(flashkda_forward_args) == 264, "");
 static_assert(offsetof(flashkda_decode_args, per_token_states) == 104, "");
 static_assert(offsetof(flashkda_decode_args, num_seqs) == 112, "");
 static_assert(offsetof(flashkda_decode_args, head_dim_v) == 184, "");
 static_assert(offsetof(flashkda_decode_args, state_dtype) == 192, "");
 static_assert(offsetof(flashkda_decode_args, lower_bound) == 208, "");
 static_assert(sizeof(flashkda_decode_args) == 216, "");
-static_assert(offsetof(flashkda_segment_summary_args, segments) == 248, "");
-static_assert(offsetof(flashkda_segment_summary_args, B) == 272, "");
-static_assert(sizeof(flashkda_segment_summary_args) == 280, "");
+static_assert(offsetof(flashkda_segment_summary_args, segments) == 264, "");
+static_assert(offsetof(flashkda_segment_summary_args, B) == 288, "");
+static_assert(sizeof(flashkda_segment_summary_args) == 296, "");
 static_assert(offsetof(flashkda_compose_summaries_args, M1) == 24, "");
 static_assert(sizeof(flashkda_compose_summaries_args) == 72, "");
 #endif
@@ -133,6 +134,8 @@ ForwardArgs to_cpp(const flashkda_forward_args& c) {
   a.checkpoint_interval = c.checkpoint_interval;
   a.checkpoints_capacity = c.checkpoints_capacity;
   a.checkpoints_value_major = c.checkpoints_value_major != 0;
+  a.slot_checkpoint_offsets = c.slot_checkpoint_offsets;
+  a.slot_checkpoint_slots = c.slot_checkpoint_slots;
   return a;
 }
 

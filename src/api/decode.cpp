@@ -138,7 +138,7 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
                                  cu_host[N]));
   }
   if (!cuda && N > 0) {
-    const Status s = check_slot_indices(a.state_indices, a.index_type, N, a.pool_size, "a padding entry");
+    const Status s = check_slot_indices("state_indices", a.state_indices, a.index_type, N, a.pool_size, "a padding entry");
     if (!s.ok()) return s;
   }
   if (cuda) return sm90::check_decode_supported(a);

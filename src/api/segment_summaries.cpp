@@ -38,6 +38,8 @@ Status validate_inputs(const ForwardArgs& in, Backend backend) {
   f.checkpoints_dtype = DType::kNone;
   f.checkpoint_interval = 0;
   f.checkpoints_capacity = 0;
+  f.slot_checkpoint_offsets = nullptr;
+  f.slot_checkpoint_slots = nullptr;
   f.scale = 1.f;
   return validate(f, backend);
 }

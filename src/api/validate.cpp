@@ -174,6 +174,15 @@ Status validate(const ForwardArgs& a, Backend backend) {
                                  a.checkpoints_capacity, ")"));
   }
 
+  // ---- slot checkpoints (need the pool) ------------------------------------------
+  const bool slot_checkpoints = a.slot_checkpoint_offsets != nullptr || a.slot_checkpoint_slots != nullptr;
+  if (slot_checkpoints) {
+    if (!pool)
+      return Status::Invalid("slot_checkpoint_offsets: slot checkpoints need a state_pool (they are written to its slots)");
+    if (a.slot_checkpoint_offsets == nullptr) return Status::Invalid("slot_checkpoint_offsets: null pointer");
+    if (a.slot_checkpoint_slots == nullptr) return Status::Invalid("slot_checkpoint_slots: null pointer");
+  }
+
   // ---- pointers: alignment ---------------------------------------------------
   // kCuda loads bf16 tiles with 16-byte vector / TMA accesses; the CPU backends
   // need the natural alignment of the element type.
@@ -202,6 +211,8 @@ Status validate(const ForwardArgs& a, Backend backend) {
       {"state_pool", a.state_pool, cuda ? state_align : static_cast<uintptr_t>(dtype_bytes(a.state_pool_dtype))},
       {"state_indices", a.state_indices, a.state_index_type == IndexType::kInt64 ? 8u : 4u},
       {"checkpoints", a.checkpoints, cuda ? state_align : static_cast<uintptr_t>(dtype_bytes(a.checkpoints_dtype))},
+      {"slot_checkpoint_offsets", a.slot_checkpoint_offsets, 8},
+      {"slot_checkpoint_slots", a.slot_checkpoint_slots, a.state_index_type == IndexType::kInt64 ? 8u : 4u},
   };
   for (const Al& x : alignments)
     if (x.ptr != nullptr && !aligned(x.ptr, x.align))
@@ -247,11 +258,28 @@ Status validate(const ForwardArgs& a, Backend backend) {
 
   // ---- slot indices (host memory for the CPU backends) -----------------------------
   if (pool && !cuda) {
-    const Status s = check_slot_indices(a.state_indices, a.state_index_type, N, a.pool_size, "no slot");
+    const Status s = check_slot_indices("state_indices", a.state_indices, a.state_index_type, N, a.pool_size, "no slot");
     if (!s.ok()) return s;
+  }
+  if (slot_checkpoints && !cuda) {
+    const Status s = check_slot_indices("slot_checkpoint_slots", a.slot_checkpoint_slots, a.state_index_type,
+                                        N * kSlotCheckpointsPerSequence, a.pool_size, "none");
+    if (!s.ok()) return s;
+    const std::vector<SequenceSpan> spans = sequence_spans(a, a.cu_seqlens);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < kSlotCheckpointsPerSequence; ++i) {
+        const int64_t off = a.slot_checkpoint_offsets[n * kSlotCheckpointsPerSequence + i];
+        const int64_t L = spans[static_cast<size_t>(n)].length;
+        if (off >= 0 && (off < 16 || off % 16 != 0 || off > L))
+          return Status::Invalid(cat("slot_checkpoint_offsets: entry [", n, ", ", i, "] is ", off,
+                                     ", expected a multiple of 16 in [16, ", L, "] (the sequence's length) or negative"));
+      }
   }
 
   // ---- backend-specific shape support ------------------------------------------
+  if (cuda && slot_checkpoints)
+    return Status::NotSupported("slot_checkpoint_offsets: backend kCuda does not write slot checkpoints yet; run it "
+                                "on kCpuReference / kCpuChunked");
   if (cuda && checkpoints)
     return Status::NotSupported("checkpoints: backend kCuda does not write checkpoints yet; run it on "
                                 "kCpuReference / kCpuChunked");

@@ -50,15 +50,15 @@ inline bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintp
 inline int64_t dtype_bytes(DType d) { return d == DType::kFP32 ? 4 : 2; }
 
 // Slot indices in host memory (forward's state pool, decode): the first entry
-// >= pool_size as an error naming it, else Ok. Negative entries are allowed
-// (`negative` says what they mean, for the message).
-inline Status check_slot_indices(const void* indices, IndexType type, int64_t count, int64_t pool_size,
-                                 const char* negative) {
+// >= pool_size as an error naming the argument `name`, else Ok. Negative entries
+// are allowed (`negative` says what they mean, for the message).
+inline Status check_slot_indices(const char* name, const void* indices, IndexType type, int64_t count,
+                                 int64_t pool_size, const char* negative) {
   for (int64_t n = 0; n < count; ++n) {
     const int64_t idx = type == IndexType::kInt64 ? static_cast<const int64_t*>(indices)[n]
                                                   : static_cast<const int32_t*>(indices)[n];
     if (idx >= pool_size)
-      return Status::Invalid(cat("state_indices: entry ", n, " is ", idx, ", expected < pool_size=", pool_size,
+      return Status::Invalid(cat(name, ": entry ", n, " is ", idx, ", expected < pool_size=", pool_size,
                                  " (or negative for ", negative, ")"));
   }
   return Status::Ok();

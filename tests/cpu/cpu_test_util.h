@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/bf16.h"
+#include "common/sequences.h"
 #include "cpu/cpu_backends.h"
 #include "tests/common/kda_problem.h"
 
@@ -57,6 +58,37 @@ inline RunResult run_backend(const HostProblem& p, Which which, int threads = 0)
                                                : cpu::chunked_forward_f32(args, threads, r.out_unrounded.data());
   EXPECT_TRUE(st.ok()) << st.message;
   return r;
+}
+
+// Sequence n's fp32 initial state [HV, V, K] in p.
+inline std::vector<float> initial_of(const HostProblem& p, int64_t n) {
+  const int64_t per_seq = p.HV * p.V * p.K;
+  return std::vector<float>(p.init_f32.begin() + n * per_seq, p.init_f32.begin() + (n + 1) * per_seq);
+}
+
+// The final state (fp32, [HV, V, K]) of `backend` run on the first `tokens` tokens
+// of sequence n of p alone, from the fp32 state `init` (tokens = 0: init itself).
+inline std::vector<float> prefix_state(const HostProblem& p, int64_t n, int64_t tokens, Backend backend,
+                                       const std::vector<float>& init) {
+  if (tokens == 0) return init;
+  const std::vector<SequenceSpan> spans = sequence_spans(p.host_args(nullptr, nullptr), p.cu_seqlens.data());
+  const int64_t b = spans[static_cast<size_t>(n)].token_begin;
+  HostProblem run = p;
+  run.spec.seqlens.clear();
+  run.cu_seqlens.clear();
+  run.B = 1;
+  run.N = 1;
+  run.T = tokens;
+  auto take = [&](const std::vector<uint16_t>& x, int64_t width) {
+    return std::vector<uint16_t>(x.begin() + b * width, x.begin() + (b + tokens) * width);
+  };
+  run.q = take(p.q, p.H * p.K);
+  run.k = take(p.k, p.H * p.K);
+  run.v = take(p.v, p.HV * p.V);
+  run.g = take(p.g, p.HV * p.K);
+  run.beta = take(p.beta, p.HV);
+  run.init_f32 = init;
+  return run_backend(run, backend == Backend::kCpuReference ? Which::kReference : Which::kChunked).final_f32;
 }
 
 // make_problem with a value head dim V that may differ from K: v and the initial

@@ -30,32 +30,6 @@ std::string case_name(const CheckpointCase& c) {
          (c.value_major ? "_value_major" : "_key_major");
 }
 
-// The final state (fp32, [HV, V, K]) of `backend` on the first `tokens` tokens of
-// sequence n of p, from its initial state.
-std::vector<float> prefix_state(const HostProblem& p, int64_t n, int64_t tokens, Backend backend) {
-  const int64_t per_seq = p.HV * p.V * p.K;
-  std::vector<float> init(p.init_f32.begin() + n * per_seq, p.init_f32.begin() + (n + 1) * per_seq);
-  if (tokens == 0) return init;
-  const std::vector<SequenceSpan> spans = sequence_spans(p.host_args(nullptr, nullptr), p.cu_seqlens.data());
-  const int64_t b = spans[static_cast<size_t>(n)].token_begin;
-  HostProblem run = p;
-  run.spec.seqlens.clear();
-  run.cu_seqlens.clear();
-  run.B = 1;
-  run.N = 1;
-  run.T = tokens;
-  auto take = [&](const std::vector<uint16_t>& x, int64_t width) {
-    return std::vector<uint16_t>(x.begin() + b * width, x.begin() + (b + tokens) * width);
-  };
-  run.q = take(p.q, p.H * p.K);
-  run.k = take(p.k, p.H * p.K);
-  run.v = take(p.v, p.HV * p.V);
-  run.g = take(p.g, p.HV * p.K);
-  run.beta = take(p.beta, p.HV);
-  run.init_f32 = init;
-  return run_backend(run, backend == Backend::kCpuReference ? Which::kReference : Which::kChunked).final_f32;
-}
-
 class Checkpoints : public ::testing::TestWithParam<CheckpointCase> {};
 
 void check(const HostProblem& p, const CheckpointCase& cc) {
@@ -86,7 +60,7 @@ void check(const HostProblem& p, const CheckpointCase& cc) {
   int64_t entry = 0;
   for (size_t n = 0; n < spans.size(); ++n) {
     for (int64_t j = 0; j * c < spans[n].length; ++j, ++entry) {
-      const std::vector<float> want = prefix_state(p, static_cast<int64_t>(n), j * c, cc.backend);
+      const std::vector<float> want = prefix_state(p, static_cast<int64_t>(n), j * c, cc.backend, initial_of(p, static_cast<int64_t>(n)));
       int64_t bad = 0;
       for (int64_t h = 0; h < HV; ++h)
         for (int64_t e = 0; e < V; ++e)

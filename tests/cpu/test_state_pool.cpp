@@ -189,6 +189,98 @@ TEST(StatePoolDefaults, NoMaskAndDenseSlots) {
         << "sequence " << n;
 }
 
+// Slot checkpoints (vLLM's "align" mode) with the pool, together with regular
+// checkpoints: each written slot holds, bit for bit in the pool's dtype, the final
+// state of the same backend run on that prefix from the sequence's slot state; an
+// offset equal to the length gives the final state; negative offsets or slots
+// write nothing; the regular checkpoints are those of the dense run.
+TEST(StatePoolSlotCheckpoints, EachSlotHoldsThePrefixRunsState) {
+  for (const Backend backend : {Backend::kCpuReference, Backend::kCpuChunked})
+    for (const DType dtype : {DType::kFP32, DType::kBF16}) {
+      HostProblem p = pool_problem(65);  // lengths 37, 0, 64, 21
+      const int64_t N = p.N, per_slot = p.HV * p.V * p.K;
+      const size_t elem = dtype == DType::kFP32 ? 4 : 2;
+      constexpr int64_t kSlots = 12;
+      std::vector<unsigned char> pool = patterned_pool(static_cast<size_t>(kSlots * per_slot) * elem);
+      // Sequence states in slots 0..3 (readable numbers), the rest patterned.
+      std::vector<std::vector<float>> init(static_cast<size_t>(N));
+      for (int64_t n = 0; n < N; ++n) {
+        init[static_cast<size_t>(n)] = initial_of(p, n);
+        for (int64_t e = 0; e < per_slot; ++e) {
+          float x = init[static_cast<size_t>(n)][static_cast<size_t>(e)];
+          if (dtype == DType::kBF16) x = bf16_to_float(float_to_bf16(x));  // what the slot can hold
+          init[static_cast<size_t>(n)][static_cast<size_t>(e)] = x;
+          unsigned char* at = pool.data() + static_cast<size_t>(n * per_slot + e) * elem;
+          if (dtype == DType::kFP32) std::memcpy(at, &x, 4);
+          else {
+            const uint16_t b = float_to_bf16(x);
+            std::memcpy(at, &b, 2);
+          }
+        }
+      }
+      const std::vector<unsigned char> before = pool;
+      const std::vector<int32_t> slots = {0, 1, 2, 3};
+      // [n][i]: (offset, slot). Sequence 0: 16 -> 5, 32 -> 6; 1 (empty): negative
+      // offsets with slots 9, 10; 2: 48 -> 7, 64 (its length: the final state) -> 11;
+      // 3: 16 -> 8, and 16 with a negative slot.
+      const std::vector<int64_t> offsets = {16, 32, -1, -1, 48, 64, 16, 16};
+      const std::vector<int32_t> ck_slots = {5, 6, 9, 10, 7, 11, 8, -1};
+      // Regular checkpoints every 32 tokens, fp32 value-major: 2 + 0 + 2 + 1 = 5 entries.
+      std::vector<float> ck(static_cast<size_t>(5 * per_slot), std::nanf(""));
+      std::vector<uint16_t> out(p.out_elems());
+      ForwardArgs a = p.host_args(out.data(), nullptr);
+      a.initial_state = nullptr;
+      a.initial_state_dtype = DType::kNone;
+      a.final_state_dtype = DType::kNone;
+      a.state_pool = pool.data();
+      a.state_pool_dtype = dtype;
+      a.pool_size = kSlots;
+      a.state_indices = slots.data();
+      a.slot_checkpoint_offsets = offsets.data();
+      a.slot_checkpoint_slots = ck_slots.data();
+      a.checkpoints = ck.data();
+      a.checkpoints_dtype = DType::kFP32;
+      a.checkpoint_interval = 32;
+      a.checkpoints_capacity = 5;
+      a.checkpoints_value_major = true;
+      const Status st = forward(a, backend, nullptr, 0, nullptr);
+      ASSERT_TRUE(st.ok()) << st.message;
+
+      auto slot_matches = [&](int64_t s, const std::vector<float>& want) {
+        int64_t bad = 0;
+        for (int64_t e = 0; e < per_slot; ++e) {
+          const unsigned char* at = pool.data() + static_cast<size_t>(s * per_slot + e) * elem;
+          if (dtype == DType::kFP32) bad += std::memcmp(at, &want[static_cast<size_t>(e)], 4) != 0;
+          else {
+            uint16_t b;
+            std::memcpy(&b, at, 2);
+            bad += b != float_to_bf16(want[static_cast<size_t>(e)]);
+          }
+        }
+        return bad;
+      };
+      const std::string where = std::string(to_string(backend)) + (dtype == DType::kFP32 ? " fp32" : " bf16");
+      EXPECT_EQ(slot_matches(5, prefix_state(p, 0, 16, backend, init[0])), 0) << where << ": slot 5";
+      EXPECT_EQ(slot_matches(6, prefix_state(p, 0, 32, backend, init[0])), 0) << where << ": slot 6";
+      EXPECT_EQ(slot_matches(7, prefix_state(p, 2, 48, backend, init[2])), 0) << where << ": slot 7";
+      EXPECT_EQ(slot_matches(11, prefix_state(p, 2, 64, backend, init[2])), 0) << where << ": slot 11 (the final state)";
+      EXPECT_EQ(slot_matches(8, prefix_state(p, 3, 16, backend, init[3])), 0) << where << ": slot 8";
+      EXPECT_EQ(slot_matches(0, prefix_state(p, 0, 37, backend, init[0])), 0) << where << ": slot 0 (final)";
+      for (int64_t s : {4, 9, 10})
+        EXPECT_EQ(0, std::memcmp(pool.data() + static_cast<size_t>(s * per_slot) * elem,
+                                 before.data() + static_cast<size_t>(s * per_slot) * elem,
+                                 static_cast<size_t>(per_slot) * elem))
+            << where << ": slot " << s << " was written";
+      // The regular checkpoints: entries of sequences 0 (0, 32), 2 (0, 32), 3 (0).
+      const int64_t entry_seq[] = {0, 0, 2, 2, 3}, entry_tokens[] = {0, 32, 0, 32, 0};
+      for (int64_t e = 0; e < 5; ++e) {
+        const std::vector<float> want = prefix_state(p, entry_seq[e], entry_tokens[e], backend, init[static_cast<size_t>(entry_seq[e])]);
+        EXPECT_EQ(0, std::memcmp(&ck[static_cast<size_t>(e * per_slot)], want.data(), static_cast<size_t>(per_slot) * 4))
+            << where << ": checkpoint entry " << e;
+      }
+    }
+}
+
 TEST(StatePoolValidation, BadArgumentsAreNamed) {
   HostProblem p = pool_problem(64);
   const int64_t per_slot = p.HV * p.V * p.K;
@@ -238,6 +330,28 @@ TEST(StatePoolValidation, BadArgumentsAreNamed) {
   a.state_pool = reinterpret_cast<char*>(pool.data()) + 2;
   expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "state_pool: expected a 4-byte aligned");
   expect(base(), Backend::kCuda, StatusCode::kNotSupported, "state_pool");
+  // Slot checkpoints: offsets on 16-token boundaries within the sequence, slots in the pool.
+  std::vector<int64_t> offsets = {16, -1, -1, -1, 32, -1, -1, -1};  // lengths 37, 0, 64, 21
+  std::vector<int32_t> ck_slots = {1, -1, -1, -1, 2, -1, -1, -1};
+  a = base();
+  a.slot_checkpoint_offsets = offsets.data();
+  a.slot_checkpoint_slots = ck_slots.data();
+  EXPECT_TRUE(validate(a, Backend::kCpuChunked).ok());
+  offsets[0] = 24;
+  expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "slot_checkpoint_offsets: entry [0, 0] is 24");
+  offsets[0] = 48;  // past sequence 0's 37 tokens
+  expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "in [16, 37]");
+  offsets[0] = 16;
+  ck_slots[4] = 4;
+  expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "slot_checkpoint_slots: entry 4 is 4");
+  ck_slots[4] = 2;
+  a.slot_checkpoint_slots = nullptr;
+  expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "slot_checkpoint_slots: null pointer");
+  a = p.host_args(out.data(), nullptr);
+  a.final_state_dtype = DType::kNone;
+  a.slot_checkpoint_offsets = offsets.data();
+  a.slot_checkpoint_slots = ck_slots.data();
+  expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "need a state_pool");
 }
 
 }  // namespace
