@@ -157,6 +157,7 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
         initial_state=None, final_state=None, cu_seqlens=None, *,
         cu_seqlens_host=None, state_pool=None, state_indices=None, has_initial_state=None,
         checkpoints=None, checkpoint_interval=64, checkpoints_value_major=False,
+        slot_checkpoint_offsets=None, slot_checkpoint_slots=None,
         workspace=None, stream=None, backend="auto") -> None:
     """KDA forward into ``out`` (and ``final_state``), in place. FlashKDA's signature.
 
@@ -184,7 +185,10 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     entries) receives each sequence's state after 0, c, 2c, ... tokens, c =
     ``checkpoint_interval`` (a multiple of 16; 64 gives the layout of fla's
     ``return_intermediate_states``): sequence n's entries follow those of the sequences
-    before it; CPU tensors for now;
+    before it; ``slot_checkpoint_offsets`` (int64 ``[N, 2]``, multiples of 16 within each
+    sequence, negative = none) with ``slot_checkpoint_slots`` (``[N, 2]``, the dtype of
+    state_indices) write the state after those many tokens into those pool slots (vLLM's
+    "align" prefix caching; needs state_pool); CPU tensors for now;
     ``workspace`` (uint8 scratch; default: allocated per call from
     torch's caching allocator), ``stream`` (cudaStream_t as int; default: torch's current
     stream), ``backend`` ('auto', 'cuda', 'cpu', 'reference').
@@ -198,14 +202,15 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     # Positional: the cheapest call into the extension (this is on every step's path).
     _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
            cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
-           checkpoints_value_major, workspace, alloc, stream, backend)
+           checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, workspace, alloc, stream,
+           backend)
 
 
 def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
                    initial_state=None, final_state=None, cu_seqlens=None, *,
                    cu_seqlens_host=None, state_pool=None, state_indices=None, has_initial_state=None,
                    checkpoints=None, checkpoint_interval=64, checkpoints_value_major=False,
-                   backend="auto") -> int:
+                   slot_checkpoint_offsets=None, slot_checkpoint_slots=None, backend="auto") -> int:
     """Bytes of scratch memory ``fwd`` needs for these arguments (checked as fwd checks them).
 
     A caller-provided ``workspace`` needs ``workspace_size(...) + 255`` bytes unless its
@@ -215,7 +220,7 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
     return int(_C.workspace_size(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state,
                                  final_state, cu_seqlens, cu_seqlens_host, state_pool, state_indices,
                                  has_initial_state, checkpoints, checkpoint_interval, checkpoints_value_major,
-                                 backend))
+                                 slot_checkpoint_offsets, slot_checkpoint_slots, backend))
 
 
 def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,

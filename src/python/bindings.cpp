@@ -483,7 +483,7 @@ flashkda::Backend parse_backend(const std::string& s, const Device& dev) {
 
 // Everything of one call, checked, with the ForwardArgs filled in.
 struct Call {
-  Arg q, k, v, g, beta, out, A_log, dt_bias, s0, s1, cu, cu_host, pool, idx, has, ck;
+  Arg q, k, v, g, beta, out, A_log, dt_bias, s0, s1, cu, cu_host, pool, idx, has, ck, ck_off, ck_slot;
   flashkda::ForwardArgs args;
   flashkda::Backend backend = flashkda::Backend::kCpuChunked;
 };
@@ -492,7 +492,8 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
              nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle initial_state,
              nb::handle final_state, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle state_pool,
              nb::handle state_indices, nb::handle has_initial_state, nb::handle checkpoints,
-             int64_t checkpoint_interval, bool checkpoints_value_major, const std::string& backend) {
+             int64_t checkpoint_interval, bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
+             nb::handle slot_checkpoint_slots, const std::string& backend) {
   Call c;
   // dtypes first (TypeError), in argument order.
   c.q = take("q", q, {DT::kBF16}, false);
@@ -511,6 +512,8 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   c.idx = take("state_indices", state_indices, {DT::kI32, DT::kI64}, true);
   c.has = take("has_initial_state", has_initial_state, {DT::kBool, DT::kU8}, true);
   c.ck = take("checkpoints", checkpoints, {DT::kBF16, DT::kF32}, true);
+  c.ck_off = take("slot_checkpoint_offsets", slot_checkpoint_offsets, {DT::kI64}, true);
+  c.ck_slot = take("slot_checkpoint_slots", slot_checkpoint_slots, {DT::kI32, DT::kI64}, true);
   if (c.s0.present && c.s1.present && dtype_of(c.s0.dtype) != dtype_of(c.s1.dtype))
     raise_type(cat("final_state: expected the same dtype as initial_state (", dtype_string(c.s0.dtype),
                    ") when both are given, got ", dtype_string(c.s1.dtype)));
@@ -554,6 +557,16 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
     if (c.has.present) raise_value("has_initial_state: given without state_pool");
   }
   if (c.idx.present) expect_shape(c.idx, {N}, "[N] (one slot per sequence)");
+  if (c.ck_off.present || c.ck_slot.present) {
+    if (!c.pool.present) raise_value("slot_checkpoint_offsets: slot checkpoints need a state_pool");
+    if (!c.ck_off.present || !c.ck_slot.present)
+      raise_value("slot_checkpoint_offsets: give both slot_checkpoint_offsets and slot_checkpoint_slots");
+    expect_shape(c.ck_off, {N, 2}, "[N, 2] (up to two offsets per sequence)");
+    expect_shape(c.ck_slot, {N, 2}, "[N, 2] (the slot of each offset)");
+    if (dtype_of(c.ck_slot.dtype) != dtype_of(c.idx.dtype))
+      raise_type(cat("slot_checkpoint_slots: expected the dtype of state_indices (", dtype_string(c.idx.dtype),
+                     "), got ", dtype_string(c.ck_slot.dtype)));
+  }
   // Checkpoints: any leading dims ([capacity] or [B, NT]), then one entry [HV, K, V]
   // (or [HV, V, K] value-major).
   int64_t ck_capacity = 0;
@@ -573,12 +586,12 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
 
   // Strides (ValueError).
   for (const Arg* a : {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.out, &c.A_log, &c.dt_bias, &c.s0, &c.s1, &c.cu,
-                       &c.cu_host, &c.idx, &c.has, &c.ck})
+                       &c.cu_host, &c.idx, &c.has, &c.ck, &c.ck_off, &c.ck_slot})
     expect_contiguous(*a);
 
   // Devices (ValueError): everything where q is, except the host copy of cu_seqlens.
   for (const Arg* a : {&c.k, &c.v, &c.g, &c.beta, &c.out, &c.A_log, &c.dt_bias, &c.s0, &c.s1, &c.cu, &c.pool,
-                       &c.idx, &c.has, &c.ck})
+                       &c.idx, &c.has, &c.ck, &c.ck_off, &c.ck_slot})
     expect_device(*a, c.q);
   if (c.cu_host.present && c.cu_host.dev.type != kDLCPU)
     raise_value(cat("cu_seqlens_host: expected a CPU tensor, got ", c.cu_host.dev.str()));
@@ -611,6 +624,8 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
     a.state_indices = c.idx.cdata();
     a.state_index_type = dtype_of(c.idx.dtype) == DT::kI64 ? flashkda::IndexType::kInt64 : flashkda::IndexType::kInt32;
     a.has_initial_state = static_cast<const uint8_t*>(c.has.cdata());
+    a.slot_checkpoint_offsets = static_cast<const int64_t*>(c.ck_off.cdata());
+    a.slot_checkpoint_slots = c.ck_slot.cdata();
   }
   if (c.ck.present) {
     a.checkpoints = c.ck.data();
@@ -661,10 +676,11 @@ size_t workspace_size_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g,
                          nb::handle initial_state, nb::handle final_state, nb::handle cu_seqlens,
                          nb::handle cu_seqlens_host, nb::handle state_pool, nb::handle state_indices,
                          nb::handle has_initial_state, nb::handle checkpoints, int64_t checkpoint_interval,
-                         bool checkpoints_value_major, const std::string& backend) {
+                         bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
+                         nb::handle slot_checkpoint_slots, const std::string& backend) {
   Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
                    cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
-                   checkpoints_value_major, backend);
+                   checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, backend);
   return required_workspace(c);
 }
 
@@ -673,11 +689,12 @@ size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
               nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle initial_state,
               nb::handle final_state, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle state_pool,
               nb::handle state_indices, nb::handle has_initial_state, nb::handle checkpoints,
-              int64_t checkpoint_interval, bool checkpoints_value_major, nb::handle workspace, nb::handle alloc,
-              uintptr_t stream, const std::string& backend) {
+              int64_t checkpoint_interval, bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
+              nb::handle slot_checkpoint_slots, nb::handle workspace, nb::handle alloc, uintptr_t stream,
+              const std::string& backend) {
   Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
                    cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
-                   checkpoints_value_major, backend);
+                   checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, backend);
   const size_t need = required_workspace(c);  // validates c.args: forward_prevalidated below relies on it
 
   void* ws = nullptr;
@@ -867,7 +884,7 @@ void segment_summaries_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g
                           nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle cu_seqlens,
                           nb::handle segments, nb::handle M, nb::handle B, const std::string& backend) {
   Call c = prepare(q, k, v, g, beta, 1.0, v, A_log, dt_bias, lower_bound, nb::none(), nb::none(), cu_seqlens,
-                   nb::none(), nb::none(), nb::none(), nb::none(), nb::none(), 0, false, backend);
+                   nb::none(), nb::none(), nb::none(), nb::none(), nb::none(), 0, false, nb::none(), nb::none(), backend);
   Arg seg = take("segments", segments, {DT::kI64}, false);
   Arg m = take("M", M, {DT::kF32}, false);
   Arg b = take("B", B, {DT::kF32}, false);
@@ -958,7 +975,8 @@ NB_MODULE(_C, m) {
         "out"_a.none(), "A_log"_a.none(), "dt_bias"_a.none(), "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
         "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "state_pool"_a = nb::none(),
         "state_indices"_a = nb::none(), "has_initial_state"_a = nb::none(), "checkpoints"_a = nb::none(),
-        "checkpoint_interval"_a = 0, "checkpoints_value_major"_a = false, "workspace"_a = nb::none(),
+        "checkpoint_interval"_a = 0, "checkpoints_value_major"_a = false, "slot_checkpoint_offsets"_a = nb::none(),
+        "slot_checkpoint_slots"_a = nb::none(), "workspace"_a = nb::none(),
         "alloc"_a = nb::none(), "stream"_a = 0, "backend"_a = "auto",
         "Runs the KDA forward into `out` (and `final_state`), in place. Tensors: see flash_kda.fwd. "
         "`workspace`: uint8 scratch on the tensors' device, or `alloc(nbytes)` returning one. "
@@ -969,7 +987,8 @@ NB_MODULE(_C, m) {
         "beta"_a.none(), "scale"_a, "out"_a.none(), "A_log"_a.none(), "dt_bias"_a.none(), "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
         "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "state_pool"_a = nb::none(),
         "state_indices"_a = nb::none(), "has_initial_state"_a = nb::none(), "checkpoints"_a = nb::none(),
-        "checkpoint_interval"_a = 0, "checkpoints_value_major"_a = false, "backend"_a = "auto",
+        "checkpoint_interval"_a = 0, "checkpoints_value_major"_a = false, "slot_checkpoint_offsets"_a = nb::none(),
+        "slot_checkpoint_slots"_a = nb::none(), "backend"_a = "auto",
         "Bytes of scratch memory fwd needs for these arguments (0 on the CPU backends). "
         "Checks the arguments exactly as fwd does.");
   m.def("decode", &decode_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),

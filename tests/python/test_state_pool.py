@@ -74,3 +74,45 @@ def test_pool_arguments_are_checked_by_name():
         flash_kda.fwd(*args, state_pool=pool, state_indices=torch.tensor([0, 3], dtype=torch.int32), **kw)
     with pytest.raises(ValueError, match="state_pool"):
         flash_kda.fwd(*args, state_pool=torch.zeros(3, 1, 32, 16), state_indices=slots, **kw)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_slot_checkpoints_hold_the_prefix_states(backend):
+    """vLLM's "align" mode: the state after 16-aligned offsets of a sequence into given slots,
+    bit for bit the final state of a forward on that prefix from the sequence's slot."""
+    p = make_problem(H=1, K=32, seqlens=[40, 64], seed=7)
+    pool = torch.zeros(6, 1, 32, 32)
+    pool[0], pool[1] = p["initial_state"][0], p["initial_state"][1]
+    slots = torch.tensor([0, 1], dtype=torch.int64)
+    offsets = torch.tensor([[16, 32], [48, -1]])
+    ck_slots = torch.tensor([[2, 3], [4, 5]])
+    out = torch.empty_like(p["v"])
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, A_log=p["A_log"],
+                  dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"], state_pool=pool,
+                  state_indices=slots, slot_checkpoint_offsets=offsets, slot_checkpoint_slots=ck_slots,
+                  backend=backend)
+
+    def prefix(n, start, tokens):
+        x = {key: p[key][:, start:start + tokens] for key in ("q", "k", "v", "g", "beta")}
+        fin = torch.empty(1, 1, 32, 32)
+        flash_kda.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], p["scale"], torch.empty_like(x["v"]),
+                      A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=p["lower_bound"],
+                      initial_state=p["initial_state"][n:n + 1], final_state=fin, backend=backend)
+        return fin[0]
+
+    assert torch.equal(pool[2], prefix(0, 0, 16))
+    assert torch.equal(pool[3], prefix(0, 0, 32))
+    assert torch.equal(pool[4], prefix(1, 40, 48))
+    assert torch.equal(pool[5], torch.zeros(1, 32, 32)), "a negative offset wrote its slot"
+    with pytest.raises(ValueError, match="slot_checkpoint_offsets: entry"):
+        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, A_log=p["A_log"],
+                      dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"], state_pool=pool, state_indices=slots,
+                      slot_checkpoint_offsets=torch.tensor([[24, -1], [-1, -1]]), slot_checkpoint_slots=ck_slots)
+    with pytest.raises(ValueError, match="slot checkpoints need a state_pool"):
+        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, A_log=p["A_log"],
+                      dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"], slot_checkpoint_offsets=offsets,
+                      slot_checkpoint_slots=ck_slots)
+    with pytest.raises(TypeError, match="slot_checkpoint_slots: expected the dtype of state_indices"):
+        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, A_log=p["A_log"],
+                      dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"], state_pool=pool, state_indices=slots,
+                      slot_checkpoint_offsets=offsets, slot_checkpoint_slots=ck_slots.int())
