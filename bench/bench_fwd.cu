@@ -207,7 +207,6 @@ int main(int argc, char** argv) {
       fill_normal_bf16<<<1024, 256>>>(beta, T * H, 5, 1.f);
       fill_uniform_f32<<<64, 256>>>(A_log, H, 6, 1.f);
       fill_uniform_f32<<<64, 256>>>(dt_bias, H * kDim, 7, 1.f);
-      fill_uniform_f32<<<1024, 256>>>(static_cast<float*>(init), state_elems, 8, 0.1f);
       CHECK_CUDA(cudaGetLastError());
       CHECK_CUDA(cudaDeviceSynchronize());
 
@@ -215,6 +214,12 @@ int main(int argc, char** argv) {
         const flashkda::DType dt = st == "fp32"   ? flashkda::DType::kFP32
                                    : st == "bf16" ? flashkda::DType::kBF16
                                                   : flashkda::DType::kNone;
+        // The initial state in the dtype it is read as (an fp32 buffer read as bf16
+        // would be random exponents, Inf and NaN).
+        if (dt == flashkda::DType::kBF16) fill_normal_bf16<<<1024, 256>>>(static_cast<uint16_t*>(init), state_elems, 8, 0.1f);
+        else fill_uniform_f32<<<1024, 256>>>(static_cast<float*>(init), state_elems, 8, 0.1f);
+        CHECK_CUDA(cudaGetLastError());
+        CHECK_CUDA(cudaDeviceSynchronize());
         flashkda::ForwardArgs a;
         a.q = q; a.k = k; a.v = v; a.g = g; a.beta = beta; a.A_log = A_log; a.dt_bias = dt_bias; a.out = out;
         a.initial_state = dt == flashkda::DType::kNone ? nullptr : init;
