@@ -83,6 +83,9 @@ struct ForwardArgs {
   // CPU backends cu_seqlens is already a host pointer and is validated directly.
   const int64_t* cu_seqlens_host = nullptr;
   int64_t num_seqs = 0;  // N when cu_seqlens is given; ignored otherwise
+  // The same boundaries as int32 (vLLM's offsets), instead of cu_seqlens (one of
+  // the two). The CPU backends take it; kCuda answers kNotSupported for now.
+  const int32_t* cu_seqlens_int32 = nullptr;
 
   int64_t batch = 0;        // B
   int64_t seqlen = 0;       // T (tokens per batch row; total tokens with cu_seqlens)

@@ -172,7 +172,8 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
         initial_state: bf16/fp32 ``[N, HV, V, K]`` or None (zeros).
         final_state: bf16/fp32 ``[N, HV, V, K]`` written in place, or None; same dtype
             as initial_state when both are given.
-        cu_seqlens: int64 ``[N+1]`` on the tensors' device (requires B == 1), or None.
+        cu_seqlens: int64 ``[N+1]`` on the tensors' device (requires B == 1), or None; int32
+            (vLLM's offsets) on CPU tensors for now.
     Keyword-only extensions: ``cu_seqlens_host`` (an int64 CPU copy of cu_seqlens: validated;
     never made implicitly, as a device-to-host copy would synchronise); ``state_pool`` (bf16/fp32
     ``[P, HV, V, K]``, any stride between slots) with ``state_indices`` (int32/int64 ``[N]``) and

@@ -60,16 +60,17 @@ static_assert(offsetof(flashkda_forward_args, state_index_type) == 212, "");
 static_assert(offsetof(flashkda_forward_args, checkpoints) == 216, "");
 static_assert(offsetof(flashkda_forward_args, checkpoints_dtype) == 240, "");
 static_assert(offsetof(flashkda_forward_args, slot_checkpoint_offsets) == 248, "");
-static_assert(sizeof(flashkda_forward_args) == 264, "");
+static_assert(offsetof(flashkda_forward_args, cu_seqlens_int32) == 264, "");
+static_assert(sizeof(flashkda_forward_args) == 272, "");
 static_assert(offsetof(flashkda_decode_args, per_token_states) == 104, "");
 static_assert(offsetof(flashkda_decode_args, num_seqs) == 112, "");
 static_assert(offsetof(flashkda_decode_args, head_dim_v) == 184, "");
 static_assert(offsetof(flashkda_decode_args, state_dtype) == 192, "");
 static_assert(offsetof(flashkda_decode_args, lower_bound) == 208, "");
 static_assert(sizeof(flashkda_decode_args) == 216, "");
-static_assert(offsetof(flashkda_segment_summary_args, segments) == 264, "");
-static_assert(offsetof(flashkda_segment_summary_args, B) == 288, "");
-static_assert(sizeof(flashkda_segment_summary_args) == 296, "");
+static_assert(offsetof(flashkda_segment_summary_args, segments) == 272, "");
+static_assert(offsetof(flashkda_segment_summary_args, B) == 296, "");
+static_assert(sizeof(flashkda_segment_summary_args) == 304, "");
 static_assert(offsetof(flashkda_compose_summaries_args, M1) == 24, "");
 static_assert(sizeof(flashkda_compose_summaries_args) == 72, "");
 #endif
@@ -136,6 +137,7 @@ ForwardArgs to_cpp(const flashkda_forward_args& c) {
   a.checkpoints_value_major = c.checkpoints_value_major != 0;
   a.slot_checkpoint_offsets = c.slot_checkpoint_offsets;
   a.slot_checkpoint_slots = c.slot_checkpoint_slots;
+  a.cu_seqlens_int32 = c.cu_seqlens_int32;
   return a;
 }
 

@@ -5,9 +5,11 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "api/forward_internal.h"
 #include "api/guarded.h"
+#include "common/sequences.h"
 #include "cpu/cpu_backends.h"
 #include "flashkda/flashkda.h"
 #include "sm90/sm90_faults.h"
@@ -30,7 +32,9 @@ Status workspace_size(const ForwardArgs& args, Backend backend, size_t* bytes) {
 namespace {
 
 // forward() after validate(args, backend) returned Ok.
-Status dispatch(const ForwardArgs& args, Backend backend, void* workspace, size_t workspace_bytes, void* stream) {
+Status dispatch(const ForwardArgs& args_in, Backend backend, void* workspace, size_t workspace_bytes, void* stream) {
+  std::vector<int64_t> wide;  // int32 boundaries widened (CPU backends; kCuda rejects them in validate)
+  const ForwardArgs args = with_int64_cu_seqlens(args_in, wide);
   switch (backend) {
     case Backend::kCpuReference:
       if (args.state_pool != nullptr)

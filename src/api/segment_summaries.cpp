@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "api/guarded.h"
 #include "api/validation_util.h"
@@ -51,7 +52,8 @@ Status validate_segment_summaries(const SegmentSummaryArgs& a, Backend backend) 
   if (backend == Backend::kCuda) return cuda_not_yet("segment_summaries");
   Status st = validate_inputs(a.inputs, backend);
   if (!st.ok()) return st;
-  const ForwardArgs& in = a.inputs;
+  std::vector<int64_t> wide;
+  const ForwardArgs in = with_int64_cu_seqlens(a.inputs, wide);
   const int64_t HV = value_heads(in), K = in.head_dim_k, V = in.head_dim_v;
   const int64_t S = a.num_segments;
   if (S < 0) return Status::Invalid(cat("num_segments: expected a value >= 0, got ", S));
@@ -119,10 +121,13 @@ Status validate_compose(const ComposeSummariesArgs& a, Backend backend) {
 
 }  // namespace
 
-Status segment_summaries(const SegmentSummaryArgs& args, Backend backend) {
+Status segment_summaries(const SegmentSummaryArgs& args_in, Backend backend) {
   return guarded(backend, "segment_summaries", [&]() -> Status {
-    Status st = validate_segment_summaries(args, backend);
-    if (!st.ok() || args.num_segments == 0) return st;
+    Status st = validate_segment_summaries(args_in, backend);
+    if (!st.ok() || args_in.num_segments == 0) return st;
+    std::vector<int64_t> wide;
+    SegmentSummaryArgs args = args_in;
+    args.inputs = with_int64_cu_seqlens(args_in.inputs, wide);
     return backend == Backend::kCpuReference ? cpu::segment_summaries_f64(args)
                                              : cpu::segment_summaries_chunked_f32(args);
   });

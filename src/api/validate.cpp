@@ -10,6 +10,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "common/sequences.h"
 #include "flashkda/flashkda.h"
@@ -25,6 +26,19 @@ Status validate(const ForwardArgs& a, Backend backend) {
     return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
                                " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
   const bool cuda = backend == Backend::kCuda;
+
+  // ---- int32 boundaries: checked as the int64 ones they stand for --------------
+  if (a.cu_seqlens_int32 != nullptr) {
+    if (a.cu_seqlens != nullptr)
+      return Status::Invalid("cu_seqlens_int32: given together with cu_seqlens (expected one of the two)");
+    if (cuda)
+      return Status::NotSupported("cu_seqlens_int32: backend kCuda reads int64 cu_seqlens only for now");
+    if (a.num_seqs < 1)
+      return Status::Invalid(cat("num_seqs: expected a value >= 1 with cu_seqlens_int32, got ", a.num_seqs));
+    if (!aligned(a.cu_seqlens_int32, 4)) return Status::Invalid("cu_seqlens_int32: expected a 4-byte aligned pointer");
+    std::vector<int64_t> wide;
+    return validate(with_int64_cu_seqlens(a, wide), backend);
+  }
 
   // ---- shapes --------------------------------------------------------------
   if (a.batch < 1) return Status::Invalid(cat("batch: expected a value >= 1, got ", a.batch));

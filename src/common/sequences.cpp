@@ -19,4 +19,13 @@ std::vector<SequenceSpan> sequence_spans(const ForwardArgs& args, const int64_t*
   return spans;
 }
 
+ForwardArgs with_int64_cu_seqlens(const ForwardArgs& args, std::vector<int64_t>& storage) {
+  if (args.cu_seqlens_int32 == nullptr) return args;
+  storage.assign(args.cu_seqlens_int32, args.cu_seqlens_int32 + args.num_seqs + 1);
+  ForwardArgs wide = args;
+  wide.cu_seqlens = storage.data();
+  wide.cu_seqlens_int32 = nullptr;
+  return wide;
+}
+
 }  // namespace flashkda

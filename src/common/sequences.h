@@ -20,6 +20,11 @@ int64_t num_sequences(const ForwardArgs& args);
 // boundaries when args.cu_seqlens is set (validated beforehand), else ignored.
 std::vector<SequenceSpan> sequence_spans(const ForwardArgs& args, const int64_t* cu_seqlens_host);
 
+// `args` with int32 boundaries (cu_seqlens_int32) widened into `storage` and
+// given as cu_seqlens; `args` unchanged without them. Host memory only (the CPU
+// backends); num_seqs must be >= 1.
+ForwardArgs with_int64_cu_seqlens(const ForwardArgs& args, std::vector<int64_t>& storage);
+
 // HV, resolving the "0 means H" convention.
 inline int64_t value_heads(const ForwardArgs& args) {
   return args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;

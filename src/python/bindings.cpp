@@ -506,7 +506,8 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   c.dt_bias = take("dt_bias", dt_bias, {DT::kF32}, false);
   c.s0 = take("initial_state", initial_state, {DT::kBF16, DT::kF32}, true);
   c.s1 = take("final_state", final_state, {DT::kBF16, DT::kF32}, true);
-  c.cu = take("cu_seqlens", cu_seqlens, {DT::kI64}, true);
+  // int64, or int32 (vLLM's offsets: ForwardArgs::cu_seqlens_int32).
+  c.cu = take("cu_seqlens", cu_seqlens, {DT::kI64, DT::kI32}, true);
   c.cu_host = take("cu_seqlens_host", cu_seqlens_host, {DT::kI64}, true);
   c.pool = take("state_pool", state_pool, {DT::kBF16, DT::kF32}, true);
   c.idx = take("state_indices", state_indices, {DT::kI32, DT::kI64}, true);
@@ -606,7 +607,8 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   a.initial_state = c.s0.cdata(); a.initial_state_dtype = state_dtype(c.s0);
   a.final_state = c.s1.data();    a.final_state_dtype = state_dtype(c.s1);
   if (c.cu.present) {
-    a.cu_seqlens = static_cast<const int64_t*>(c.cu.cdata());
+    if (dtype_of(c.cu.dtype) == DT::kI32) a.cu_seqlens_int32 = static_cast<const int32_t*>(c.cu.cdata());
+    else a.cu_seqlens = static_cast<const int64_t*>(c.cu.cdata());
     a.num_seqs = N;
     // For kCuda the device boundaries are never copied back (that would sync the
     // stream); only an explicitly given host copy is used (validated).

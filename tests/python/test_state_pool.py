@@ -116,3 +116,23 @@ def test_slot_checkpoints_hold_the_prefix_states(backend):
         flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, A_log=p["A_log"],
                       dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"], state_pool=pool, state_indices=slots,
                       slot_checkpoint_offsets=offsets, slot_checkpoint_slots=ck_slots.int())
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_int32_cu_seqlens_is_the_int64_run(backend):
+    """vLLM passes cu_seqlens as int32: the same bits as int64 boundaries."""
+    p = make_problem(H=2, HV=4, K=32, seqlens=[37, 0, 64, 21], seed=8)
+    outs, fins = [], []
+    for cu in (p["cu_seqlens"], p["cu_seqlens"].int()):
+        out = torch.empty_like(p["v"])
+        fin = torch.empty(4, 4, 32, 32)
+        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, A_log=p["A_log"],
+                      dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], initial_state=p["initial_state"],
+                      final_state=fin, cu_seqlens=cu, backend=backend)
+        outs.append(out)
+        fins.append(fin)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(fins[0], fins[1])
+    with pytest.raises(ValueError, match="non-decreasing"):
+        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], torch.empty_like(p["v"]),
+                      A_log=p["A_log"], dt_bias=p["dt_bias"],
+                      cu_seqlens=torch.tensor([0, 37, 10, 101, 122], dtype=torch.int32), backend=backend)

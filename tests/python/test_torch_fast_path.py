@@ -205,7 +205,7 @@ FWD_TYPE_ERRORS = {
     "A_log bf16 parameter": lambda p: dict(A_log=torch.nn.Parameter(p["A_log"].bfloat16())),
     "A_log complex parameter": lambda p: dict(A_log=torch.nn.Parameter(p["A_log"].to(torch.complex64))),
     "final_state bf16 vs initial fp32": lambda p: dict(final_state=torch.zeros(1, 2, 32, 32, dtype=torch.bfloat16)),
-    "cu_seqlens int32": lambda p: dict(cu_seqlens=torch.tensor([0, 8], dtype=torch.int32)),
+    "cu_seqlens int16": lambda p: dict(cu_seqlens=torch.tensor([0, 8], dtype=torch.int16)),
     "sparse q": lambda p: dict(q=p["q"].float().to_sparse().to(torch.bfloat16)),
 }
 

@@ -1,0 +1,96 @@
+// cu_seqlens as int32 (ForwardArgs::cu_seqlens_int32, vLLM's offsets) on the CPU
+// backends: bitwise the int64 run (forward, a state pool with checkpoints, segment
+// summaries), its values checked like the int64 ones, and named errors.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cpu_test_util.h"
+
+namespace flashkda::testing {
+namespace {
+
+HostProblem varlen_problem(uint64_t seed) {
+  ProblemSpec spec;
+  spec.seqlens = {37, 0, 64, 21};
+  spec.heads = 2;
+  spec.v_heads = 4;
+  spec.head_dim = 32;
+  return make_problem(spec, seed);
+}
+
+TEST(Int32Offsets, ForwardIsBitwiseTheInt64Run) {
+  const HostProblem p = varlen_problem(81);
+  const std::vector<int32_t> cu32(p.cu_seqlens.begin(), p.cu_seqlens.end());
+  for (const Backend backend : {Backend::kCpuReference, Backend::kCpuChunked}) {
+    std::vector<uint16_t> o64(p.out_elems()), o32(p.out_elems());
+    std::vector<float> f64(p.state_elems()), f32(p.state_elems());
+    // Checkpoints too: their offsets come from the boundaries.
+    std::vector<float> c64(static_cast<size_t>(8 * p.HV * p.V * p.K)), c32(c64.size());
+    ForwardArgs a = p.host_args(o64.data(), f64.data());
+    a.checkpoints = c64.data();
+    a.checkpoints_dtype = DType::kFP32;
+    a.checkpoint_interval = 32;
+    a.checkpoints_capacity = 8;
+    ASSERT_TRUE(forward(a, backend, nullptr, 0, nullptr).ok());
+    ForwardArgs b = a;
+    b.out = o32.data();
+    b.final_state = f32.data();
+    b.checkpoints = c32.data();
+    b.cu_seqlens = nullptr;
+    b.cu_seqlens_host = nullptr;
+    b.cu_seqlens_int32 = cu32.data();
+    const Status st = forward(b, backend, nullptr, 0, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message;
+    EXPECT_EQ(o32, o64);
+    EXPECT_EQ(f32, f64);
+    EXPECT_EQ(c32, c64);
+
+    // Segment summaries read the same boundaries.
+    const std::vector<int64_t> segs = {0, 37, 37, 101, 110, 122};
+    std::vector<float> M64(static_cast<size_t>(3 * p.HV * p.K * p.K)), B64(static_cast<size_t>(3 * p.HV * p.V * p.K));
+    std::vector<float> M32(M64.size()), B32(B64.size());
+    SegmentSummaryArgs s;
+    s.inputs = p.host_args(nullptr, nullptr);
+    s.segments = segs.data();
+    s.num_segments = 3;
+    s.M = M64.data();
+    s.B = B64.data();
+    ASSERT_TRUE(segment_summaries(s, backend).ok());
+    s.inputs.cu_seqlens = nullptr;
+    s.inputs.cu_seqlens_host = nullptr;
+    s.inputs.cu_seqlens_int32 = cu32.data();
+    s.M = M32.data();
+    s.B = B32.data();
+    const Status ss = segment_summaries(s, backend);
+    ASSERT_TRUE(ss.ok()) << ss.message;
+    EXPECT_EQ(M32, M64);
+    EXPECT_EQ(B32, B64);
+  }
+}
+
+TEST(Int32Offsets, BadArgumentsAreNamed) {
+  const HostProblem p = varlen_problem(82);
+  std::vector<int32_t> cu32(p.cu_seqlens.begin(), p.cu_seqlens.end());
+  std::vector<uint16_t> out(p.out_elems());
+  std::vector<float> fin(p.state_elems());
+  ForwardArgs a = p.host_args(out.data(), fin.data());
+  a.cu_seqlens_host = nullptr;
+  a.cu_seqlens_int32 = cu32.data();
+  expect_invalid(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "cu_seqlens_int32: given together with cu_seqlens");
+  a.cu_seqlens = nullptr;
+  EXPECT_TRUE(validate(a, Backend::kCpuChunked).ok());
+  expect_invalid(a, Backend::kCuda, StatusCode::kNotSupported, "cu_seqlens_int32");
+  cu32[2] = 10;  // below cu[1] = 37
+  expect_invalid(a, Backend::kCpuReference, StatusCode::kInvalidArgument, "expected non-decreasing values");
+  cu32[2] = 37;
+  cu32.back() = 130;  // T = 122
+  expect_invalid(a, Backend::kCpuReference, StatusCode::kInvalidArgument, "== seqlen=122");
+  cu32.back() = 122;
+  a.num_seqs = 0;
+  expect_invalid(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "num_seqs");
+}
+
+}  // namespace
+}  // namespace flashkda::testing
