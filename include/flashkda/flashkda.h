@@ -87,6 +87,17 @@ struct ForwardArgs {
   // the two). The CPU backends take it; kCuda answers kNotSupported for now.
   const int32_t* cu_seqlens_int32 = nullptr;
 
+  // Strided token tensors, e.g. views of one fused projection output (spec
+  // section 7): element strides between consecutive tokens of the flattened B·T
+  // axis and between heads, the last dimension contiguous; 0 means dense (q, k:
+  // H·K and K; v: HV·V and V; g: HV·K and K; beta: HV and 1). The CPU backends
+  // take any; kCuda answers kNotSupported for non-dense strides for now.
+  int64_t q_token_stride = 0, q_head_stride = 0;
+  int64_t k_token_stride = 0, k_head_stride = 0;
+  int64_t v_token_stride = 0, v_head_stride = 0;
+  int64_t g_token_stride = 0, g_head_stride = 0;
+  int64_t beta_token_stride = 0, beta_head_stride = 0;
+
   int64_t batch = 0;        // B
   int64_t seqlen = 0;       // T (tokens per batch row; total tokens with cu_seqlens)
   int64_t num_heads = 0;    // H  (q/k heads)

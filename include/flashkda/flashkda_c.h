@@ -7,11 +7,11 @@
  * recent call on that thread ("" after a successful one).
  *
  * The struct layouts are part of the ABI (on 64-bit platforms, no padding):
- * flashkda_forward_args is 19 pointers, 11 int64, 6 int32 and 2 float, 272 bytes
+ * flashkda_forward_args is 19 pointers, 21 int64, 6 int32 and 2 float, 352 bytes
  * (ABI 2 appended the state-pool and checkpoint fields to ABI 1's 168 bytes);
  * flashkda_decode_args is 14 pointers, 10 int64, 3 int32, 2 float and a reserved
  * int32, 216 bytes; flashkda_segment_summary_args is a flashkda_forward_args,
- * a pointer, an int64 and two pointers, 304 bytes; flashkda_compose_summaries_args
+ * a pointer, an int64 and two pointers, 384 bytes; flashkda_compose_summaries_args
  * is 3 int64 and 6 pointers, 72 bytes. A layout change bumps
  * FLASHKDA_C_ABI_VERSION. */
 #ifndef FLASHKDA_FLASHKDA_C_H_
@@ -94,6 +94,13 @@ typedef struct flashkda_forward_args {
   const int64_t* slot_checkpoint_offsets; /* [N, 2]: multiples of 16 in [16, L_n], negative = none */
   const void* slot_checkpoint_slots;      /* [N, 2] of state_index_type, negative = none */
   const int32_t* cu_seqlens_int32;        /* int32 [N+1] instead of cu_seqlens, or NULL */
+  /* Element strides between tokens (of the flattened B*T axis) and between heads of
+   * q, k, v, g, beta; the last dimension contiguous; 0 = dense. */
+  int64_t q_token_stride, q_head_stride;
+  int64_t k_token_stride, k_head_stride;
+  int64_t v_token_stride, v_head_stride;
+  int64_t g_token_stride, g_head_stride;
+  int64_t beta_token_stride, beta_head_stride;
 } flashkda_forward_args;
 
 /* Zeroes *args and sets lower_bound = -5 (the C++ defaults). */

@@ -61,16 +61,18 @@ static_assert(offsetof(flashkda_forward_args, checkpoints) == 216, "");
 static_assert(offsetof(flashkda_forward_args, checkpoints_dtype) == 240, "");
 static_assert(offsetof(flashkda_forward_args, slot_checkpoint_offsets) == 248, "");
 static_assert(offsetof(flashkda_forward_args, cu_seqlens_int32) == 264, "");
-static_assert(sizeof(flashkda_forward_args) == 272, "");
+static_assert(offsetof(flashkda_forward_args, q_token_stride) == 272, "");
+static_assert(offsetof(flashkda_forward_args, beta_head_stride) == 344, "");
+static_assert(sizeof(flashkda_forward_args) == 352, "");
 static_assert(offsetof(flashkda_decode_args, per_token_states) == 104, "");
 static_assert(offsetof(flashkda_decode_args, num_seqs) == 112, "");
 static_assert(offsetof(flashkda_decode_args, head_dim_v) == 184, "");
 static_assert(offsetof(flashkda_decode_args, state_dtype) == 192, "");
 static_assert(offsetof(flashkda_decode_args, lower_bound) == 208, "");
 static_assert(sizeof(flashkda_decode_args) == 216, "");
-static_assert(offsetof(flashkda_segment_summary_args, segments) == 272, "");
-static_assert(offsetof(flashkda_segment_summary_args, B) == 296, "");
-static_assert(sizeof(flashkda_segment_summary_args) == 304, "");
+static_assert(offsetof(flashkda_segment_summary_args, segments) == 352, "");
+static_assert(offsetof(flashkda_segment_summary_args, B) == 376, "");
+static_assert(sizeof(flashkda_segment_summary_args) == 384, "");
 static_assert(offsetof(flashkda_compose_summaries_args, M1) == 24, "");
 static_assert(sizeof(flashkda_compose_summaries_args) == 72, "");
 #endif
@@ -138,6 +140,16 @@ ForwardArgs to_cpp(const flashkda_forward_args& c) {
   a.slot_checkpoint_offsets = c.slot_checkpoint_offsets;
   a.slot_checkpoint_slots = c.slot_checkpoint_slots;
   a.cu_seqlens_int32 = c.cu_seqlens_int32;
+  a.q_token_stride = c.q_token_stride;
+  a.q_head_stride = c.q_head_stride;
+  a.k_token_stride = c.k_token_stride;
+  a.k_head_stride = c.k_head_stride;
+  a.v_token_stride = c.v_token_stride;
+  a.v_head_stride = c.v_head_stride;
+  a.g_token_stride = c.g_token_stride;
+  a.g_head_stride = c.g_head_stride;
+  a.beta_token_stride = c.beta_token_stride;
+  a.beta_head_stride = c.beta_head_stride;
   return a;
 }
 

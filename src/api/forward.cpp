@@ -33,8 +33,11 @@ namespace {
 
 // forward() after validate(args, backend) returned Ok.
 Status dispatch(const ForwardArgs& args_in, Backend backend, void* workspace, size_t workspace_bytes, void* stream) {
-  std::vector<int64_t> wide;  // int32 boundaries widened (CPU backends; kCuda rejects them in validate)
-  const ForwardArgs args = with_int64_cu_seqlens(args_in, wide);
+  // int32 boundaries widened and strided inputs copied densely (CPU backends;
+  // kCuda rejects both in validate).
+  std::vector<int64_t> wide;
+  DenseInputs dense;
+  const ForwardArgs args = with_dense_inputs(with_int64_cu_seqlens(args_in, wide), dense);
   switch (backend) {
     case Backend::kCpuReference:
       if (args.state_pool != nullptr)

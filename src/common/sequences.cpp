@@ -19,6 +19,46 @@ std::vector<SequenceSpan> sequence_spans(const ForwardArgs& args, const int64_t*
   return spans;
 }
 
+bool has_strided_inputs(const ForwardArgs& a) {
+  return a.q_token_stride || a.q_head_stride || a.k_token_stride || a.k_head_stride || a.v_token_stride ||
+         a.v_head_stride || a.g_token_stride || a.g_head_stride || a.beta_token_stride || a.beta_head_stride;
+}
+
+namespace {
+// tokens x heads rows of `width` elements from a strided view into a dense array.
+void densify(const void* src, int64_t token_stride, int64_t head_stride, int64_t tokens, int64_t heads,
+             int64_t width, std::vector<uint16_t>& dst) {
+  const auto* s = static_cast<const uint16_t*>(src);
+  const int64_t ts = token_stride != 0 ? token_stride : heads * width, hs = head_stride != 0 ? head_stride : width;
+  dst.resize(static_cast<size_t>(tokens * heads * width));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t e = 0; e < width; ++e)
+        dst[static_cast<size_t>((t * heads + h) * width + e)] = s[t * ts + h * hs + e];
+}
+}  // namespace
+
+ForwardArgs with_dense_inputs(const ForwardArgs& args, DenseInputs& storage) {
+  if (!has_strided_inputs(args)) return args;
+  const int64_t T = args.batch * args.seqlen, H = args.num_heads, HV = value_heads(args);
+  const int64_t K = args.head_dim_k, V = args.head_dim_v;
+  ForwardArgs d = args;
+  densify(args.q, args.q_token_stride, args.q_head_stride, T, H, K, storage.q);
+  densify(args.k, args.k_token_stride, args.k_head_stride, T, H, K, storage.k);
+  densify(args.v, args.v_token_stride, args.v_head_stride, T, HV, V, storage.v);
+  densify(args.g, args.g_token_stride, args.g_head_stride, T, HV, K, storage.g);
+  densify(args.beta, args.beta_token_stride, args.beta_head_stride, T, HV, 1, storage.beta);
+  d.q = storage.q.data();
+  d.k = storage.k.data();
+  d.v = storage.v.data();
+  d.g = storage.g.data();
+  d.beta = storage.beta.data();
+  d.q_token_stride = d.q_head_stride = d.k_token_stride = d.k_head_stride = 0;
+  d.v_token_stride = d.v_head_stride = d.g_token_stride = d.g_head_stride = 0;
+  d.beta_token_stride = d.beta_head_stride = 0;
+  return d;
+}
+
 ForwardArgs with_int64_cu_seqlens(const ForwardArgs& args, std::vector<int64_t>& storage) {
   if (args.cu_seqlens_int32 == nullptr) return args;
   storage.assign(args.cu_seqlens_int32, args.cu_seqlens_int32 + args.num_seqs + 1);

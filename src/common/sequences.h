@@ -25,6 +25,15 @@ std::vector<SequenceSpan> sequence_spans(const ForwardArgs& args, const int64_t*
 // backends); num_seqs must be >= 1.
 ForwardArgs with_int64_cu_seqlens(const ForwardArgs& args, std::vector<int64_t>& storage);
 
+// `args` with strided token tensors (q, k, v, g, beta) copied densely into
+// `storage` (one buffer per tensor); `args` unchanged when all five are dense.
+// Host memory only (the CPU backends).
+struct DenseInputs {
+  std::vector<uint16_t> q, k, v, g, beta;
+};
+ForwardArgs with_dense_inputs(const ForwardArgs& args, DenseInputs& storage);
+bool has_strided_inputs(const ForwardArgs& args);
+
 // HV, resolving the "0 means H" convention.
 inline int64_t value_heads(const ForwardArgs& args) {
   return args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;

@@ -586,9 +586,32 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   if (c.has.present) expect_shape(c.has, {N}, "[N] (one flag per sequence)");
 
   // Strides (ValueError).
-  for (const Arg* a : {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.out, &c.A_log, &c.dt_bias, &c.s0, &c.s1, &c.cu,
-                       &c.cu_host, &c.idx, &c.has, &c.ck, &c.ck_off, &c.ck_slot})
+  for (const Arg* a : {&c.out, &c.A_log, &c.dt_bias, &c.s0, &c.s1, &c.cu, &c.cu_host, &c.idx, &c.has, &c.ck,
+                       &c.ck_off, &c.ck_slot})
     expect_contiguous(*a);
+  // q, k, v, g, beta may be strided views (e.g. of one fused projection): the last
+  // dimension contiguous, and the flattened B·T token axis evenly spaced.
+  int64_t token_stride[5] = {}, head_stride[5] = {};
+  {
+    const Arg* views[5] = {&c.q, &c.k, &c.v, &c.g, &c.beta};
+    for (int i = 0; i < 5; ++i) {
+      const Arg& a = *views[i];
+      if (c_contiguous(a)) continue;
+      const size_t r = a.ndim();  // 4, or 3 for beta
+      const bool has_width = r == 4;
+      if (has_width && a.dim(3) > 1 && a.stride(3) != 1)
+        raise_value(cat(a.name, ": expected the last dimension contiguous (stride 1), got shape ", shape_string(a),
+                        " with strides ", strides_string(a), " (call .contiguous())"));
+      const int64_t ts = a.stride(1), hs = a.stride(2);
+      if (a.dim(0) > 1 && a.stride(0) != a.dim(1) * ts)
+        raise_value(cat(a.name, ": expected evenly spaced tokens across the batch (stride(0) == T * stride(1)), "
+                        "got shape ", shape_string(a), " with strides ", strides_string(a)));
+      if (ts < 0 || hs < 0)
+        raise_value(cat(a.name, ": expected non-negative strides, got ", strides_string(a)));
+      token_stride[i] = ts;
+      head_stride[i] = hs;
+    }
+  }
 
   // Devices (ValueError): everything where q is, except the host copy of cu_seqlens.
   for (const Arg* a : {&c.k, &c.v, &c.g, &c.beta, &c.out, &c.A_log, &c.dt_bias, &c.s0, &c.s1, &c.cu, &c.pool,
@@ -616,6 +639,11 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   }
   a.batch = B; a.seqlen = T; a.num_heads = H; a.num_v_heads = HV;
   a.head_dim_k = K; a.head_dim_v = V;
+  a.q_token_stride = token_stride[0]; a.q_head_stride = head_stride[0];
+  a.k_token_stride = token_stride[1]; a.k_head_stride = head_stride[1];
+  a.v_token_stride = token_stride[2]; a.v_head_stride = head_stride[2];
+  a.g_token_stride = token_stride[3]; a.g_head_stride = head_stride[3];
+  a.beta_token_stride = token_stride[4]; a.beta_head_stride = head_stride[4];
   a.scale = static_cast<float>(scale);
   a.lower_bound = static_cast<float>(lower_bound);
   if (c.pool.present) {

@@ -41,6 +41,11 @@ flashkda_forward_args to_c(const flashkda::ForwardArgs& a) {
   c.checkpoints_value_major = a.checkpoints_value_major ? 1 : 0;
   c.slot_checkpoint_offsets = a.slot_checkpoint_offsets; c.slot_checkpoint_slots = a.slot_checkpoint_slots;
   c.cu_seqlens_int32 = a.cu_seqlens_int32;
+  c.q_token_stride = a.q_token_stride; c.q_head_stride = a.q_head_stride;
+  c.k_token_stride = a.k_token_stride; c.k_head_stride = a.k_head_stride;
+  c.v_token_stride = a.v_token_stride; c.v_head_stride = a.v_head_stride;
+  c.g_token_stride = a.g_token_stride; c.g_head_stride = a.g_head_stride;
+  c.beta_token_stride = a.beta_token_stride; c.beta_head_stride = a.beta_head_stride;
   return c;
 }
 
@@ -55,7 +60,7 @@ HostProblem small_problem(bool varlen) {
 }
 
 TEST(CApi, LayoutAndVersion) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_forward_args) == 272, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_forward_args) == 352, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || offsetof(flashkda_forward_args, lower_bound) == 164, "C struct layout changed");
   EXPECT_EQ(flashkda_abi_version(), FLASHKDA_C_ABI_VERSION);
   EXPECT_STREQ(flashkda_version(), "0.1.0");
@@ -277,7 +282,7 @@ namespace {
 // Segment summaries and their composition through the C ABI: the same bits as
 // the C++ API, and errors with their message.
 TEST(CApi, SegmentSummariesMatchCppBitwise) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_segment_summary_args) == 304, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_segment_summary_args) == 384, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || sizeof(flashkda_compose_summaries_args) == 72, "C struct layout changed");
   const HostProblem p = small_problem(true);  // sequences [0, 19), [19, 19), [19, 40)
   const std::vector<int64_t> segments = {0, 7, 7, 19, 19, 19, 25, 40};

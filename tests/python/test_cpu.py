@@ -285,7 +285,7 @@ def test_wrong_rank_of_q_is_value_error(small):
         call_with(small, q=small["q"][0])
 
 
-@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta", "out", "dt_bias", "initial_state"])
+@pytest.mark.parametrize("name", ["out", "dt_bias", "initial_state"])
 def test_non_contiguous_is_value_error(small, name):
     t = small[name] if name != "out" else torch.empty_like(small["v"])
     # Same shape, transposed memory layout.
@@ -294,6 +294,16 @@ def test_non_contiguous_is_value_error(small, name):
     kw = {name: nc}
     with pytest.raises(ValueError, match=rf"^{name}: expected a C-contiguous"):
         call_with(small, **kw)
+
+
+# q, k, v, g may be strided views with a contiguous last dimension (test_strided_inputs.py);
+# a transposed last dimension is refused by name.
+@pytest.mark.parametrize("name", ["q", "k", "v", "g"])
+def test_non_contiguous_last_dim_is_value_error(small, name):
+    nc = small[name].transpose(0, -1).contiguous().transpose(0, -1)
+    assert nc.shape == small[name].shape and not nc.is_contiguous()
+    with pytest.raises(ValueError, match=rf"^{name}: expected the last dimension contiguous"):
+        call_with(small, **{name: nc})
 
 
 def test_non_contiguous_final_state_is_value_error(small):
