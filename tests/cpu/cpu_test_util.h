@@ -60,6 +60,31 @@ inline RunResult run_backend(const HostProblem& p, Which which, int threads = 0)
   return r;
 }
 
+// Varlen with GVA and an empty sequence: lengths 37, 0, 64, 21; H = 2, HV = 4, K = V = 32.
+inline HostProblem varlen_gva_problem(uint64_t seed) {
+  ProblemSpec spec;
+  spec.seqlens = {37, 0, 64, 21};
+  spec.heads = 2;
+  spec.v_heads = 4;
+  spec.head_dim = 32;
+  return make_problem(spec, seed);
+}
+
+// segment_summaries of `inputs` over the (begin, end) pairs `segs` into M, B (resized).
+inline Status summaries_of(const ForwardArgs& inputs, const std::vector<int64_t>& segs, Backend backend,
+                           std::vector<float>& M, std::vector<float>& B) {
+  const int64_t S = static_cast<int64_t>(segs.size() / 2), HV = value_heads(inputs);
+  M.assign(static_cast<size_t>(S * HV * inputs.head_dim_k * inputs.head_dim_k), 0.f);
+  B.assign(static_cast<size_t>(S * HV * inputs.head_dim_v * inputs.head_dim_k), 0.f);
+  SegmentSummaryArgs s;
+  s.inputs = inputs;
+  s.segments = segs.data();
+  s.num_segments = S;
+  s.M = M.data();
+  s.B = B.data();
+  return segment_summaries(s, backend);
+}
+
 // Sequence n's fp32 initial state [HV, V, K] in p.
 inline std::vector<float> initial_of(const HostProblem& p, int64_t n) {
   const int64_t per_seq = p.HV * p.V * p.K;

@@ -11,17 +11,8 @@
 namespace flashkda::testing {
 namespace {
 
-HostProblem varlen_problem(uint64_t seed) {
-  ProblemSpec spec;
-  spec.seqlens = {37, 0, 64, 21};
-  spec.heads = 2;
-  spec.v_heads = 4;
-  spec.head_dim = 32;
-  return make_problem(spec, seed);
-}
-
 TEST(Int32Offsets, ForwardIsBitwiseTheInt64Run) {
-  const HostProblem p = varlen_problem(81);
+  const HostProblem p = varlen_gva_problem(81);
   const std::vector<int32_t> cu32(p.cu_seqlens.begin(), p.cu_seqlens.end());
   for (const Backend backend : {Backend::kCpuReference, Backend::kCpuChunked}) {
     std::vector<uint16_t> o64(p.out_elems()), o32(p.out_elems());
@@ -49,21 +40,13 @@ TEST(Int32Offsets, ForwardIsBitwiseTheInt64Run) {
 
     // Segment summaries read the same boundaries.
     const std::vector<int64_t> segs = {0, 37, 37, 101, 110, 122};
-    std::vector<float> M64(static_cast<size_t>(3 * p.HV * p.K * p.K)), B64(static_cast<size_t>(3 * p.HV * p.V * p.K));
-    std::vector<float> M32(M64.size()), B32(B64.size());
-    SegmentSummaryArgs s;
-    s.inputs = p.host_args(nullptr, nullptr);
-    s.segments = segs.data();
-    s.num_segments = 3;
-    s.M = M64.data();
-    s.B = B64.data();
-    ASSERT_TRUE(segment_summaries(s, backend).ok());
-    s.inputs.cu_seqlens = nullptr;
-    s.inputs.cu_seqlens_host = nullptr;
-    s.inputs.cu_seqlens_int32 = cu32.data();
-    s.M = M32.data();
-    s.B = B32.data();
-    const Status ss = segment_summaries(s, backend);
+    std::vector<float> M64, B64, M32, B32;
+    ASSERT_TRUE(summaries_of(p.host_args(nullptr, nullptr), segs, backend, M64, B64).ok());
+    ForwardArgs in32 = p.host_args(nullptr, nullptr);
+    in32.cu_seqlens = nullptr;
+    in32.cu_seqlens_host = nullptr;
+    in32.cu_seqlens_int32 = cu32.data();
+    const Status ss = summaries_of(in32, segs, backend, M32, B32);
     ASSERT_TRUE(ss.ok()) << ss.message;
     EXPECT_EQ(M32, M64);
     EXPECT_EQ(B32, B64);
@@ -71,7 +54,7 @@ TEST(Int32Offsets, ForwardIsBitwiseTheInt64Run) {
 }
 
 TEST(Int32Offsets, BadArgumentsAreNamed) {
-  const HostProblem p = varlen_problem(82);
+  const HostProblem p = varlen_gva_problem(82);
   std::vector<int32_t> cu32(p.cu_seqlens.begin(), p.cu_seqlens.end());
   std::vector<uint16_t> out(p.out_elems());
   std::vector<float> fin(p.state_elems());

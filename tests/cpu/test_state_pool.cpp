@@ -17,14 +17,7 @@ namespace flashkda::testing {
 namespace {
 
 // Varlen with GVA and an empty sequence: N = 4, H = 2, HV = 4, K = V = 32.
-HostProblem pool_problem(uint64_t seed) {
-  ProblemSpec spec;
-  spec.seqlens = {37, 0, 64, 21};
-  spec.heads = 2;
-  spec.v_heads = 4;
-  spec.head_dim = 32;
-  return make_problem(spec, seed);
-}
+HostProblem pool_problem(uint64_t seed) { return varlen_gva_problem(seed); }
 
 constexpr int64_t kPoolSize = 7;
 constexpr int64_t kSlotPadding = 8;  // elements of padding after each slot (pool_stride > HV·V·K)

@@ -74,19 +74,9 @@ TEST(StridedInputs, FusedProjectionViewsAreBitwiseTheDenseRun) {
 
     // Segment summaries read the views too.
     const std::vector<int64_t> segs = {0, 37, 101, 122};
-    std::vector<float> M1(static_cast<size_t>(2 * p.HV * p.K * p.K)), B1(static_cast<size_t>(2 * p.HV * p.V * p.K));
-    std::vector<float> M2(M1.size()), B2(B1.size());
-    SegmentSummaryArgs s;
-    s.inputs = p.host_args(nullptr, nullptr);
-    s.segments = segs.data();
-    s.num_segments = 2;
-    s.M = M1.data();
-    s.B = B1.data();
-    ASSERT_TRUE(segment_summaries(s, backend).ok());
-    s.inputs = strided_args(p, f, nullptr, nullptr);
-    s.M = M2.data();
-    s.B = B2.data();
-    ASSERT_TRUE(segment_summaries(s, backend).ok());
+    std::vector<float> M1, B1, M2, B2;
+    ASSERT_TRUE(summaries_of(p.host_args(nullptr, nullptr), segs, backend, M1, B1).ok());
+    ASSERT_TRUE(summaries_of(strided_args(p, f, nullptr, nullptr), segs, backend, M2, B2).ok());
     EXPECT_EQ(M1, M2);
     EXPECT_EQ(B1, B2);
   }
