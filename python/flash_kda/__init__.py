@@ -22,6 +22,7 @@ custom op).
                        place, declared as mutated: torch.compile friendly)
     check_device_faults()  raises ValueError if a kernel met invalid device-resident
                        cu_seqlens / state_indices values (see its docstring)
+    chunk_kda(...)     fla's chunk_kda arguments and outputs (one import to switch)
     segment_summaries(...), compose_summaries(...)
                        a run of tokens as an affine map of the state (M, B), and
                        their composition: the pieces of context parallelism (CPU)
@@ -54,7 +55,7 @@ else:  # pragma: no cover - exercised only without torch
 
 __version__ = "0.1.0"
 __all__ = ["fwd", "decode", "kda_forward", "kda_decode", "workspace_size", "check_device_faults", "cuda_available",
-           "cuda_status", "compiled_with_cuda", "segment_summaries", "compose_summaries"]
+           "cuda_status", "compiled_with_cuda", "segment_summaries", "compose_summaries", "chunk_kda"]
 
 #: Used when ``lower_bound=None`` is passed (fla passes its own value through,
 #: which may be None): the FlashKDA/fla safe-gate default and the widest bound
@@ -356,6 +357,9 @@ def _set_torch_fast_path(enabled: bool) -> bool:
     benchmarks: both paths accept the same arguments and raise the same errors."""
     return bool(_C.set_torch_fast_path(bool(enabled)))
 
+
+if _torch is not None:
+    from ._fla_compat import chunk_kda  # noqa: E402  (fla's entry point; needs fwd above)
 
 # The functional form needs torch (a torch.library custom op). Registered at import
 # when torch is installed; without torch, kda_forward raises ImportError when called.
