@@ -215,6 +215,7 @@ struct DecodeArgs {
   int64_t tokens_per_seq = 1;  // t, when cu_seqlens is null
   const int64_t* cu_seqlens = nullptr;       // [N+1], backend memory; optional
   const int64_t* cu_seqlens_host = nullptr;  // optional host copy, validated when given
+  const int32_t* cu_seqlens_int32 = nullptr; // int32 [N+1] instead of cu_seqlens (CPU backends for now)
   int64_t total_tokens = 0;    // T (= N·t without cu_seqlens)
 
   void* state_pool = nullptr;

@@ -3,10 +3,12 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "api/guarded.h"
 #include "api/validation_util.h"
 #include "cpu/cpu_backends.h"
+#include "common/sequences.h"
 #include "flashkda/flashkda.h"
 #include "sm90/sm90_decode.h"
 
@@ -24,6 +26,17 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
     return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
                                " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
   const bool cuda = backend == Backend::kCuda;
+
+  // ---- int32 boundaries: checked as the int64 ones they stand for --------------
+  if (a.cu_seqlens_int32 != nullptr) {
+    if (a.cu_seqlens != nullptr)
+      return Status::Invalid("cu_seqlens_int32: given together with cu_seqlens (expected one of the two)");
+    if (cuda) return Status::NotSupported("cu_seqlens_int32: backend kCuda reads int64 cu_seqlens only for now");
+    if (a.num_seqs < 0) return Status::Invalid(cat("num_seqs: expected a value >= 0, got ", a.num_seqs));
+    if (!aligned(a.cu_seqlens_int32, 4)) return Status::Invalid("cu_seqlens_int32: expected a 4-byte aligned pointer");
+    std::vector<int64_t> wide;
+    return validate_decode(with_int64_cu_seqlens(a, wide), backend);
+  }
 
   // ---- shapes --------------------------------------------------------------
   if (a.num_seqs < 0) return Status::Invalid(cat("num_seqs: expected a value >= 0, got ", a.num_seqs));
@@ -151,7 +164,8 @@ Status decode(const DecodeArgs& args, Backend backend, void* stream) {
     if (!s.ok()) return s;
     if (args.num_seqs == 0) return Status::Ok();
     if (backend == Backend::kCuda) return sm90::decode(args, stream);
-    return cpu::decode_f64(args);  // the token recurrence is already the decode algorithm
+    std::vector<int64_t> wide;  // int32 boundaries widened (kCuda rejects them in validate_decode)
+    return cpu::decode_f64(with_int64_cu_seqlens(args, wide));  // the token recurrence is the decode algorithm
   });
 }
 

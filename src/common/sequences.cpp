@@ -59,13 +59,23 @@ ForwardArgs with_dense_inputs(const ForwardArgs& args, DenseInputs& storage) {
   return d;
 }
 
-ForwardArgs with_int64_cu_seqlens(const ForwardArgs& args, std::vector<int64_t>& storage) {
+namespace {
+template <class Args>
+Args widen(const Args& args, std::vector<int64_t>& storage) {
   if (args.cu_seqlens_int32 == nullptr) return args;
   storage.assign(args.cu_seqlens_int32, args.cu_seqlens_int32 + args.num_seqs + 1);
-  ForwardArgs wide = args;
+  Args wide = args;
   wide.cu_seqlens = storage.data();
   wide.cu_seqlens_int32 = nullptr;
   return wide;
+}
+}  // namespace
+
+ForwardArgs with_int64_cu_seqlens(const ForwardArgs& args, std::vector<int64_t>& storage) {
+  return widen(args, storage);
+}
+DecodeArgs with_int64_cu_seqlens(const DecodeArgs& args, std::vector<int64_t>& storage) {
+  return widen(args, storage);
 }
 
 }  // namespace flashkda

@@ -24,6 +24,7 @@ std::vector<SequenceSpan> sequence_spans(const ForwardArgs& args, const int64_t*
 // given as cu_seqlens; `args` unchanged without them. Host memory only (the CPU
 // backends); num_seqs must be >= 1.
 ForwardArgs with_int64_cu_seqlens(const ForwardArgs& args, std::vector<int64_t>& storage);
+DecodeArgs with_int64_cu_seqlens(const DecodeArgs& args, std::vector<int64_t>& storage);
 
 // `args` with strided token tensors (q, k, v, g, beta) copied densely into
 // `storage` (one buffer per tensor); `args` unchanged when all five are dense.

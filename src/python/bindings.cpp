@@ -792,7 +792,7 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   c.out = take("out", out, {DT::kBF16}, false);
   c.pool = take("state_pool", state_pool, {DT::kF32, DT::kBF16}, false);
   c.idx = take("state_indices", state_indices, {DT::kI32, DT::kI64}, false);
-  c.cu = take("cu_seqlens", cu_seqlens, {DT::kI64}, true);
+  c.cu = take("cu_seqlens", cu_seqlens, {DT::kI64, DT::kI32}, true);
   c.cu_host = take("cu_seqlens_host", cu_seqlens_host, {DT::kI64}, true);
   c.pool_out = take("state_out_pool", state_out_pool, {DT::kF32, DT::kBF16}, true);
   c.per_tok = take("per_token_states", per_token_states, {DT::kF32, DT::kBF16}, true);
@@ -869,7 +869,8 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   a.out = c.out.data();
   a.num_seqs = N;
   a.tokens_per_seq = tokens_per_seq;
-  a.cu_seqlens = static_cast<const int64_t*>(c.cu.cdata());
+  if (c.cu.present && dtype_of(c.cu.dtype) == DT::kI32) a.cu_seqlens_int32 = static_cast<const int32_t*>(c.cu.cdata());
+  else a.cu_seqlens = static_cast<const int64_t*>(c.cu.cdata());
   a.cu_seqlens_host = static_cast<const int64_t*>(c.cu_host.cdata());
   a.total_tokens = T;
   a.state_pool = c.pool.data();

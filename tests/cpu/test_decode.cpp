@@ -178,3 +178,38 @@ TEST(DecodeValidation, PdlModeOutsideTheEnumIsRejected) {
 
 }  // namespace
 }  // namespace flashkda::testing
+
+namespace flashkda::testing {
+namespace {
+
+// int32 boundaries (DecodeArgs::cu_seqlens_int32): bitwise the int64 call; kCuda
+// and both kinds at once are refused by name.
+TEST(Decode, Int32BoundariesAreTheInt64Call) {
+  DecodeSpec spec;
+  spec.seq_tokens = {1, 3, 2, 1, 4};
+  spec.heads = 2;
+  spec.v_heads = 4;
+  spec.head_dim = 32;
+  spec.padding_entries = 1;
+  const DecodeProblem p = make_decode_problem(spec, 15);
+  const std::vector<int32_t> cu32(p.cu_seqlens.begin(), p.cu_seqlens.end());
+  std::vector<uint16_t> o64(static_cast<size_t>(p.T * p.HV * p.V), 0x7fc0), o32 = o64;
+  std::vector<uint8_t> pool64 = p.pool_bytes(), pool32 = pool64;
+  ASSERT_TRUE(decode(p.args(o64.data(), pool64.data(), nullptr), Backend::kCpuReference, nullptr).ok());
+  DecodeArgs a = p.args(o32.data(), pool32.data(), nullptr);
+  a.cu_seqlens = nullptr;
+  a.cu_seqlens_host = nullptr;
+  a.cu_seqlens_int32 = cu32.data();
+  const Status st = decode(a, Backend::kCpuReference, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message;
+  EXPECT_EQ(o32, o64);
+  EXPECT_EQ(pool32, pool64);
+  EXPECT_EQ(validate_decode(a, Backend::kCuda).code, StatusCode::kNotSupported);
+  a.cu_seqlens = p.cu_seqlens.data();
+  const Status both = validate_decode(a, Backend::kCpuReference);
+  EXPECT_EQ(both.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(both.message.find("cu_seqlens_int32: given together with cu_seqlens"), std::string::npos) << both.message;
+}
+
+}  // namespace
+}  // namespace flashkda::testing

@@ -340,7 +340,7 @@ def call_with(p, **override):
 @pytest.mark.parametrize("name,dtype", [
     ("q", torch.float32), ("k", torch.float16), ("v", torch.float32), ("g", torch.float32),
     ("beta", torch.float32), ("A_log", torch.bfloat16), ("dt_bias", torch.float64), ("out", torch.float32),
-    ("state_pool", torch.float16), ("state_indices", torch.int16), ("cu_seqlens", torch.int32),
+    ("state_pool", torch.float16), ("state_indices", torch.int16), ("cu_seqlens", torch.int16),
     ("state_out_pool", torch.float64), ("per_token_states", torch.float16),
 ])
 def test_wrong_dtype_is_type_error_naming_the_argument(small, name, dtype):
@@ -518,3 +518,11 @@ def test_kda_decode_torch_compile_fullgraph_updates_the_pool():
     assert torch.equal(eager, compiled)
     assert torch.equal(pool_eager, pool_compiled)
     assert not torch.equal(pool_eager, p["pool"])
+
+
+def test_int32_cu_seqlens_is_the_int64_call():
+    """vLLM's int32 offsets: the same bits as int64 ones."""
+    p = make_decode(N=3, K=32, seqlens=[1, 3, 2])
+    out64, pool64 = run(p)
+    out32, pool32 = run(p, cu_seqlens=p["cu_seqlens"].int())
+    assert torch.equal(out32, out64) and torch.equal(pool32, pool64)
