@@ -231,6 +231,18 @@ struct DecodeArgs {
   // state dtype, [T, HV, V, K] (token-major, dense).
   void* per_token_states = nullptr;
 
+  // Speculative verify on pool slots (the semantics of fla's serving-form
+  // fused_recurrent_kda): with verify_slots = C >= 2, state_indices is [N, C] and
+  // sequence n (at most C tokens) starts from slot state_indices[n, j], j =
+  // num_accepted_tokens[n] − 1 (0 without num_accepted_tokens: [N] of
+  // index_type, values in [1, C]); the state after its token t goes to slot
+  // state_indices[n, t] in place. A negative starting slot makes the sequence a
+  // padding entry (nothing read or written); a negative slot for token t skips
+  // that write. Not with state_out_pool or per_token_states. CPU backends for
+  // now; kCuda answers kNotSupported.
+  int64_t verify_slots = 0;                   // 0 or 1: [N] indices, the final state to the one slot
+  const void* num_accepted_tokens = nullptr;  // [N], index_type, or null
+
   int64_t num_heads = 0;
   int64_t num_v_heads = 0;  // 0 means HV = H
   int64_t head_dim_k = 0;

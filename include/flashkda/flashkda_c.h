@@ -9,8 +9,8 @@
  * The struct layouts are part of the ABI (on 64-bit platforms, no padding):
  * flashkda_forward_args is 19 pointers, 21 int64, 6 int32 and 2 float, 352 bytes
  * (ABI 2 appended the state-pool and checkpoint fields to ABI 1's 168 bytes);
- * flashkda_decode_args is 15 pointers, 10 int64, 3 int32, 2 float and a reserved
- * int32, 224 bytes (ABI 2 appended cu_seqlens_int32); flashkda_segment_summary_args is a flashkda_forward_args,
+ * flashkda_decode_args is 16 pointers, 11 int64, 3 int32, 2 float and a reserved
+ * int32, 240 bytes (ABI 2 appended cu_seqlens_int32, verify_slots, num_accepted_tokens); flashkda_segment_summary_args is a flashkda_forward_args,
  * a pointer, an int64 and two pointers, 384 bytes; flashkda_compose_summaries_args
  * is 3 int64 and 6 pointers, 72 bytes. A layout change bumps
  * FLASHKDA_C_ABI_VERSION. */
@@ -150,6 +150,8 @@ typedef struct flashkda_decode_args {
   float lower_bound;              /* in [-5, 0) */
   int32_t reserved;               /* 0 */
   const int32_t* cu_seqlens_int32; /* int32 [N+1] instead of cu_seqlens, or NULL (CPU backends for now) */
+  int64_t verify_slots;            /* >= 2: speculative verify, state_indices [N, verify_slots] (CPU for now) */
+  const void* num_accepted_tokens; /* [N] of index_type, or NULL */
 } flashkda_decode_args;
 
 /* Zeroes *args and sets the C++ defaults: tokens_per_seq = 1, state_dtype fp32,

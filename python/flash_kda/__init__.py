@@ -227,7 +227,7 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
 
 def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,
            lower_bound=None, cu_seqlens=None, state_out_pool=None, per_token_states=None,
-           cu_seqlens_host=None, stream=None, pdl=None):
+           cu_seqlens_host=None, stream=None, pdl=None, num_accepted_tokens=None):
     """One KDA decode step: a few new tokens per running sequence, states in a pool.
 
     Sequence n's tokens run the recurrence (the same math as :func:`fwd`) starting from
@@ -252,6 +252,11 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
         per_token_states: ``[T, HV, V, K]`` in the state dtype, or None: also the state
             after every token (speculative verify).
         cu_seqlens_host: optional int64 CPU copy of cu_seqlens (validated; CUDA only).
+        Speculative verify on pool slots (fla's serving-form fused_recurrent_kda):
+            state_indices ``[N, 1 + S]`` and optionally num_accepted_tokens ``[N]`` (the dtype
+            of state_indices, values in [1, 1 + S]): sequence n starts from slot
+            ``state_indices[n, num_accepted_tokens[n] - 1]`` (column 0 without it) and the
+            state after its token t goes to slot ``state_indices[n, t]``; CPU tensors for now.
         stream: cudaStream_t as int; default torch's current stream on q's device.
         pdl: programmatic dependent launch of the CUDA kernel: it may then be scheduled
             while the previous kernel on the stream still runs (it waits for that kernel
@@ -274,7 +279,7 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     _, stream = _runtime(q, stream, need_alloc=False)
     _C.decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound, cu_seqlens,
-              cu_seqlens_host, state_out_pool, per_token_states, stream, pdl_mode)
+              cu_seqlens_host, state_out_pool, per_token_states, num_accepted_tokens, stream, pdl_mode)
     return out
 
 

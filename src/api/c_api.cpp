@@ -70,7 +70,8 @@ static_assert(offsetof(flashkda_decode_args, head_dim_v) == 184, "");
 static_assert(offsetof(flashkda_decode_args, state_dtype) == 192, "");
 static_assert(offsetof(flashkda_decode_args, lower_bound) == 208, "");
 static_assert(offsetof(flashkda_decode_args, cu_seqlens_int32) == 216, "");
-static_assert(sizeof(flashkda_decode_args) == 224, "");
+static_assert(offsetof(flashkda_decode_args, verify_slots) == 224, "");
+static_assert(sizeof(flashkda_decode_args) == 240, "");
 static_assert(offsetof(flashkda_segment_summary_args, segments) == 352, "");
 static_assert(offsetof(flashkda_segment_summary_args, B) == 376, "");
 static_assert(sizeof(flashkda_segment_summary_args) == 384, "");
@@ -171,6 +172,8 @@ DecodeArgs to_cpp(const flashkda_decode_args& c) {
   // Unknown values: validate_decode() rejects (so an old caller's "nonzero = on" other than 1 is an error, not "on").
   a.programmatic_dependent_launch = static_cast<PdlMode>(c.programmatic_dependent_launch);
   a.cu_seqlens_int32 = c.cu_seqlens_int32;
+  a.verify_slots = c.verify_slots;
+  a.num_accepted_tokens = c.num_accepted_tokens;
   return a;
 }
 

@@ -89,6 +89,21 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
     return Status::Invalid(cat("programmatic_dependent_launch: expected -1 (off), 0 (auto) or 1 (on), got ",
                                static_cast<int32_t>(a.programmatic_dependent_launch)));
 
+  // ---- speculative verify ----------------------------------------------------------
+  const bool verify = a.verify_slots >= 2;
+  if (a.verify_slots < 0) return Status::Invalid(cat("verify_slots: expected a value >= 0, got ", a.verify_slots));
+  if (a.num_accepted_tokens != nullptr && !verify)
+    return Status::Invalid("num_accepted_tokens: needs verify_slots >= 2 (state_indices [N, 1 + draft tokens])");
+  if (verify) {
+    if (a.state_out_pool != nullptr)
+      return Status::Invalid("state_out_pool: not with verify_slots (the per-token states go to the pool's slots)");
+    if (a.per_token_states != nullptr)
+      return Status::Invalid("per_token_states: not with verify_slots (the per-token states go to the pool's slots)");
+    int64_t n_idx = 0;
+    if (!tensor_fits({N, a.verify_slots}, 8, &n_idx))
+      return Status::Invalid("verify_slots: num_seqs * verify_slots overflows int64");
+  }
+
   // ---- pointers ----------------------------------------------------------------
   struct Req {
     const char* name;
@@ -130,6 +145,7 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
                 {"g", a.g, 2},          {"beta", a.beta, 2},   {"out", a.out, 2},
                 {"A_log", a.A_log, 4},  {"dt_bias", a.dt_bias, 4},
                 {"state_indices", a.state_indices, a.index_type == IndexType::kInt64 ? 8u : 4u},
+                {"num_accepted_tokens", a.num_accepted_tokens, a.index_type == IndexType::kInt64 ? 8u : 4u},
                 {"cu_seqlens", a.cu_seqlens, 8}};
   for (const auto& r : aligns)
     if (r.ptr != nullptr && !aligned(r.ptr, r.align))
@@ -151,9 +167,29 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
                                  cu_host[N]));
   }
   if (!cuda && N > 0) {
-    const Status s = check_slot_indices("state_indices", a.state_indices, a.index_type, N, a.pool_size, "a padding entry");
+    const Status s = check_slot_indices("state_indices", a.state_indices, a.index_type,
+                                        verify ? N * a.verify_slots : N, a.pool_size, "a padding entry");
     if (!s.ok()) return s;
   }
+  if (!cuda && verify) {
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t t0 = cu_host != nullptr ? cu_host[n] : n * a.tokens_per_seq;
+      const int64_t t1 = cu_host != nullptr ? cu_host[n + 1] : t0 + a.tokens_per_seq;
+      if (t1 - t0 > a.verify_slots)
+        return Status::Invalid(cat("verify_slots: sequence ", n, " has ", t1 - t0, " tokens, more than its ",
+                                   a.verify_slots, " slots"));
+      if (a.num_accepted_tokens != nullptr) {
+        const int64_t acc = a.index_type == IndexType::kInt64 ? static_cast<const int64_t*>(a.num_accepted_tokens)[n]
+                                                              : static_cast<const int32_t*>(a.num_accepted_tokens)[n];
+        if (acc < 1 || acc > a.verify_slots)
+          return Status::Invalid(cat("num_accepted_tokens: entry ", n, " is ", acc, ", expected a value in [1, ",
+                                     a.verify_slots, "]"));
+      }
+    }
+  }
+  if (cuda && verify)
+    return Status::NotSupported("verify_slots: backend kCuda has no speculative verify on pool slots yet; run it "
+                                "on kCpuReference");
   if (cuda) return sm90::check_decode_supported(a);
   return Status::Ok();
 }

@@ -24,8 +24,14 @@ void store_state(void* pool, DType t, int64_t i, double x) {
 void decode_one(const DecodeArgs& a, int64_t n, int64_t hv) {
   const int64_t H = a.num_heads, HV = a.num_v_heads > 0 ? a.num_v_heads : H;
   const int64_t K = a.head_dim_k, V = a.head_dim_v, h = hv / (HV / H);
-  const int64_t slot = a.index_type == IndexType::kInt64 ? static_cast<const int64_t*>(a.state_indices)[n]
-                                                         : static_cast<const int32_t*>(a.state_indices)[n];
+  // [N] indices, or [N, C] with speculative verify: the starting slot is column
+  // num_accepted_tokens[n] − 1 (0 without it) and token t's state goes to column t.
+  const int64_t C = a.verify_slots >= 2 ? a.verify_slots : 1;
+  auto index = [&](const void* p, int64_t i) -> int64_t {
+    return a.index_type == IndexType::kInt64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+  };
+  const int64_t start = a.num_accepted_tokens != nullptr ? index(a.num_accepted_tokens, n) - 1 : 0;
+  const int64_t slot = index(a.state_indices, n * C + start);
   if (slot < 0) return;  // padding entry: nothing is read or written
   const int64_t stride = a.pool_stride > 0 ? a.pool_stride : HV * V * K;
   const int64_t out_stride = a.state_out_stride > 0 ? a.state_out_stride : stride;
@@ -78,7 +84,13 @@ void decode_one(const DecodeArgs& a, int64_t n, int64_t hv) {
     }
     if (a.per_token_states != nullptr)
       for (int64_t i = 0; i < V * K; ++i) store_state(a.per_token_states, a.state_dtype, (t * HV + hv) * V * K + i, S[i]);
+    if (C > 1) {  // verify: this token's state to its own slot
+      const int64_t s = index(a.state_indices, n * C + (t - t0));
+      if (s >= 0)
+        for (int64_t i = 0; i < V * K; ++i) store_state(a.state_pool, a.state_dtype, s * stride + hv * V * K + i, S[i]);
+    }
   }
+  if (C > 1) return;  // the last token's state went to its slot above
   void* dst = a.state_out_pool != nullptr ? a.state_out_pool : a.state_pool;
   const int64_t dst_base = slot * out_stride + hv * V * K;
   for (int64_t i = 0; i < V * K; ++i) store_state(dst, a.state_dtype, dst_base + i, S[i]);

@@ -771,7 +771,7 @@ size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
 // Token tensors are rank 3 ([T, ...]) or rank 4 ([N, t, ...], read as the
 // flattened [N*t, ...]); q decides which and every token tensor follows it.
 struct DecodeCall {
-  Arg q, k, v, g, beta, A_log, dt_bias, out, pool, idx, cu, cu_host, pool_out, per_tok;
+  Arg q, k, v, g, beta, A_log, dt_bias, out, pool, idx, cu, cu_host, pool_out, per_tok, acc;
   flashkda::DecodeArgs args;
   flashkda::Backend backend = flashkda::Backend::kCpuReference;
 };
@@ -779,7 +779,7 @@ struct DecodeCall {
 DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle A_log,
                           nb::handle dt_bias, nb::handle out, nb::handle state_pool, nb::handle state_indices,
                           double scale, double lower_bound, nb::handle cu_seqlens, nb::handle cu_seqlens_host,
-                          nb::handle state_out_pool, nb::handle per_token_states) {
+                          nb::handle state_out_pool, nb::handle per_token_states, nb::handle num_accepted_tokens) {
   DecodeCall c;
   // dtypes first (TypeError), in argument order.
   c.q = take("q", q, {DT::kBF16}, false);
@@ -796,6 +796,10 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   c.cu_host = take("cu_seqlens_host", cu_seqlens_host, {DT::kI64}, true);
   c.pool_out = take("state_out_pool", state_out_pool, {DT::kF32, DT::kBF16}, true);
   c.per_tok = take("per_token_states", per_token_states, {DT::kF32, DT::kBF16}, true);
+  c.acc = take("num_accepted_tokens", num_accepted_tokens, {DT::kI32, DT::kI64}, true);
+  if (c.acc.present && dtype_of(c.acc.dtype) != dtype_of(c.idx.dtype))
+    raise_type(cat("num_accepted_tokens: expected the dtype of state_indices (", dtype_string(c.idx.dtype), "), got ",
+                   dtype_string(c.acc.dtype)));
   const DT sdt = dtype_of(c.pool.dtype);
   for (const Arg* a : {&c.pool_out, &c.per_tok})
     if (a->present && dtype_of(a->dtype) != sdt)
@@ -825,9 +829,17 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   const int64_t pool_stride = expect_pool(c.pool, -1, HV, V, K);
   const int64_t P = c.pool.dim(0);
   const int64_t out_stride = c.pool_out.present ? expect_pool(c.pool_out, P, HV, V, K) : 0;
-  if (c.idx.ndim() != 1)
-    raise_value(cat("state_indices: expected a 1-d tensor [N], got shape ", shape_string(c.idx)));
+  // [N], or [N, 1 + draft tokens] for speculative verify on pool slots.
+  if (c.idx.ndim() != 1 && c.idx.ndim() != 2)
+    raise_value(cat("state_indices: expected a tensor [N] (or [N, 1 + draft tokens] for speculative verify), got "
+                    "shape ", shape_string(c.idx)));
   const int64_t N = c.idx.dim(0);
+  const int64_t verify_slots = c.idx.ndim() == 2 ? c.idx.dim(1) : 0;
+  if (c.acc.present) {
+    if (verify_slots == 0)
+      raise_value("num_accepted_tokens: needs 2-d state_indices [N, 1 + draft tokens]");
+    expect_shape(c.acc, {N}, "[N] (one count per sequence)");
+  }
   int64_t tokens_per_seq = 1;
   if (c.cu.present) {
     expect_shape(c.cu, {N + 1}, "[N+1] (N = len(state_indices))");
@@ -849,7 +861,7 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
 
   // Strides (ValueError); the pools were checked above.
   for (const Arg* a : {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.A_log, &c.dt_bias, &c.out, &c.idx, &c.cu, &c.cu_host,
-                       &c.per_tok})
+                       &c.per_tok, &c.acc})
     expect_contiguous(*a);
 
   // Devices (ValueError): everything where q is, except the host copy of cu_seqlens.
@@ -882,6 +894,8 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   a.state_out_stride = c.pool_out.present ? (out_stride != 0 ? out_stride : HV * V * K) : 0;
   a.state_indices = c.idx.cdata();
   a.index_type = dtype_of(c.idx.dtype) == DT::kI64 ? flashkda::IndexType::kInt64 : flashkda::IndexType::kInt32;
+  a.verify_slots = verify_slots;
+  a.num_accepted_tokens = c.acc.cdata();
   a.per_token_states = c.per_tok.data();
   a.num_heads = H; a.num_v_heads = HV;
   a.head_dim_k = K; a.head_dim_v = V;
@@ -893,9 +907,9 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
 void decode_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle A_log,
                nb::handle dt_bias, nb::handle out, nb::handle state_pool, nb::handle state_indices, double scale,
                double lower_bound, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle state_out_pool,
-               nb::handle per_token_states, uintptr_t stream, int32_t pdl_mode) {
+               nb::handle per_token_states, nb::handle num_accepted_tokens, uintptr_t stream, int32_t pdl_mode) {
   DecodeCall c = prepare_decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound,
-                                cu_seqlens, cu_seqlens_host, state_out_pool, per_token_states);
+                                cu_seqlens, cu_seqlens_host, state_out_pool, per_token_states, num_accepted_tokens);
   // An int (not a bool) so auto can be told from off; flashkda::decode rejects values outside {-1, 0, 1}.
   c.args.programmatic_dependent_launch = static_cast<flashkda::PdlMode>(pdl_mode);
   flashkda::Status st;
@@ -1025,7 +1039,8 @@ NB_MODULE(_C, m) {
   m.def("decode", &decode_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),
         "A_log"_a.none(), "dt_bias"_a.none(), "out"_a.none(), "state_pool"_a.none(), "state_indices"_a.none(),
         "scale"_a, "lower_bound"_a, "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(),
-        "state_out_pool"_a = nb::none(), "per_token_states"_a = nb::none(), "stream"_a = 0, "pdl_mode"_a = 0,
+        "state_out_pool"_a = nb::none(), "per_token_states"_a = nb::none(), "num_accepted_tokens"_a = nb::none(),
+        "stream"_a = 0, "pdl_mode"_a = 0,
         "One decode step: each sequence n's new tokens run the recurrence on slot state_indices[n] of "
         "state_pool (in place, or into state_out_pool), writing `out` in place. Tensors: see flash_kda.decode. "
         "CPU tensors run the float64 CPU decode, CUDA tensors the kCuda kernel on `stream` "

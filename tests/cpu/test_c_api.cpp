@@ -172,7 +172,7 @@ flashkda_decode_args to_c(const flashkda::DecodeArgs& a) {
 }
 
 TEST(CApi, DecodeLayoutAndInit) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_decode_args) == 224, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_decode_args) == 240, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || offsetof(flashkda_decode_args, lower_bound) == 208, "C struct layout changed");
   flashkda_decode_args a;
   std::memset(&a, 0xff, sizeof a);

@@ -213,3 +213,82 @@ TEST(Decode, Int32BoundariesAreTheInt64Call) {
 
 }  // namespace
 }  // namespace flashkda::testing
+
+namespace flashkda::testing {
+namespace {
+
+// Speculative verify on pool slots (DecodeArgs::verify_slots, num_accepted_tokens):
+// each sequence starts from the slot of its last accepted token and writes the
+// state after each token to that token's slot; the oracle is the plain decode
+// from the same starting slot with per_token_states.
+TEST(DecodeVerify, EachTokensStateGoesToItsSlot) {
+  DecodeSpec spec;
+  spec.seq_tokens = {3, 1, 2};
+  spec.heads = 1;
+  spec.v_heads = 2;
+  spec.head_dim = 16;
+  spec.extra_slots = 7;
+  const DecodeProblem p = make_decode_problem(spec, 16);  // N = 3, 10 slots
+  ASSERT_GE(p.pool_size, 10);
+  constexpr int64_t C = 3;
+  // Sequence n's slots: columns 0..2. Sequence 1 has one token and a negative
+  // third column; sequence 2 skips the write of its first token.
+  const std::vector<int32_t> idx = {0, 1, 2, 3, 4, -1, 5, -1, 6};
+  const std::vector<int32_t> accepted = {2, 1, 3};  // start from columns 1, 0, 2
+  std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V), 0x7fc0);
+  std::vector<uint8_t> pool = p.pool_bytes();
+  const std::vector<uint8_t> before = pool;
+  DecodeArgs a = p.args(out.data(), pool.data(), nullptr);
+  a.state_indices = idx.data();
+  a.index_type = IndexType::kInt32;
+  a.verify_slots = C;
+  a.num_accepted_tokens = accepted.data();
+  const Status st = decode(a, Backend::kCpuReference, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message;
+
+  const size_t slot_bytes = static_cast<size_t>(p.per_slot) * 4;  // fp32 pool
+  std::vector<bool> written(static_cast<size_t>(p.pool_size), false);
+  for (int64_t n = 0; n < p.N; ++n) {
+    const int64_t start = idx[static_cast<size_t>(n * C + accepted[static_cast<size_t>(n)] - 1)];
+    const int64_t t0 = p.cu_seqlens[static_cast<size_t>(n)], tn = p.cu_seqlens[static_cast<size_t>(n) + 1] - t0;
+    // The oracle: sequence n alone, from `start`, with per-token states.
+    std::vector<uint8_t> pool2 = before;
+    std::vector<uint16_t> out2(out.size(), 0x7fc0);
+    std::vector<float> per_tok(static_cast<size_t>(p.T * p.per_slot));
+    std::vector<int32_t> one(static_cast<size_t>(p.N), -1);
+    one[static_cast<size_t>(n)] = static_cast<int32_t>(start);
+    DecodeArgs b = p.args(out2.data(), pool2.data(), per_tok.data());
+    b.state_indices = one.data();
+    b.index_type = IndexType::kInt32;
+    ASSERT_TRUE(decode(b, Backend::kCpuReference, nullptr).ok());
+    for (int64_t t = 0; t < tn; ++t) {
+      for (int64_t e = 0; e < p.HV * p.V; ++e)
+        EXPECT_EQ(out[static_cast<size_t>((t0 + t) * p.HV * p.V + e)], out2[static_cast<size_t>((t0 + t) * p.HV * p.V + e)]);
+      const int64_t s = idx[static_cast<size_t>(n * C + t)];
+      if (s < 0) continue;
+      written[static_cast<size_t>(s)] = true;
+      EXPECT_EQ(0, std::memcmp(pool.data() + s * slot_bytes, per_tok.data() + (t0 + t) * p.per_slot, slot_bytes))
+          << "sequence " << n << ", token " << t << ", slot " << s;
+    }
+  }
+  for (int64_t s = 0; s < p.pool_size; ++s)
+    if (!written[static_cast<size_t>(s)])
+      EXPECT_EQ(0, std::memcmp(pool.data() + s * slot_bytes, before.data() + s * slot_bytes, slot_bytes))
+          << "slot " << s << " was written";
+
+  // Bad values, named.
+  std::vector<int32_t> bad = accepted;
+  bad[1] = 0;
+  a.num_accepted_tokens = bad.data();
+  Status v = validate_decode(a, Backend::kCpuReference);
+  EXPECT_NE(v.message.find("num_accepted_tokens: entry 1 is 0"), std::string::npos) << v.message;
+  a.num_accepted_tokens = accepted.data();
+  a.verify_slots = 2;  // sequence 0 has 3 tokens
+  v = validate_decode(a, Backend::kCpuReference);
+  EXPECT_NE(v.message.find("verify_slots: sequence 0 has 3 tokens"), std::string::npos) << v.message;
+  a.verify_slots = C;
+  EXPECT_EQ(validate_decode(a, Backend::kCuda).code, StatusCode::kNotSupported);
+}
+
+}  // namespace
+}  // namespace flashkda::testing

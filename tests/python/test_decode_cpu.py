@@ -375,7 +375,7 @@ def test_out_none_without_torch_is_type_error(small):
     ("k", (2, 2, 16)), ("k", (2, 3, 32)), ("v", (3, 2, 32)), ("g", (2, 2, 16)), ("beta", (2, 3)),
     ("beta", (2, 2, 1)), ("A_log", (3,)), ("dt_bias", (2, 16)), ("out", (2, 2, 16)),
     ("state_pool", (6, 3, 32, 32)), ("state_pool", (6, 2, 32)), ("state_pool", (0, 2, 32, 32)),
-    ("state_out_pool", (5, 2, 32, 32)), ("per_token_states", (1, 2, 32, 32)), ("state_indices", (2, 1)),
+    ("state_out_pool", (5, 2, 32, 32)), ("per_token_states", (1, 2, 32, 32)), ("state_indices", (2, 1, 1)),
     ("cu_seqlens", (2,)),
 ])
 def test_wrong_shape_is_value_error_naming_the_argument(small, name, shape):
@@ -526,3 +526,32 @@ def test_int32_cu_seqlens_is_the_int64_call():
     out64, pool64 = run(p)
     out32, pool32 = run(p, cu_seqlens=p["cu_seqlens"].int())
     assert torch.equal(out32, out64) and torch.equal(pool32, pool64)
+
+
+def test_speculative_verify_writes_each_tokens_state_to_its_slot():
+    """state_indices [N, 1 + S] with num_accepted_tokens (fla's serving-form semantics): each
+    sequence starts from the slot of its last accepted token, and token t's state goes to
+    slot [n, t]; checked against a plain decode with per-token states from that slot."""
+    p = make_decode(N=2, K=32, P=8, seqlens=[3, 2])
+    idx = torch.tensor([[0, 1, 2], [3, 4, -1]], dtype=torch.int32)
+    acc = torch.tensor([2, 1], dtype=torch.int32)           # start from slots 1 and 3
+    pool = p["pool"].clone()
+    out = flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool, idx,
+                           cu_seqlens=p["cu_seqlens"], num_accepted_tokens=acc)
+    per_tok = torch.empty(5, *p["pool"].shape[1:])
+    ref_pool = p["pool"].clone()
+    ref_out = flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], ref_pool,
+                               torch.tensor([1, 3], dtype=torch.int32), cu_seqlens=p["cu_seqlens"],
+                               per_token_states=per_tok)
+    assert torch.equal(out, ref_out)
+    for n, t0 in ((0, 0), (1, 3)):
+        for t in range(3 if n == 0 else 2):
+            assert torch.equal(pool[int(idx[n, t])], per_tok[t0 + t]), f"sequence {n} token {t}"
+    for s in (5, 6, 7):
+        assert torch.equal(pool[s], p["pool"][s]), f"slot {s} was written"
+    with pytest.raises(ValueError, match="num_accepted_tokens: entry 1 is 4"):
+        flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool.clone(), idx,
+                         cu_seqlens=p["cu_seqlens"], num_accepted_tokens=torch.tensor([2, 4], dtype=torch.int32))
+    with pytest.raises(TypeError, match="num_accepted_tokens: expected the dtype of state_indices"):
+        flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool.clone(), idx,
+                         cu_seqlens=p["cu_seqlens"], num_accepted_tokens=acc.long())
