@@ -38,14 +38,19 @@ void forward_from_pool(const DecodeProblem& p, int64_t n, std::vector<float>* ou
   ASSERT_TRUE(cpu::reference_forward_f64(a, out->data()).ok());
 }
 
-TEST(Decode, MatchesForwardOracleFromPooledState) {
+// Five sequences of 1-4 tokens, GVA, one padding entry.
+DecodeSpec mixed_spec() {
   DecodeSpec spec;
   spec.seq_tokens = {1, 3, 2, 1, 4};
   spec.heads = 2;
   spec.v_heads = 4;
   spec.head_dim = 32;
   spec.padding_entries = 1;
-  const DecodeProblem p = make_decode_problem(spec, 11);
+  return spec;
+}
+
+TEST(Decode, MatchesForwardOracleFromPooledState) {
+  const DecodeProblem p = make_decode_problem(mixed_spec(), 11);
   std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V), 0x7fc0);
   std::vector<uint8_t> pool = p.pool_bytes();
   const std::vector<uint8_t> before = pool;
@@ -185,13 +190,7 @@ namespace {
 // int32 boundaries (DecodeArgs::cu_seqlens_int32): bitwise the int64 call; kCuda
 // and both kinds at once are refused by name.
 TEST(Decode, Int32BoundariesAreTheInt64Call) {
-  DecodeSpec spec;
-  spec.seq_tokens = {1, 3, 2, 1, 4};
-  spec.heads = 2;
-  spec.v_heads = 4;
-  spec.head_dim = 32;
-  spec.padding_entries = 1;
-  const DecodeProblem p = make_decode_problem(spec, 15);
+  const DecodeProblem p = make_decode_problem(mixed_spec(), 15);
   const std::vector<int32_t> cu32(p.cu_seqlens.begin(), p.cu_seqlens.end());
   std::vector<uint16_t> o64(static_cast<size_t>(p.T * p.HV * p.V), 0x7fc0), o32 = o64;
   std::vector<uint8_t> pool64 = p.pool_bytes(), pool32 = pool64;
