@@ -3,6 +3,7 @@
 // backend that throws becomes a kInternal status.
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <new>
 #include <string>
 #include <vector>
@@ -31,22 +32,21 @@ Status workspace_size(const ForwardArgs& args, Backend backend, size_t* bytes) {
 
 namespace {
 
+// A CPU backend's forward: int32 boundaries widened and strided inputs copied
+// densely (kCuda rejects both in validate), then on the pool or on dense states.
+Status run_on_cpu(const ForwardArgs& args_in, const std::function<Status(const ForwardArgs&)>& run) {
+  HostInputs storage;
+  const ForwardArgs args = as_host_inputs(args_in, storage);
+  return args.state_pool != nullptr ? cpu::forward_on_pool(args, run) : run(args);
+}
+
 // forward() after validate(args, backend) returned Ok.
-Status dispatch(const ForwardArgs& args_in, Backend backend, void* workspace, size_t workspace_bytes, void* stream) {
-  // int32 boundaries widened and strided inputs copied densely (CPU backends;
-  // kCuda rejects both in validate).
-  std::vector<int64_t> wide;
-  DenseInputs dense;
-  const ForwardArgs args = with_dense_inputs(with_int64_cu_seqlens(args_in, wide), dense);
+Status dispatch(const ForwardArgs& args, Backend backend, void* workspace, size_t workspace_bytes, void* stream) {
   switch (backend) {
     case Backend::kCpuReference:
-      if (args.state_pool != nullptr)
-        return cpu::forward_on_pool(args, [](const ForwardArgs& a) { return cpu::reference_forward_f64(a); });
-      return cpu::reference_forward_f64(args);
+      return run_on_cpu(args, [](const ForwardArgs& a) { return cpu::reference_forward_f64(a); });
     case Backend::kCpuChunked:
-      if (args.state_pool != nullptr)
-        return cpu::forward_on_pool(args, [](const ForwardArgs& a) { return cpu::chunked_forward_f32(a); });
-      return cpu::chunked_forward_f32(args);
+      return run_on_cpu(args, [](const ForwardArgs& a) { return cpu::chunked_forward_f32(a); });
     case Backend::kCuda: {
       // No device check here: validate() ran sm90::check_supported, which starts
       // with sm90::device_supported (and answers "not built" in a build without

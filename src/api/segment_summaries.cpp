@@ -125,10 +125,9 @@ Status segment_summaries(const SegmentSummaryArgs& args_in, Backend backend) {
   return guarded(backend, "segment_summaries", [&]() -> Status {
     Status st = validate_segment_summaries(args_in, backend);
     if (!st.ok() || args_in.num_segments == 0) return st;
-    std::vector<int64_t> wide;
-    DenseInputs dense;
+    HostInputs storage;
     SegmentSummaryArgs args = args_in;
-    args.inputs = with_dense_inputs(with_int64_cu_seqlens(args_in.inputs, wide), dense);
+    args.inputs = as_host_inputs(args_in.inputs, storage);
     return backend == Backend::kCpuReference ? cpu::segment_summaries_f64(args)
                                              : cpu::segment_summaries_chunked_f32(args);
   });

@@ -284,16 +284,8 @@ Status validate(const ForwardArgs& a, Backend backend) {
   // ---- checkpoint capacity: the total Σ ceil(L_n / c), where the lengths are on the host
   if (checkpoints) {
     const int64_t c = a.checkpoint_interval;
-    int64_t need = -1;
-    if (!varlen) {
-      need = N * ((T + c - 1) / c);
-    } else {
-      const int64_t* cu = cuda ? a.cu_seqlens_host : a.cu_seqlens;
-      if (cu != nullptr) {
-        need = 0;
-        for (int64_t n = 0; n < N; ++n) need += (cu[n + 1] - cu[n] + c - 1) / c;
-      }
-    }
+    const int64_t* cu = cuda ? a.cu_seqlens_host : a.cu_seqlens;
+    const int64_t need = !varlen || cu != nullptr ? checkpoint_offsets(sequence_spans(a, cu), c).back() : -1;
     if (need > a.checkpoints_capacity)
       return Status::Invalid(cat("checkpoints_capacity: the sequences need ", need, " checkpoints of ", c,
                                  " tokens (sum of ceil(length / ", c, ")), the buffer holds ",

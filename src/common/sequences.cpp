@@ -74,6 +74,16 @@ Args widen(const Args& args, std::vector<int64_t>& storage) {
 ForwardArgs with_int64_cu_seqlens(const ForwardArgs& args, std::vector<int64_t>& storage) {
   return widen(args, storage);
 }
+
+ForwardArgs as_host_inputs(const ForwardArgs& args, HostInputs& storage) {
+  return with_dense_inputs(with_int64_cu_seqlens(args, storage.cu_seqlens), storage.dense);
+}
+
+std::vector<int64_t> checkpoint_offsets(const std::vector<SequenceSpan>& spans, int64_t interval) {
+  std::vector<int64_t> off(spans.size() + 1, 0);
+  for (size_t n = 0; n < spans.size(); ++n) off[n + 1] = off[n] + checkpoints_of(spans[n].length, interval);
+  return off;
+}
 DecodeArgs with_int64_cu_seqlens(const DecodeArgs& args, std::vector<int64_t>& storage) {
   return widen(args, storage);
 }

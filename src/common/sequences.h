@@ -35,6 +35,20 @@ struct DenseInputs {
 ForwardArgs with_dense_inputs(const ForwardArgs& args, DenseInputs& storage);
 bool has_strided_inputs(const ForwardArgs& args);
 
+// Both of the above: the arguments as the CPU backends read them (int64
+// boundaries, dense token tensors), backed by `storage`.
+struct HostInputs {
+  std::vector<int64_t> cu_seqlens;
+  DenseInputs dense;
+};
+ForwardArgs as_host_inputs(const ForwardArgs& args, HostInputs& storage);
+
+// Checkpoints (ForwardArgs::checkpoints): ceil(length / interval) per sequence,
+// and where each sequence's entries start (Σ over the sequences before it; the
+// total at [N]).
+inline int64_t checkpoints_of(int64_t length, int64_t interval) { return (length + interval - 1) / interval; }
+std::vector<int64_t> checkpoint_offsets(const std::vector<SequenceSpan>& spans, int64_t interval);
+
 // HV, resolving the "0 means H" convention.
 inline int64_t value_heads(const ForwardArgs& args) {
   return args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;

@@ -1,5 +1,5 @@
-// Checkpoints (ForwardArgs::checkpoints) for the CPU backends: where each
-// sequence's entries start, and one entry written from a [V][K] state.
+// Checkpoints (ForwardArgs::checkpoints) for the CPU backends: one entry written
+// from a [V][K] state (where each sequence's entries start: common/sequences.h).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -9,15 +9,6 @@
 #include "flashkda/flashkda.h"
 
 namespace flashkda::cpu {
-
-inline int64_t checkpoints_of(int64_t length, int64_t interval) { return (length + interval - 1) / interval; }
-
-// checkpoint_offset(n) = Σ_{m<n} ceil(L_m / c); one past the end at [N] (the total).
-inline std::vector<int64_t> checkpoint_offsets(const ForwardArgs& a, const std::vector<SequenceSpan>& spans) {
-  std::vector<int64_t> off(spans.size() + 1, 0);
-  for (size_t n = 0; n < spans.size(); ++n) off[n + 1] = off[n] + checkpoints_of(spans[n].length, a.checkpoint_interval);
-  return off;
-}
 
 // Entry `entry`, value head hv, from the state S [V][K] (float or double).
 template <typename T>

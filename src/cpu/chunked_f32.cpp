@@ -281,7 +281,8 @@ Status chunked_forward_f32(const ForwardArgs& args, int num_threads, float* out_
     return Status::Invalid("chunked_forward_f32: bad head counts or head dims");
   const std::vector<SequenceSpan> spans = sequence_spans(args, args.cu_seqlens);
   const std::vector<int64_t> checkpoint0 =
-      args.checkpoints != nullptr ? checkpoint_offsets(args, spans) : std::vector<int64_t>(spans.size() + 1, 0);
+      args.checkpoints != nullptr ? checkpoint_offsets(spans, args.checkpoint_interval)
+                                  : std::vector<int64_t>(spans.size() + 1, 0);
 
   // Tasks = (sequence, value head) pairs, longest sequences first.
   std::vector<std::pair<int64_t, int64_t>> tasks;

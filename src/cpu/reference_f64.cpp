@@ -135,7 +135,8 @@ Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded) {
   const std::vector<SequenceSpan> spans = sequence_spans(args, args.cu_seqlens);
   const int64_t tasks = static_cast<int64_t>(spans.size()) * HV;
   const std::vector<int64_t> checkpoint0 =
-      args.checkpoints != nullptr ? checkpoint_offsets(args, spans) : std::vector<int64_t>(spans.size() + 1, 0);
+      args.checkpoints != nullptr ? checkpoint_offsets(spans, args.checkpoint_interval)
+                                  : std::vector<int64_t>(spans.size() + 1, 0);
 
   // Longest sequences are not reordered: the oracle is about clarity, and the
   // (n, hv) pairs are handed out one at a time, which balances well enough.

@@ -55,7 +55,7 @@ Status forward_on_pool(const ForwardArgs& args, const std::function<Status(const
   std::vector<int64_t> first16;
   if (slot_checkpoints) {
     dense.checkpoint_interval = 16;
-    first16 = checkpoint_offsets(dense, spans);
+    first16 = checkpoint_offsets(spans, 16);
     every16.assign(static_cast<size_t>(first16.back() * per_state), 0.f);
     dense.checkpoints = every16.empty() ? nullptr : every16.data();
     dense.checkpoints_dtype = DType::kFP32;
@@ -71,7 +71,7 @@ Status forward_on_pool(const ForwardArgs& args, const std::function<Status(const
   }
   if (!slot_checkpoints) return Status::Ok();
   if (args.checkpoints != nullptr) {
-    const std::vector<int64_t> first = checkpoint_offsets(args, spans);
+    const std::vector<int64_t> first = checkpoint_offsets(spans, args.checkpoint_interval);
     const int64_t step = args.checkpoint_interval / 16;
     for (int64_t n = 0; n < N; ++n)
       for (int64_t j = 0; j < first[static_cast<size_t>(n) + 1] - first[static_cast<size_t>(n)]; ++j)

@@ -319,6 +319,13 @@ TEST(StatePoolValidation, BadArgumentsAreNamed) {
   a.state_pool = nullptr;
   a.state_pool_dtype = DType::kNone;
   expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "state_indices: given without state_pool");
+  a.state_indices = nullptr;
+  a.state_pool_dtype = DType::kFP32;
+  expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "state_pool: null pointer but state_pool_dtype is kFP32");
+  a.state_pool_dtype = DType::kNone;
+  const std::vector<uint8_t> has(static_cast<size_t>(p.N), 1);
+  a.has_initial_state = has.data();
+  expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "has_initial_state: given without state_pool");
   a = base();
   a.state_pool = reinterpret_cast<char*>(pool.data()) + 2;
   expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "state_pool: expected a 4-byte aligned");
