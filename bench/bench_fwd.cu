@@ -3,14 +3,16 @@
 //
 //   flashkda-bench [--heads 96,64] [--states fp32,bf16,none] [--iters 100] [--warmup 10]
 //                  [--cases 8192,varlen6,8x1024] [--table standard|tp] [--v-split 0|1|2] [--stages 0|3|4]
-//                  [--sweep-v-split] [--sweep-plan] [--plans "v,s;..."] [--json FILE]
+//                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg];..."]
+//                  [--json FILE]
 //
 // --cases: the standard table's three (default) and the tensor-parallel rows'
 // 1024, 32768, 4x8192, and 1M (one sequence of 2^20 tokens). --table tp replaces
 // --heads x --cases by the tensor-parallel table of spec section 5: H in {12, 24,
 // 48} x {1024, 8192, 32768}; H = 12 with 4x8192 and varlen6; H = 1 with 1M.
-// --v-split / --stages force one part of the launch plan (sm90::LaunchOverride);
-// unset parts keep the heuristic's choice. --sweep-plan times the plans worth
+// --v-split / --stages / --seg-chunks force one part of the launch plan
+// (sm90::LaunchOverride; --seg-chunks -1: never split a sequence, N: segments of
+// N chunks); unset parts keep the heuristic's choice. --sweep-plan times the plans worth
 // comparing (V split 1; V split 2 with 4 or 3 stages) one after the other on the
 // same inputs; --plans lists overrides to time the same way (v_split,stages).
 //
@@ -108,6 +110,7 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::atoi(next().c_str());
     else if (a == "--v-split") forced.v_split = std::atoi(next().c_str());
     else if (a == "--stages") forced.stages = std::atoi(next().c_str());
+    else if (a == "--seg-chunks") forced.seg_chunks = std::atoll(next().c_str());
     else if (a == "--cases") case_names = split_list(next());
     else if (a == "--table") {
       const std::string t = next();
@@ -120,6 +123,7 @@ int main(int argc, char** argv) {
         flashkda::sm90::LaunchOverride o;
         if (f.size() > 0) o.v_split = f[0];
         if (f.size() > 1) o.stages = f[1];
+        if (f.size() > 2) o.seg_chunks = f[2];
         listed_plans.push_back(o);
       }
     }
@@ -237,16 +241,17 @@ int main(int argc, char** argv) {
         const double state_bytes = dt == flashkda::DType::kNone ? 0.0
                                    : 2.0 * state_elems * (dt == flashkda::DType::kFP32 ? 4 : 2);
         const double bytes = 5.0 * tok_elems * 2 + T * H * 2.0 + state_bytes;
-        size_t ws_bytes = 0;
-        flashkda::Status wss = flashkda::workspace_size(a, flashkda::Backend::kCuda, &ws_bytes);
-        if (!wss.ok()) { std::fprintf(stderr, "workspace_size failed: %s\n", wss.message.c_str()); return 1; }
-        void* ws = nullptr;
-        CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
         int dev = 0, sms = 0;
         CHECK_CUDA(cudaGetDevice(&dev));
         CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         for (const auto& plan_override : plans) {
           flashkda::sm90::set_launch_override(plan_override);
+          // The workspace depends on the plan (a split one holds segment states).
+          size_t ws_bytes = 0;
+          flashkda::Status wss = flashkda::workspace_size(a, flashkda::Backend::kCuda, &ws_bytes);
+          if (!wss.ok()) { std::fprintf(stderr, "workspace_size failed: %s\n", wss.message.c_str()); return 1; }
+          void* ws = nullptr;
+          CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
           const flashkda::sm90::LaunchPlan used = flashkda::sm90::effective_launch_plan(flashkda::sm90::problem_shape(a), sms);
           for (int i = 0; i < warmup; ++i) {
             flashkda::Status s = flashkda::forward(a, flashkda::Backend::kCuda, ws, ws_bytes, nullptr);
@@ -263,14 +268,15 @@ int main(int argc, char** argv) {
           CHECK_CUDA(cudaGetLastError());
           std::sort(ms.begin(), ms.end());
           const double med = ms[iters / 2];
-          const std::string plan = std::to_string(used.stages) + " stages";
+          const std::string plan = std::to_string(used.stages) + " stages" +
+                                   (used.seg_chunks > 0 ? ", segments of " + std::to_string(used.seg_chunks) : "");
           rows.push_back({H, c.name, st, used.v_split, plan, med, bytes / (med * 1e-3) / 1e9,
                           bytes / kCopyBandwidth * 1e3, st == "fp32" ? published_ms(H, c.name) : 0.0});
           std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d %s  %.3f ms\n", H, c.name, st.c_str(), used.v_split,
                        plan.c_str(), med);
+          CHECK_CUDA(cudaFree(ws));
         }
         flashkda::sm90::set_launch_override({});
-        CHECK_CUDA(cudaFree(ws));
       }
       cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(g); cudaFree(out); cudaFree(beta);
       cudaFree(A_log); cudaFree(dt_bias); cudaFree(init); cudaFree(fin); cudaFree(d_cu);

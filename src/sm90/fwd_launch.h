@@ -27,6 +27,12 @@ extern template cudaError_t launch_recurrence<8, 4>(const FwdParams&, int64_t, i
 extern template cudaError_t launch_recurrence<4, 4>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2
 extern template cudaError_t launch_recurrence<4, 3>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2, 3 stages
 
+// Kernel 3, pass 2 of the segment scan (p.seg_chunks > 0): composes the segment
+// summaries of pass 1 into every segment's incoming state.
+cudaError_t launch_segment_compose(const FwdParams& p, cudaStream_t stream);
+// The compose kernel's CTAs per (sequence, value head).
+constexpr int64_t kComposeCtasPerSeqHead = 32;
+
 // Which devices one kernel's dynamic shared memory limit has been raised on
 // (bit d: device d). The attribute belongs to the kernel's per-context function
 // and never changes here (one fixed size per kernel), so it is set once per

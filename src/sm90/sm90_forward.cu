@@ -18,6 +18,7 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 std::atomic<int> g_force_v_split{0};
 std::atomic<int> g_force_stages{0};
+std::atomic<int64_t> g_force_seg_chunks{0};
 
 Status cuda_status(cudaError_t err, const char* what) {
   return {StatusCode::kCudaError, std::string("backend kCuda: ") + what + ": " + cudaGetErrorString(err)};
@@ -105,15 +106,53 @@ namespace {
 int64_t slots_for(const ForwardArgs& args) {
   return num_chunk_slots(num_sequences(args), args.batch * args.seqlen);
 }
+int64_t segment_slots_for(const ForwardArgs& args, int64_t seg_chunks) {
+  return num_sequences(args) + (args.batch * args.seqlen + kChunk * seg_chunks - 1) / (kChunk * seg_chunks);
+}
+constexpr int64_t kMaxGridCtas = 0x7fffffff;
+// The segment states start on a 256-byte boundary after the records.
+constexpr size_t kSegmentStateAlign = 256;
+size_t records_bytes(const ForwardArgs& args) {
+  const size_t b = static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
+  return (b + kSegmentStateAlign - 1) / kSegmentStateAlign * kSegmentStateAlign;
+}
+
+// The plan for these arguments on the current device (the SM count read once).
+Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device) {
+  int dev = 0, num_sms = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cached_attribute(&DeviceFacts::num_sms, cudaDevAttrMultiProcessorCount, dev, &num_sms);
+  if (err != cudaSuccess) return cuda_status(err, "reading the device's SM count");
+  *plan = effective_launch_plan(problem_shape(args), num_sms);
+  // The segment scan's grids (pass 1: 4 CTAs per segment slot and head; pass 2:
+  // kComposeCtasPerSeqHead per sequence and head) must fit a launch.
+  if (plan->seg_chunks > 0 &&
+      (segment_slots_for(args, plan->seg_chunks) * value_heads(args) * 4 > kMaxGridCtas ||
+       num_sequences(args) * value_heads(args) * kComposeCtasPerSeqHead > kMaxGridCtas))
+    plan->seg_chunks = 0;
+  if (device != nullptr) *device = dev;
+  return Status::Ok();
+}
 }  // namespace
+
+size_t segment_state_bytes(const ForwardArgs& args, int64_t seg_chunks) {
+  if (seg_chunks <= 0) return 0;
+  return static_cast<size_t>(segment_slots_for(args, seg_chunks) * value_heads(args)) * sizeof(SegmentState);
+}
 
 Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // One ChunkOperands record per (chunk slot, value head): 19 KB per 16 tokens
   // and head, a little more than the q, k, v, g inputs themselves. Stored in its
   // shared-memory layout (swizzled where it would otherwise need padding):
   // unpacking a dense record cost the recurrence kernel more instructions than
-  // the bytes saved (docs/perf-log.md).
-  *bytes = static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
+  // the bytes saved (docs/perf-log.md). When the plan splits sequences, 128 KB
+  // of fp32 segment states per (segment slot, value head) follow.
+  LaunchPlan plan;
+  Status s = plan_for(args, &plan, nullptr);
+  if (!s.ok()) return s;
+  const size_t seg = segment_state_bytes(args, plan.seg_chunks);
+  *bytes = seg > 0 ? records_bytes(args) + seg
+                   : static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
   return Status::Ok();
 }
 
@@ -126,7 +165,9 @@ ProblemShape problem_shape(const ForwardArgs& args) {
   if (args.cu_seqlens == nullptr) {
     shape.longest_chunks = chunks(args.seqlen);
     shape.total_chunks = n * shape.longest_chunks;
-  } else if (args.cu_seqlens_host != nullptr) {
+  } else if (args.cu_seqlens_host == nullptr) {
+    shape.total_chunks = (args.batch * args.seqlen + kChunk - 1) / kChunk;  // lengths unknown: about this many
+  } else {
     shape.longest_chunks = 0;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t c = chunks(args.cu_seqlens_host[i + 1] - args.cu_seqlens_host[i]);
@@ -136,6 +177,45 @@ ProblemShape problem_shape(const ForwardArgs& args) {
   }
   return shape;
 }
+
+namespace {
+
+// The segment scan (spec section 6) when the chains of chunk steps, not the
+// GPU's throughput, bound the call: few heads, long sequences. With G segments
+// a sequence's chain shrinks from C chunk steps to about 2·C/G (pass 1 and pass
+// 3 each walk one segment), for about 3x the state arithmetic: pass 1 runs four
+// 4-warp CTAs per segment and head (value rows B, key rows M), except two for
+// the first segment (it runs for real) and none for the last; pass 3 two per
+// segment but the first. G is the most segments whose pass 1 fills one wave of
+// kSegmentCtasPerSm CTAs on every SM: heads · (4·G_total − 6·N) <= that wave.
+// A sequence that would get fewer than 3 segments gains nothing (pass 3 of
+// segment 1 waits for all of segment 0), so then no sequence is cut.
+constexpr int64_t kSegmentCtasPerSm = 2;   // 4-warp recurrence CTAs resident on an SM (4 stages)
+constexpr int kSegmentStages = 4;
+// Shorter segments lose: at T = 1024 (64 chunks) H = 12 and 24 ran 2-35 %
+// slower split into segments of 6-22 chunks than as one chain (H200,
+// docs/perf-log.md): the prologue, the extra launches and the composition cost
+// more than the shorter chain saves.
+constexpr int64_t kMinSegmentChunks = 32;
+constexpr int64_t kMinSegmentsPerChain = 3;
+
+int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
+  if (shape.seqs <= 0 || shape.heads <= 0 || shape.total_chunks <= 0) return 0;
+  const int64_t wave = kSegmentCtasPerSm * num_sms;
+  const int64_t segments = (wave + 6 * shape.seqs * shape.heads) / (4 * shape.heads);
+  if (segments <= shape.seqs) return 0;
+  // Sequence n gets ceil(C_n / seg) <= C_n / seg + 1 segments: with this seg
+  // all of them together stay within `segments` whatever the lengths.
+  const int64_t spare = segments - shape.seqs;
+  const int64_t seg = std::max(kMinSegmentChunks, (shape.total_chunks + spare - 1) / spare);
+  // Unknown lengths (varlen without cu_seqlens_host): assume equal ones.
+  const int64_t longest =
+      shape.longest_chunks >= 0 ? shape.longest_chunks : (shape.total_chunks + shape.seqs - 1) / shape.seqs;
+  if (longest < kMinSegmentsPerChain * seg - (seg - 1)) return 0;
+  return seg;
+}
+
+}  // namespace
 
 LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   LaunchPlan plan;
@@ -166,12 +246,18 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
     plan.v_split = 1;
     plan.stages = 4;
   }
+  plan.seg_chunks = choose_segment_chunks(shape, num_sms);
+  if (plan.seg_chunks > 0) {
+    plan.v_split = 2;
+    plan.stages = kSegmentStages;
+  }
   return plan;
 }
 
 void set_launch_override(const LaunchOverride& forced) {
   g_force_v_split.store(forced.v_split);
   g_force_stages.store(forced.stages);
+  g_force_seg_chunks.store(forced.seg_chunks);
 }
 
 LaunchPlan effective_launch_plan(const ProblemShape& shape, int num_sms) {
@@ -180,6 +266,9 @@ LaunchPlan effective_launch_plan(const ProblemShape& shape, int num_sms) {
   if (v_split == 1 || v_split == 2) plan.v_split = v_split;
   const int stages = g_force_stages.load();
   if (stages == 3 || stages == 4) plan.stages = stages;
+  const int64_t seg = g_force_seg_chunks.load();
+  if (seg != 0) plan.seg_chunks = seg > 0 ? seg : 0;
+  if (plan.seg_chunks > 0) plan.v_split = 2;  // the segment scan runs 4-warp CTAs
   if (plan.v_split != 2) plan.stages = 4;  // the only instantiations built
   return plan;
 }
@@ -213,19 +302,37 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   p.chunk_records = workspace;
   p.num_slots = slots_for(args);
 
-  int dev = 0, num_sms = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cached_attribute(&DeviceFacts::num_sms, cudaDevAttrMultiProcessorCount, dev, &num_sms);
-  if (err != cudaSuccess) return cuda_status(err, "reading the device's SM count");
-
-  const LaunchPlan plan = effective_launch_plan(problem_shape(args), num_sms);
+  LaunchPlan plan;
+  int dev = 0;
+  Status planned = plan_for(args, &plan, &dev);
+  if (!planned.ok()) return planned;
   p.v_split = plan.v_split;
   const int64_t num_ctas = n * hv * p.v_split;
   auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t err = cudaSuccess;
   if (p.num_slots > 0) {
     err = launch_prologue(p, dev, s);
     if (err != cudaSuccess) return cuda_status(err, "launching the prologue kernel");
   }
+  if (plan.seg_chunks > 0) {
+    // The segment scan: summaries, their composition, the segments from their states.
+    p.seg_chunks = plan.seg_chunks;
+    p.num_seg_slots = segment_slots_for(args, plan.seg_chunks);
+    p.seg_states = reinterpret_cast<float*>(static_cast<char*>(workspace) + records_bytes(args));
+    constexpr int64_t kRowParts = kHeadDim / 64;  // 4-warp CTAs own 64 rows
+    auto run_pass = [&](RecurrencePass pass, int64_t ctas) {
+      p.pass = pass;
+      return plan.stages == 3 ? launch_recurrence<4, 3>(p, ctas, dev, s) : launch_recurrence<4, 4>(p, ctas, dev, s);
+    };
+    err = run_pass(kPassSummaries, p.num_seg_slots * hv * 2 * kRowParts);
+    if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
+    err = launch_segment_compose(p, s);
+    if (err != cudaSuccess) return cuda_status(err, "launching the segment composition kernel");
+    err = run_pass(kPassFromStates, p.num_seg_slots * hv * kRowParts);
+    if (err != cudaSuccess) return cuda_status(err, "launching the segments from their states (recurrence kernel)");
+    return Status::Ok();
+  }
+  p.pass = kPassWhole;
   switch (p.v_split) {
     case 1: err = launch_recurrence<8, 4>(p, num_ctas, dev, s); break;
     case 2:

@@ -21,6 +21,10 @@ Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes,
 struct LaunchPlan {
   int v_split = 1;  // CTAs sharing one (sequence, head), each owning V / v_split rows of the state
   int stages = 4;   // chunk records in flight per CTA (3 only with v_split 2)
+  // The affine segment scan (spec section 6): sequences longer than seg_chunks
+  // chunks are cut into segments of seg_chunks chunks that run in parallel
+  // (three passes, 4-warp CTAs); 0: every sequence is one chain.
+  int64_t seg_chunks = 0;
 };
 // What the launch heuristic looks at: sequences, value heads, the chunks of all
 // sequences, and the longest sequence's chunks (-1: unknown, for varlen calls
@@ -39,10 +43,14 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms);
 // 0 keeps the heuristic's choice, an unbuilt combination falls back to 4 stages.
 // Process-wide, not thread-safe against concurrent forward() calls.
 struct LaunchOverride {
-  int v_split = 0;  // 1 or 2
-  int stages = 0;   // 3 or 4
+  int v_split = 0;         // 1 or 2
+  int stages = 0;          // 3 or 4
+  int64_t seg_chunks = 0;  // > 0: segments of this many chunks; < 0: never split
 };
 void set_launch_override(const LaunchOverride& forced);
+// Bytes of the workspace's segment-scan states for `seg_chunks` (0 when 0).
+size_t segment_state_bytes(const ForwardArgs& args, int64_t seg_chunks);
+
 // The plan forward() uses now: the heuristic's, with any override applied.
 LaunchPlan effective_launch_plan(const ProblemShape& shape, int num_sms);
 

@@ -170,6 +170,7 @@ class GpuGuardBand : public ::testing::TestWithParam<BadCuSeqlens> {
     const Status s = check_device_faults(nullptr);
     EXPECT_TRUE(s.ok()) << "a fault was recorded before this test: " << s.message;
   }
+  void TearDown() override { sm90::set_launch_override({}); }
 };
 
 // Runs the forward of `p` with device cu_seqlens `bad` (no host copy, so nothing is
@@ -218,6 +219,22 @@ TEST_P(GpuGuardBand, ForwardCuSeqlens) {
   std::printf("[ guard ] forward %-18s guard bytes intact; check_device_faults: %s\n", GetParam().name,
               f.message.c_str());
   EXPECT_TRUE(check_device_faults(nullptr).ok()) << "the record is cleared by a check";
+}
+
+// The same through the segment scan (segments of 2 chunks): its segment slots
+// and states are indexed by the same clamped bounds.
+TEST_P(GpuGuardBand, ForwardCuSeqlensSegmentScan) {
+  ProblemSpec spec;
+  spec.seqlens = {37, 16, 130, 5};
+  spec.heads = 2;
+  const HostProblem p = make_problem(spec, 52);
+  std::vector<int64_t> bad = p.cu_seqlens;
+  GetParam().corrupt(bad, p.T);
+  sm90::set_launch_override({0, 0, 2});
+  forward_with_device_cu_seqlens(p, bad);
+  const Status f = check_device_faults(nullptr);
+  EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << f.message;
+  EXPECT_NE(f.message.find("cu_seqlens (forward)"), std::string::npos) << f.message;
 }
 
 void PrintTo(const BadCuSeqlens& c, std::ostream* os) { *os << c.name; }

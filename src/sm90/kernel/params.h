@@ -9,6 +9,13 @@ namespace flashkda::sm90 {
 // State tensor element type as the kernel sees it (mirrors flashkda::DType).
 enum StateType : int32_t { kStateNone = 0, kStateBF16 = 1, kStateFP32 = 2 };
 
+// The launches of the recurrence kernel (tile_scheduler.cuh maps CTAs to work).
+enum RecurrencePass : int32_t {
+  kPassWhole = 0,      // one chain per (sequence, head): today's single pass
+  kPassSummaries = 1,  // segment scan pass 1: segment 0 runs, the others' (M, B)
+  kPassFromStates = 3, // segment scan pass 3: segments 1.. from their incoming states
+};
+
 struct FwdParams {
   // bf16 tensors as raw 16-bit patterns; shapes as in flashkda::ForwardArgs.
   const uint16_t* q;     // [B*T, H,  K]
@@ -39,6 +46,14 @@ struct FwdParams {
   // says which slot a chunk has).
   void* chunk_records;
   int64_t num_slots;
+
+  // The affine segment scan (segment_scan.h): a sequence longer than seg_chunks
+  // chunks is cut into segments of seg_chunks chunks (0: never cut). Workspace:
+  // one SegmentState per (segment slot, value head), after the records.
+  int64_t seg_chunks;
+  int64_t num_seg_slots;
+  float* seg_states;
+  int32_t pass;  // RecurrencePass: what the recurrence kernel's CTAs do
 
   float scale;
   float lower_bound_log2e;  // lower_bound · log2(e): the gate works in base 2

@@ -15,6 +15,7 @@
 #include "sm90/kernel/fragments.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/shared_storage.cuh"
+#include "sm90/kernel/tile_scheduler.cuh"
 #include "sm90/kernel/wgmma.cuh"
 
 namespace flashkda::sm90 {
@@ -63,6 +64,41 @@ __device__ __forceinline__ void store_state(const StateRows& S, const FwdParams&
       } else if (p.final_state_type == kStateBF16) {
         *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.final_state) + off) = pack_bf16(x0, x1);
       }
+    }
+  }
+}
+
+// The segment scan's starting rows (tile_scheduler.cuh, StateFrom): zero, the
+// identity's rows row0.. (for M), or fp32 rows of a workspace state.
+__device__ __forceinline__ void load_state_rows(StateRows& S, StateFrom from, const float* rows, int row0,
+                                                int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int row = row0 + g + 8 * hr, col = 8 * j + 2 * t;
+      float2 x = make_float2(0.f, 0.f);
+      if (from == StateFrom::kIdentity) {
+        x = make_float2(row == col ? 1.f : 0.f, row == col + 1 ? 1.f : 0.f);
+      } else if (from == StateFrom::kBuffer) {
+        x = *reinterpret_cast<const float2*>(rows + static_cast<int64_t>(row) * kHeadDim + col);
+      }
+      S.tile[j].x[2 * hr] = x.x;
+      S.tile[j].x[2 * hr + 1] = x.y;
+    }
+  }
+}
+
+__device__ __forceinline__ void store_state_rows(const StateRows& S, float* rows, int row0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int row = row0 + g + 8 * hr, col = 8 * j + 2 * t;
+      *reinterpret_cast<float2*>(rows + static_cast<int64_t>(row) * kHeadDim + col) =
+          make_float2(S.tile[j].x[2 * hr], S.tile[j].x[2 * hr + 1]);
     }
   }
 }

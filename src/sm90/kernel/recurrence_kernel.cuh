@@ -1,5 +1,7 @@
-// Kernel 2, sequential: one CTA per (sequence, value head, V-slice) walks the
-// sequence's chunks in order with its rows of the state in registers (fp32).
+// Kernel 2, sequential: one CTA walks a run of chunks of one (sequence, value
+// head) in order with its rows of a state in registers (fp32): a V-slice of the
+// whole sequence, or, in the segment scan, of one segment (tile_scheduler.cuh,
+// get_recurrence_work).
 //   load      cp.async of chunk records and v, kStages deep, through a per-thread
 //             cursor (chunk_loader.cuh)
 //   state     every warp: 16 rows of V, the recurrence step (recurrence.cuh)
@@ -45,24 +47,29 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((kSw128AtomBytes - raw_addr % kSw128AtomBytes) % kSw128AtomBytes));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-  const SequenceTile w = get_sequence_tile(p);
-  const int v0 = w.v_slice * Cfg::kVCta;
+  const RecurrenceWork w = get_recurrence_work<Cfg::kVCta>(p);
+  if (!w.active) return;
   const int64_t num_chunks = (w.length + kChunk - 1) / kChunk;
+  const int row = w.row0 + 16 * warp;  // the warp's first row of the state
 
+  // Key rows (M) read no v: their v tile stays zero-filled.
+  const int v_col0 = w.value_rows ? w.row0 : 0;
   const ChunkCursor<Cfg::kVCta, Cfg::kThreads> cursor(p, chunk_record(p, w.first_slot, w.v_head), w.token_begin,
-                                                      w.v_head, v0, Smem::kLdV, tid);
-  const OutCursor out(p, w.token_begin, w.v_head, v0 + 16 * warp, lane);
+                                                      w.v_head, v_col0, Smem::kLdV, tid);
+  const OutCursor out(p, w.token_begin, w.v_head, row, lane);
   auto chunk_rows = [&](int64_t c) {
     const int64_t rem = w.length - c * kChunk;
     return static_cast<int>(rem < kChunk ? rem : kChunk);
   };
   auto issue_load = [&](int64_t c, int stage) {
-    if (c < num_chunks) cursor.issue(p, s.stage[stage].ops, &s.stage[stage].v[0][0], c, chunk_rows(c), tid);
+    if (c < num_chunks)
+      cursor.issue(p, s.stage[stage].ops, &s.stage[stage].v[0][0], c, w.value_rows ? chunk_rows(c) : 0, tid);
     cute::cp_async_fence();  // one group per chunk, empty past the end: keeps the wait count uniform
   };
 
   StateRows S;
-  load_state(S, p, w.seq, w.v_head, v0 + 16 * warp, lane);
+  if (w.from == StateFrom::kInitial) load_state(S, p, w.seq, w.v_head, row, lane);
+  else load_state_rows(S, w.from, w.in_rows, row, lane);
   for (int c = 0; c < kStages - 1; ++c) issue_load(c, c);
 
   int stage = 0;  // c % kStages, without 64-bit division
@@ -73,12 +80,18 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     issue_load(c + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
     const auto& st = s.stage[stage];
     recurrence_step(S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane);
-    __syncwarp();
-    out.store(p, s.out[warp], c, chunk_rows(c));
-    __syncwarp();
+    if (w.write_out) {
+      __syncwarp();
+      out.store(p, s.out[warp], c, chunk_rows(c));
+      __syncwarp();
+    }
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
-  if (p.final_state_type != kStateNone) store_state(S, p, w.seq, w.v_head, v0 + 16 * warp, lane);
+  if (w.to == StateTo::kFinal) {
+    if (p.final_state_type != kStateNone) store_state(S, p, w.seq, w.v_head, row, lane);
+  } else if (w.to == StateTo::kBuffer) {
+    store_state_rows(S, w.out_rows, row, lane);
+  }
 }
 
 }  // namespace flashkda::sm90

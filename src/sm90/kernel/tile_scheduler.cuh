@@ -1,6 +1,8 @@
 // Who works on what.
 //   Prologue kernel: one CTA per (chunk slot, value head).
-//   Recurrence kernel: one CTA per (sequence, value head, V-slice).
+//   Recurrence kernel, one pass: one CTA per (sequence, value head, V-slice).
+//   Recurrence kernel, segment scan (segment_scan.h): one CTA per (segment
+//   slot, value head, 64-row slice of the state rows that pass computes).
 //
 // Chunk slots index the workspace records without a host pass over cu_seqlens:
 // chunk c of sequence n has slot n + floor(begin(n)/16) + c. Slots are distinct
@@ -89,6 +91,150 @@ __device__ __forceinline__ SequenceTile get_sequence_tile(const FwdParams& p) {
   w.token_begin = span.begin;
   w.length = span.end - span.begin;
   w.first_slot = w.seq + span.begin / kChunk;
+  return w;
+}
+
+// Segment slots index the segment states the way chunk slots index the records:
+// segment j of sequence n has slot n + floor(begin(n) / (16·seg_chunks)) + j,
+// distinct, below N + ceil(T / (16·seg_chunks)), and inside that bound for any
+// clamped cu_seqlens. Every sequence has at least one segment (an empty one
+// still carries its initial state to its final state).
+__device__ __forceinline__ int64_t first_segment_slot(const FwdParams& p, int64_t n) {
+  return n + seq_begin(p, n) / (kChunk * p.seg_chunks);
+}
+
+struct SegmentTile {
+  bool valid;
+  int seq;
+  int64_t index;        // j
+  int64_t count;        // segments of the sequence, G >= 1
+  int64_t slot;         // segment slot of j
+  int64_t token_begin;  // first token of segment j
+  int64_t length;       // its tokens
+  int64_t first_slot;   // chunk slot of its first chunk
+};
+
+__device__ __forceinline__ SegmentTile segment_of_sequence(const FwdParams& p, int64_t n, int64_t j) {
+  const ClampedSpan span = sequence_span(p, n);
+  const int64_t len = span.end - span.begin, chunks = (len + kChunk - 1) / kChunk;
+  const int64_t seg_tokens = kChunk * p.seg_chunks;
+  SegmentTile t;
+  t.seq = static_cast<int>(n);
+  t.count = chunks > p.seg_chunks ? (chunks + p.seg_chunks - 1) / p.seg_chunks : 1;
+  t.index = j;
+  t.valid = j >= 0 && j < t.count;
+  t.slot = n + span.begin / seg_tokens + j;
+  t.token_begin = span.begin + j * seg_tokens;
+  const int64_t rem = len - j * seg_tokens;
+  t.length = rem < 0 ? 0 : (rem < seg_tokens ? rem : seg_tokens);
+  t.first_slot = n + span.begin / kChunk + j * p.seg_chunks;
+  return t;
+}
+
+// The segment of a segment slot: the last sequence whose first segment slot is <= slot.
+__device__ __forceinline__ SegmentTile locate_segment(const FwdParams& p, int64_t slot) {
+  int64_t lo = 0, hi = p.num_seqs - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (first_segment_slot(p, mid) <= slot) lo = mid;
+    else hi = mid - 1;
+  }
+  return segment_of_sequence(p, lo, slot - first_segment_slot(p, lo));
+}
+
+// A segment's fp32 states in the workspace, one pair per (segment slot, value
+// head), row-major [row][key]:
+//   b  pass 1: B_j (segment 0: its final state S_in(1)); pass 2 overwrites it
+//      with S_in(j + 1); pass 3 of segment j + 1 starts from it
+//   m  pass 1: M_j
+struct SegmentState {
+  float b[kHeadDim * kHeadDim];
+  float m[kHeadDim * kHeadDim];
+};
+__device__ __forceinline__ SegmentState* segment_state(const FwdParams& p, int64_t slot, int v_head) {
+  return reinterpret_cast<SegmentState*>(p.seg_states) + slot * p.num_v_heads + v_head;
+}
+
+// Where a recurrence CTA's rows of the state start, and where they end up.
+enum class StateFrom { kInitial, kZero, kIdentity, kBuffer };
+enum class StateTo { kNone, kFinal, kBuffer };
+
+// What one recurrence CTA does: rows row0 .. row0 + kRows - 1 of one state over
+// a run of chunks of one (sequence, value head). Value rows are rows of S (v
+// enters, out may be written); key rows are rows of M (v = 0, no output).
+struct RecurrenceWork {
+  bool active;
+  bool value_rows;
+  bool write_out;
+  int seq, v_head, row0;
+  int64_t token_begin, length, first_slot;
+  StateFrom from;
+  StateTo to;
+  const float* in_rows;  // kBuffer: the [128][128] fp32 state read
+  float* out_rows;       // kBuffer: the [128][128] fp32 state written
+};
+
+// blockIdx.x = (slot · HV + hv) · parts + part; parts = the pass's state rows / kRows.
+//   kPassWhole        parts = v_split: value rows of the whole sequence
+//   kPassSummaries    parts = 2 · 128 / kRows: value rows, then key rows (M).
+//                     Segment 0 runs for real (initial state in, out written,
+//                     its final state to b, or to final_state if it is the only
+//                     one); segments 1 .. G−2 compute B (zero state in) and M
+//                     (identity in, v = 0); the last needs no summary.
+//   kPassFromStates   parts = 128 / kRows: segments 1 .. G−1 from the state
+//                     that pass 2 left in the previous segment's b.
+template <int kRows>
+__device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p) {
+  RecurrenceWork w{};
+  if (p.pass == kPassWhole) {
+    const SequenceTile t = get_sequence_tile(p);
+    w.active = w.value_rows = w.write_out = true;
+    w.seq = t.seq;
+    w.v_head = t.v_head;
+    w.row0 = t.v_slice * kRows;
+    w.token_begin = t.token_begin;
+    w.length = t.length;
+    w.first_slot = t.first_slot;
+    w.from = StateFrom::kInitial;
+    w.to = StateTo::kFinal;
+    return w;
+  }
+  constexpr int kValueParts = kHeadDim / kRows;
+  const int parts = p.pass == kPassSummaries ? 2 * kValueParts : kValueParts;
+  const int64_t idx = blockIdx.x;
+  const int part = static_cast<int>(idx % parts);
+  const int64_t sh = idx / parts;
+  w.v_head = static_cast<int>(sh % p.num_v_heads);
+  const SegmentTile t = locate_segment(p, sh / p.num_v_heads);
+  w.seq = t.seq;
+  w.value_rows = part < kValueParts;
+  w.row0 = (part % kValueParts) * kRows;
+  w.token_begin = t.token_begin;
+  w.length = t.length;
+  w.first_slot = t.first_slot;
+  const bool first = t.index == 0, last = t.index == t.count - 1;
+  if (!t.valid) return w;
+  if (p.pass == kPassSummaries) {
+    if (first) {
+      w.active = w.value_rows;
+      w.write_out = true;
+      w.from = StateFrom::kInitial;
+      w.to = last ? StateTo::kFinal : StateTo::kBuffer;
+      w.out_rows = segment_state(p, t.slot, w.v_head)->b;
+    } else {
+      w.active = !last;
+      w.from = w.value_rows ? StateFrom::kZero : StateFrom::kIdentity;
+      w.to = StateTo::kBuffer;
+      SegmentState* st = segment_state(p, t.slot, w.v_head);
+      w.out_rows = w.value_rows ? st->b : st->m;
+    }
+  } else {
+    w.active = !first;
+    w.write_out = true;
+    w.from = StateFrom::kBuffer;
+    w.in_rows = segment_state(p, t.slot - 1, w.v_head)->b;
+    w.to = last ? StateTo::kFinal : StateTo::kNone;
+  }
   return w;
 }
 

@@ -1,0 +1,250 @@
+// The affine segment scan on the GPU (spec section 6; label "gpu"): sequences cut
+// into segments of a forced number of chunks, from one chunk to many, against the
+// float64 oracle; segment boundaries next to partial chunks, mixed varlen batches,
+// every state dtype, GVA, graph capture, bitwise determinism, degenerate keys,
+// and the launch heuristic's choice. Skips, saying why, when the CUDA backend is
+// not built or no sm_90 device is present.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <tuple>
+#include <string>
+#include <vector>
+
+#include "flashkda/flashkda.h"
+#include "tests/gpu/gpu_harness.h"
+
+#ifdef FLASHKDA_WITH_CUDA
+#include "sm90/sm90_forward.h"
+#include "tests/common/degenerate_problem.h"
+#endif
+
+namespace flashkda::testing {
+namespace {
+
+#ifdef FLASHKDA_WITH_CUDA
+
+// The bars of spec section 2 (as in test_forward_gpu.cpp): the segment scan
+// is held to the same accuracy as one chain.
+constexpr double kOutBar = 3.5e-3;
+constexpr double kStateBar = 2.5e-3;
+constexpr double kBf16StateBar = 6e-3;
+constexpr double kDegenerateBar = 1e-2;
+
+class GpuSegmentScan : public ::testing::Test {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_GPU(); }
+  void TearDown() override { sm90::set_launch_override({}); }
+};
+
+void force_segments(int64_t seg_chunks) { sm90::set_launch_override({0, 0, seg_chunks}); }
+
+struct Errors {
+  double out = 0, state = 0;
+};
+
+Errors errors_of(const HostProblem& p, const RunResult& gpu, const char* label) {
+  EXPECT_TRUE(gpu.status.ok()) << gpu.status.message;
+  if (!gpu.status.ok()) return {1e30, 1e30};
+  const OracleResult ref = run_oracle(p);
+  Errors e;
+  e.out = rel_rms(gpu.out.data(), ref.out.data(), ref.out.size());
+  e.state = gpu.final_state.empty() ? 0.0 : rel_rms(gpu.final_state.data(), ref.final_state.data(), ref.final_state.size());
+  std::printf("[ errors ] segment scan %-28s T=%lld N=%lld HV=%lld: out %.3e  state %.3e\n", label,
+              static_cast<long long>(p.tokens()), static_cast<long long>(p.N), static_cast<long long>(p.HV), e.out,
+              e.state);
+  return e;
+}
+
+void expect_within_bars(const HostProblem& p, const Errors& e) {
+  const bool bf16 = p.spec.initial_state == DType::kBF16 || p.spec.final_state == DType::kBF16;
+  EXPECT_LE(e.out, bf16 ? kBf16StateBar : kOutBar);
+  if (p.spec.final_state != DType::kNone) EXPECT_LE(e.state, bf16 ? kBf16StateBar : kStateBar);
+}
+
+// The workspace of a split call holds the segment states: a forced split that
+// silently fell back to one chain would not show in the results.
+void expect_split(const HostProblem& p) {
+  // Only sizes matter here: every device tensor gets one aligned address that
+  // workspace_size never dereferences.
+  void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 30);
+  ForwardArgs a = p.host_args(fake, p.spec.final_state != DType::kNone ? fake : nullptr);
+  a.q = a.k = a.v = a.g = a.beta = fake;
+  a.A_log = a.dt_bias = static_cast<const float*>(fake);
+  if (a.initial_state != nullptr) a.initial_state = fake;
+  if (a.cu_seqlens != nullptr) a.cu_seqlens = static_cast<const int64_t*>(fake);
+  size_t split = 0, whole = 0;
+  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &split).ok());
+  const sm90::LaunchOverride forced = {0, 0, -1};
+  sm90::set_launch_override(forced);
+  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &whole).ok());
+  EXPECT_GT(split, whole) << "the forced plan did not split";
+}
+
+class GpuSegmentLength : public GpuSegmentScan, public ::testing::WithParamInterface<int64_t> {};
+
+// Mixed varlen: empty, one-token, partial-chunk and long sequences, so that
+// some are cut into many segments, some into two or three (the last one
+// partial), and some not at all.
+TEST_P(GpuSegmentLength, VarlenMatchesOracle) {
+  ProblemSpec spec;
+  spec.seqlens = {0, 1, 15, 17, 100, 250, 513, 1000, 31};
+  spec.heads = 3;
+  const HostProblem p = make_problem(spec, 100 + GetParam());
+  force_segments(GetParam());
+  const RunResult gpu = run_cuda(p);
+  expect_within_bars(p, errors_of(p, gpu, ("seg_chunks=" + std::to_string(GetParam())).c_str()));
+  force_segments(GetParam());
+  expect_split(p);
+}
+INSTANTIATE_TEST_SUITE_P(SegChunks, GpuSegmentLength, ::testing::Values(1, 2, 3, 5, 8, 21));
+
+// One long sequence in many segments (512 of one chunk: the composition's
+// longest chain), and the heuristic's own choice at H = 12.
+TEST_F(GpuSegmentScan, ManySegmentsOneSequence) {
+  ProblemSpec spec;
+  spec.seqlen = 8192 + 7;
+  spec.heads = 2;
+  const HostProblem p = make_problem(spec, 7);
+  force_segments(1);
+  expect_within_bars(p, errors_of(p, run_cuda(p), "seg_chunks=1, 513 segments"));
+}
+
+TEST_F(GpuSegmentScan, HeuristicSplitAtTwelveHeads) {
+  ProblemSpec spec;
+  spec.seqlen = 8192;
+  spec.heads = 12;
+  const HostProblem p = make_problem(spec, 8);
+  expect_within_bars(p, errors_of(p, run_cuda(p), "heuristic H=12"));
+  expect_split(p);
+}
+
+TEST_F(GpuSegmentScan, BatchedWithoutCuSeqlens) {
+  ProblemSpec spec;
+  spec.batch = 3;
+  spec.seqlen = 333;
+  spec.heads = 2;
+  const HostProblem p = make_problem(spec, 9);
+  force_segments(4);
+  expect_within_bars(p, errors_of(p, run_cuda(p), "batched seg_chunks=4"));
+}
+
+TEST_F(GpuSegmentScan, GroupedValueHeads) {
+  ProblemSpec spec;
+  spec.seqlens = {500, 77};
+  spec.heads = 2;
+  spec.v_heads = 6;
+  const HostProblem p = make_problem(spec, 10);
+  force_segments(3);
+  expect_within_bars(p, errors_of(p, run_cuda(p), "GVA seg_chunks=3"));
+}
+
+class GpuSegmentStates : public GpuSegmentScan, public ::testing::WithParamInterface<std::tuple<DType, DType>> {};
+
+TEST_P(GpuSegmentStates, EveryStateDtypeCombination) {
+  ProblemSpec spec;
+  spec.seqlens = {300, 130};
+  spec.heads = 2;
+  spec.initial_state = std::get<0>(GetParam());
+  spec.final_state = std::get<1>(GetParam());
+  const HostProblem p = make_problem(spec, 11);
+  force_segments(2);
+  expect_within_bars(p, errors_of(p, run_cuda(p), "states seg_chunks=2"));
+}
+INSTANTIATE_TEST_SUITE_P(States, GpuSegmentStates,
+                         ::testing::Values(std::make_tuple(DType::kNone, DType::kNone),
+                                           std::make_tuple(DType::kNone, DType::kFP32),
+                                           std::make_tuple(DType::kBF16, DType::kNone),
+                                           std::make_tuple(DType::kFP32, DType::kNone),
+                                           std::make_tuple(DType::kBF16, DType::kBF16),
+                                           std::make_tuple(DType::kFP32, DType::kFP32)));
+
+// Captured in a CUDA graph and replayed on one workspace: the same bits as a
+// direct call; and two direct calls give the same bits.
+TEST_F(GpuSegmentScan, GraphReplayAndRepeatAreBitwiseIdentical) {
+  ProblemSpec spec;
+  spec.seqlens = {700, 3, 1200};
+  spec.heads = 4;
+  const HostProblem p = make_problem(spec, 12);
+  force_segments(5);
+  const RunResult a = run_cuda(p), b = run_cuda(p), replayed = run_cuda(p, nullptr, 3);
+  ASSERT_TRUE(a.status.ok()) << a.status.message;
+  ASSERT_TRUE(b.status.ok()) << b.status.message;
+  ASSERT_TRUE(replayed.status.ok()) << replayed.status.message;
+  EXPECT_EQ(a.out_bits, b.out_bits);
+  EXPECT_EQ(a.state_bytes, b.state_bytes);
+  EXPECT_EQ(a.out_bits, replayed.out_bits);
+  EXPECT_EQ(a.state_bytes, replayed.state_bytes);
+  expect_within_bars(p, errors_of(p, replayed, "graph replay seg_chunks=5"));
+}
+
+// M is a product of contractions from near-collinear keys: the summaries must
+// stay as accurate as one chain on the degenerate class.
+TEST_F(GpuSegmentScan, DegenerateKeysAcrossSegments) {
+  for (const DegenerateCase& c : {DegenerateCase{KeyPattern::kCollinear, 0.0, 8.f, true, false},
+                                  DegenerateCase{KeyPattern::kAntiAligned, 1e-3, 8.f, true, false},
+                                  DegenerateCase{KeyPattern::kServingRepeat, 0.0, 8.f, true, true}}) {
+    ProblemSpec spec;
+    spec.seqlens = {1500, 45};
+    spec.heads = 2;
+    const HostProblem p = make_degenerate_problem(spec, c, 13);
+    force_segments(6);
+    const Errors e = errors_of(p, run_cuda(p), c.label().c_str());
+    EXPECT_LE(e.out, kDegenerateBar) << c.label();
+    EXPECT_LE(e.state, kDegenerateBar) << c.label();
+  }
+}
+
+// A long single head in many segments (the T = 1M regime, shortened so the
+// float64 oracle stays quick): the composition runs 60+ steps.
+TEST_F(GpuSegmentScan, LongSingleHead) {
+  ProblemSpec spec;
+  spec.seqlen = 131072;
+  spec.heads = 1;
+  const HostProblem p = make_problem(spec, 14);
+  expect_within_bars(p, errors_of(p, run_cuda(p), "heuristic H=1 T=131072"));
+  expect_split(p);
+}
+
+#endif  // FLASHKDA_WITH_CUDA
+
+// The heuristic (host code, no device needed): one chain per sequence where the
+// heads fill the GPU (the standard table), segments where a few long chains
+// would bound the call, and never fewer than three segments per cut sequence.
+TEST(SegmentPlan, HeuristicChoices) {
+#ifdef FLASHKDA_WITH_CUDA
+  constexpr int kH200Sms = 132;
+  auto plan = [](int64_t seqs, int64_t heads, int64_t chunks_each) {
+    sm90::ProblemShape s;
+    s.seqs = seqs;
+    s.heads = heads;
+    s.total_chunks = seqs * chunks_each;
+    s.longest_chunks = chunks_each;
+    return sm90::choose_launch_plan(s, kH200Sms);
+  };
+  EXPECT_EQ(plan(1, 96, 512).seg_chunks, 0);
+  EXPECT_EQ(plan(1, 64, 512).seg_chunks, 0);
+  EXPECT_EQ(plan(8, 64, 64).seg_chunks, 0);
+  EXPECT_EQ(plan(8, 96, 64).seg_chunks, 0);
+  EXPECT_EQ(plan(1, 12, 64).seg_chunks, 0);   // T = 1024: too short to gain
+  EXPECT_EQ(plan(4, 12, 512).seg_chunks, 0);  // 4 x 8192: pass 1 would not fit one wave
+  EXPECT_EQ(plan(1, 48, 512).seg_chunks, 0);
+  for (const auto& [seqs, heads, chunks] : {std::tuple<int64_t, int64_t, int64_t>{1, 12, 512}, {1, 12, 2048},
+                                            {1, 24, 512}, {1, 1, 65536}}) {
+    const sm90::LaunchPlan p = plan(seqs, heads, chunks);
+    EXPECT_GT(p.seg_chunks, 0) << heads << " heads, " << chunks << " chunks";
+    if (p.seg_chunks > 0) EXPECT_GE((chunks + p.seg_chunks - 1) / p.seg_chunks, 3);
+    EXPECT_EQ(p.v_split, 2);
+  }
+  // Pass 1 of H = 12, T = 8192 fits one wave of two CTAs per SM.
+  const int64_t seg = plan(1, 12, 512).seg_chunks;
+  const int64_t segments = (512 + seg - 1) / seg;
+  EXPECT_LE(12 * (4 * segments - 6), 2 * kH200Sms);
+#else
+  GTEST_SKIP() << "no GPU run: this build has no CUDA kernels (FLASHKDA_ENABLE_CUDA=OFF)";
+#endif
+}
+
+}  // namespace
+}  // namespace flashkda::testing
