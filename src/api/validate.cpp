@@ -32,11 +32,18 @@ Status validate(const ForwardArgs& a, Backend backend) {
   if (a.cu_seqlens_int32 != nullptr) {
     if (a.cu_seqlens != nullptr)
       return Status::Invalid("cu_seqlens_int32: given together with cu_seqlens (expected one of the two)");
-    if (cuda)
-      return Status::NotSupported("cu_seqlens_int32: backend kCuda reads int64 cu_seqlens only for now");
     if (a.num_seqs < 1)
       return Status::Invalid(cat("num_seqs: expected a value >= 1 with cu_seqlens_int32, got ", a.num_seqs));
     if (!aligned(a.cu_seqlens_int32, 4)) return Status::Invalid("cu_seqlens_int32: expected a 4-byte aligned pointer");
+    if (cuda) {
+      // Device memory: the values are the kernels' to clamp and record (as for
+      // int64 ones without a host copy); cu_seqlens_host, if given, is checked.
+      // Validated as int64 boundaries at a stand-in address never read here.
+      ForwardArgs b = a;
+      b.cu_seqlens_int32 = nullptr;
+      b.cu_seqlens = reinterpret_cast<const int64_t*>(uintptr_t{8});
+      return validate(b, backend);
+    }
     std::vector<int64_t> wide;
     return validate(with_int64_cu_seqlens(a, wide), backend);
   }
@@ -112,9 +119,17 @@ Status validate(const ForwardArgs& a, Backend backend) {
         return Status::Invalid(cat(x.name, "_token_stride: the farthest element (token ", B * T - 1, ", head ",
                                    x.heads - 1, ") overflows int64 with strides ", ts, " / ", hs));
     }
-    if (cuda && has_strided_inputs(a))
-      return Status::NotSupported("q_token_stride...: backend kCuda reads dense q, k, v, g, beta only for now "
-                                  "(pass contiguous tensors, or run on kCpuReference / kCpuChunked)");
+    // kCuda copies rows of q, k, v, g as 16-byte vectors: every row must start
+    // 16-byte aligned, so their strides must be multiples of 8 elements (beta is
+    // read element by element).
+    if (cuda)
+      for (const auto& x : views) {
+        if (std::string(x.name) == "beta") continue;
+        if (x.token_stride % 8 != 0 || x.head_stride % 8 != 0)
+          return Status::Invalid(cat(x.name, "_token_stride / ", x.name, "_head_stride: backend kCuda needs ",
+                                     "multiples of 8 elements (16-byte aligned rows), got ", x.token_stride, " / ",
+                                     x.head_stride));
+      }
   }
 
   // ---- pointers: null --------------------------------------------------------
@@ -195,6 +210,11 @@ Status validate(const ForwardArgs& a, Backend backend) {
       return Status::Invalid(cat("state_index_type: unknown value ", static_cast<int32_t>(a.state_index_type),
                                  " (expected kInt32=0 or kInt64=1)"));
     if (a.state_indices == nullptr) return Status::Invalid("state_indices: null pointer (required with state_pool)");
+    // kCuda reads and writes a slot's rows as 8-byte (fp32) / 4-byte (bf16) pairs
+    // from a 16-byte aligned pool: slots must keep that alignment.
+    if (cuda && pool_stride % 4 != 0)
+      return Status::Invalid(cat("pool_stride: backend kCuda needs a multiple of 4 elements (16-byte aligned "
+                                 "slots), got ", pool_stride));
   }
 
   // ---- checkpoints -----------------------------------------------------------------
@@ -319,9 +339,6 @@ Status validate(const ForwardArgs& a, Backend backend) {
   if (cuda && checkpoints)
     return Status::NotSupported("checkpoints: backend kCuda does not write checkpoints yet; run it on "
                                 "kCpuReference / kCpuChunked");
-  if (cuda && pool)
-    return Status::NotSupported("state_pool: backend kCuda has no forward on a state pool yet; run it on "
-                                "kCpuReference / kCpuChunked, or pass dense initial_state / final_state");
   if (cuda) return sm90::check_supported(a);
   return Status::Ok();
 }

@@ -3,7 +3,7 @@
 namespace flashkda {
 
 int64_t num_sequences(const ForwardArgs& args) {
-  return args.cu_seqlens != nullptr ? args.num_seqs : args.batch;
+  return args.cu_seqlens != nullptr || args.cu_seqlens_int32 != nullptr ? args.num_seqs : args.batch;
 }
 
 std::vector<SequenceSpan> sequence_spans(const ForwardArgs& args, const int64_t* cu_seqlens_host) {

@@ -1,8 +1,8 @@
 // Faults in device-resident arguments, recorded by the kernels.
 //
 // Some arguments live in device memory and cannot be checked on the host without
-// a synchronisation: the values of cu_seqlens (forward and decode) and decode's
-// state_indices. Whatever they hold, no kernel reads or writes outside the
+// a synchronisation: the values of cu_seqlens (forward and decode, int64 or
+// int32) and state_indices (decode, and the forward on a pool). Whatever they hold, no kernel reads or writes outside the
 // tensors it was given: a sequence's bounds are clamped to [0, T] (begin <= end),
 // an index past the pool is skipped. The kernel that meets such a value also
 // records it on its device; check_device_faults() (flashkda.h) turns the record
@@ -27,7 +27,8 @@ enum DeviceFaultKind : int {
   kFaultForwardCuSeqlens = 0,  // forward: cu_seqlens not 0 = c[0] <= c[1] <= ... <= c[N] = T
   kFaultDecodeCuSeqlens = 1,   // decode: the same rule for its cu_seqlens
   kFaultDecodeStateIndex = 2,  // decode: state_indices[n] >= the pool size
-  kNumDeviceFaultKinds = 3,
+  kFaultForwardStateIndex = 3, // forward on a pool: state_indices[n] >= the pool size
+  kNumDeviceFaultKinds = 4,
 };
 
 // The record: which kinds happened, and the lowest offending position of each
@@ -55,7 +56,8 @@ struct ClampedSpan {
 __device__ __forceinline__ int64_t clamp_offset(int64_t x, int64_t lo, int64_t hi) {
   return x < lo ? lo : (x > hi ? hi : x);
 }
-__device__ __forceinline__ ClampedSpan clamped_span(const int64_t* cu, int64_t n, int64_t num_seqs, int64_t total) {
+template <typename Offset>  // int64_t or int32_t
+__device__ __forceinline__ ClampedSpan clamped_span(const Offset* cu, int64_t n, int64_t num_seqs, int64_t total) {
   const int64_t b = cu[n], e = cu[n + 1];
   ClampedSpan s;
   s.begin = clamp_offset(b, 0, total);

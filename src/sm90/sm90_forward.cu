@@ -162,7 +162,7 @@ ProblemShape problem_shape(const ForwardArgs& args) {
   shape.seqs = n;
   shape.heads = value_heads(args);
   auto chunks = [](int64_t len) { return (len + kChunk - 1) / kChunk; };
-  if (args.cu_seqlens == nullptr) {
+  if (args.cu_seqlens == nullptr && args.cu_seqlens_int32 == nullptr) {
     shape.longest_chunks = chunks(args.seqlen);
     shape.total_chunks = n * shape.longest_chunks;
   } else if (args.cu_seqlens_host == nullptr) {
@@ -292,7 +292,30 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   p.initial_state_type = state_type(args.initial_state ? args.initial_state_dtype : DType::kNone);
   p.final_state_type = state_type(args.final_state ? args.final_state_dtype : DType::kNone);
   p.cu_seqlens = args.cu_seqlens;
+  p.cu_seqlens32 = args.cu_seqlens_int32;
   p.seqlen = args.seqlen;
+  // Strides: 0 means dense.
+  const int64_t H = args.num_heads, K = kHeadDim;
+  auto stride = [](int64_t given, int64_t dense) { return given != 0 ? given : dense; };
+  p.q_tok = stride(args.q_token_stride, H * K);
+  p.q_head = stride(args.q_head_stride, K);
+  p.k_tok = stride(args.k_token_stride, H * K);
+  p.k_head = stride(args.k_head_stride, K);
+  p.v_tok = stride(args.v_token_stride, hv * K);
+  p.v_head = stride(args.v_head_stride, K);
+  p.g_tok = stride(args.g_token_stride, hv * K);
+  p.g_head = stride(args.g_head_stride, K);
+  p.beta_tok = stride(args.beta_token_stride, hv);
+  p.beta_head = stride(args.beta_head_stride, 1);
+  if (args.state_pool != nullptr) {
+    p.state_pool = args.state_pool;
+    p.pool_type = state_type(args.state_pool_dtype);
+    p.index_is_int64 = args.state_index_type == IndexType::kInt64 ? 1 : 0;
+    p.pool_size = args.pool_size;
+    p.pool_stride = stride(args.pool_stride, hv * K * K);
+    p.state_indices = args.state_indices;
+    p.has_initial_state = args.has_initial_state;
+  }
   p.total_tokens = args.batch * args.seqlen;
   p.num_seqs = static_cast<int32_t>(n);
   p.num_heads = static_cast<int32_t>(args.num_heads);

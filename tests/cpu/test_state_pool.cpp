@@ -329,7 +329,14 @@ TEST(StatePoolValidation, BadArgumentsAreNamed) {
   a = base();
   a.state_pool = reinterpret_cast<char*>(pool.data()) + 2;
   expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "state_pool: expected a 4-byte aligned");
-  expect(base(), Backend::kCuda, StatusCode::kNotSupported, "state_pool");
+  {
+    // kCuda runs on a pool whose slots stay 16-byte aligned.
+    const Status cuda = validate(base(), Backend::kCuda);
+    EXPECT_EQ(cuda.message.find("state_pool"), std::string::npos) << cuda.message;
+    a = base();
+    a.pool_stride = per_slot + 2;
+    expect(a, Backend::kCuda, StatusCode::kInvalidArgument, "pool_stride: backend kCuda needs a multiple of 4");
+  }
   // Slot checkpoints: offsets on 16-token boundaries within the sequence, slots in the pool.
   std::vector<int64_t> offsets = {16, -1, -1, -1, 32, -1, -1, -1};  // lengths 37, 0, 64, 21
   std::vector<int32_t> ck_slots = {1, -1, -1, -1, 2, -1, -1, -1};

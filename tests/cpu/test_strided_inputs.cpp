@@ -1,7 +1,7 @@
 // Strided token tensors (ForwardArgs::*_token_stride / *_head_stride) on the CPU
 // backends: q, k, v, g and beta as views of one fused per-token projection give
 // bitwise the dense run (forward, through the C ABI, and segment summaries);
-// negative strides and kCuda are rejected by name.
+// negative strides, and strides kCuda cannot read as 16-byte rows, are rejected by name.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -93,7 +93,16 @@ TEST(StridedInputs, BadStridesAreNamed) {
   std::vector<float> fin(p.state_elems());
   ForwardArgs a = strided_args(p, f, out.data(), fin.data());
   EXPECT_TRUE(validate(a, Backend::kCpuChunked).ok());
-  expect_invalid(a, Backend::kCuda, StatusCode::kNotSupported, "kCuda reads dense");
+  {
+    // kCuda copies 16-byte rows: strides must be multiples of 8 elements.
+    ForwardArgs c = a;
+    c.q_token_stride = 8 * (f.width / 8 + 1) + 4;
+    expect_invalid(c, Backend::kCuda, StatusCode::kInvalidArgument, "q_token_stride / q_head_stride: backend kCuda");
+    c = a;
+    c.q_token_stride = c.k_token_stride = c.v_token_stride = c.g_token_stride = 8 * (f.width / 8 + 1);
+    const Status cuda = validate(c, Backend::kCuda);
+    EXPECT_EQ(cuda.message.find("stride"), std::string::npos) << cuda.message;
+  }
   a.g_head_stride = -16;
   expect_invalid(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "g_token_stride / g_head_stride");
   a.g_head_stride = 16;

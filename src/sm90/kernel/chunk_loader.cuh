@@ -14,14 +14,15 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
       *reinterpret_cast<const cute::uint128_t*>(gmem_src), *reinterpret_cast<cute::uint128_t*>(smem_dst), pred);
 }
 
-// `rows` valid rows of a [token][heads][width] bf16 tensor at head `head`,
-// columns col0..col0+kCols-1, into dst[16][ld]; invalid rows become zeros.
+// `rows` valid rows of a bf16 tensor (element (t, h, c) at t·tok_stride +
+// h·head_stride + c) at head offset head_off = h·head_stride, columns
+// col0..col0+kCols-1, into dst[16][ld]; invalid rows become zeros.
 // The copies per thread are a compile-time count, fully unrolled: a run-time
 // loop here cost the prologue kernel ~200 integer instructions a warp per chunk
 // (loop control and 64-bit address arithmetic), a fifth of its issue slots.
 template <int kCols, int kThreadCount>
 __device__ __forceinline__ void load_token_rows_async(uint16_t* dst, int ld, const uint16_t* base, int64_t tok0,
-                                                      int rows, int64_t heads, int head, int width, int col0,
+                                                      int rows, int64_t tok_stride, int64_t head_off, int col0,
                                                       int tid) {
   constexpr int kVecPerRow = kCols / 8;
   constexpr int kVectors = kChunk * kVecPerRow;
@@ -31,7 +32,7 @@ __device__ __forceinline__ void load_token_rows_async(uint16_t* dst, int ld, con
     const int idx = tid + j * kThreadCount;
     const int r = idx / kVecPerRow, c = idx % kVecPerRow;
     const bool valid = r < rows;
-    const uint16_t* src = valid ? base + ((tok0 + r) * heads + head) * width + col0 + 8 * c : base;
+    const uint16_t* src = valid ? base + (tok0 + r) * tok_stride + head_off + col0 + 8 * c : base;
     cp_async_16(dst + r * ld + 8 * c, src, valid);
   }
 }
@@ -61,7 +62,7 @@ struct ChunkCursor {
     record = reinterpret_cast<const cute::uint128_t*>(first_record) + tid;
     v_row = tid / kVecPerRow;
     const int vc = tid % kVecPerRow;
-    v = p.v + ((tok0 + v_row) * p.num_v_heads + head) * kHeadDim + col0 + 8 * vc;
+    v = p.v + (tok0 + v_row) * p.v_tok + head * p.v_head + col0 + 8 * vc;
     v_dst = v_row * ld_v + 8 * vc;
   }
 
@@ -78,7 +79,7 @@ struct ChunkCursor {
     }
     const bool valid = v_row < rows;
     // A zero-filling copy reads nothing, but its address must still be valid.
-    cp_async_16(v_tile + v_dst, valid ? v + c * (kChunk * p.num_v_heads * kHeadDim) : p.v, valid);
+    cp_async_16(v_tile + v_dst, valid ? v + c * (kChunk * p.v_tok) : p.v, valid);
   }
 };
 

@@ -32,9 +32,24 @@ struct FwdParams {
   int32_t initial_state_type;
   int32_t final_state_type;
 
-  const int64_t* cu_seqlens;  // [N+1] device pointer, or null: sequence n = batch row n
+  const int64_t* cu_seqlens;    // [N+1] device pointer, or null: sequence n = batch row n
+  const int32_t* cu_seqlens32;  // the same as int32 (one of the two, or neither)
   int64_t seqlen;             // tokens per batch row when cu_seqlens is null
   int64_t total_tokens;       // B·T: cu_seqlens values are clamped to [0, total_tokens]
+
+  // Element strides of the token and head axes (the last axis is contiguous);
+  // the host fills in the dense ones where the caller gave none.
+  int64_t q_tok, q_head, k_tok, k_head, v_tok, v_head, g_tok, g_head, beta_tok, beta_head;
+
+  // Forward on a state pool instead of initial_state / final_state: sequence n
+  // reads and writes slot state_indices[n] (none when negative or past the pool).
+  void* state_pool;         // [P, pool_stride elements], or null
+  int32_t pool_type;        // StateType
+  int32_t index_is_int64;   // state_indices: int64 (1) or int32 (0)
+  int64_t pool_size;        // P
+  int64_t pool_stride;      // elements between slots
+  const void* state_indices;
+  const uint8_t* has_initial_state;  // [N] or null
 
   int32_t num_seqs;    // N
   int32_t num_heads;   // H

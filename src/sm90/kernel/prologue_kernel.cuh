@@ -12,6 +12,7 @@
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/prologue.cuh"
 #include "sm90/kernel/shared_storage.cuh"
+#include "sm90/kernel/state_location.cuh"
 #include "sm90/kernel/tile_scheduler.cuh"
 
 namespace flashkda::sm90 {
@@ -33,22 +34,23 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   const int qk_head = blockIdx.z;
   const int v_head = qk_head * gridDim.y + blockIdx.y;
   // Slot CTAs of value head 0 check one sequence each (there are at least N slots).
-  if (p.cu_seqlens != nullptr && v_head == 0 && tid == 0 && slot < p.num_seqs &&
-      !clamped_span(p.cu_seqlens, slot, p.num_seqs, p.total_tokens).valid)
-    record_fault(kFaultForwardCuSeqlens, slot);
+  if (v_head == 0 && tid == 0 && slot < p.num_seqs) {
+    if (!sequence_span(p, slot).valid) record_fault(kFaultForwardCuSeqlens, slot);
+    if (p.state_pool != nullptr && state_slot(p, slot) >= p.pool_size) record_fault(kFaultForwardStateIndex, slot);
+  }
   const ChunkTile chunk = locate_chunk(p, slot);
   if (!chunk.valid) return;
 
   load_token_rows_async<kHeadDim, kPrologueThreads>(&s.q[0][0], kHeadDim, p.q, chunk.token_begin, chunk.rows,
-                                                     p.num_heads, qk_head, kHeadDim, 0, tid);
+                                                     p.q_tok, qk_head * p.q_head, 0, tid);
   load_token_rows_async<kHeadDim, kPrologueThreads>(&s.k[0][0], kHeadDim, p.k, chunk.token_begin, chunk.rows,
-                                                     p.num_heads, qk_head, kHeadDim, 0, tid);
+                                                     p.k_tok, qk_head * p.k_head, 0, tid);
   load_token_rows_async<kHeadDim, kPrologueThreads>(&s.g[0][0], kHeadDim, p.g, chunk.token_begin, chunk.rows,
-                                                     p.num_v_heads, v_head, kHeadDim, 0, tid);
+                                                     p.g_tok, v_head * p.g_head, 0, tid);
   cute::cp_async_fence();
   if (tid < kChunk) {
     const float beta = tid < chunk.rows
-                           ? bf16_bits_to_float(p.beta[(chunk.token_begin + tid) * p.num_v_heads + v_head])
+                           ? bf16_bits_to_float(p.beta[(chunk.token_begin + tid) * p.beta_tok + v_head * p.beta_head])
                            : 0.f;
     s.beta_sig[tid] = sigmoid(beta);
   }

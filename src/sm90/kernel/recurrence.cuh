@@ -15,6 +15,7 @@
 #include "sm90/kernel/fragments.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/shared_storage.cuh"
+#include "sm90/kernel/state_location.cuh"
 #include "sm90/kernel/tile_scheduler.cuh"
 #include "sm90/kernel/wgmma.cuh"
 
@@ -24,24 +25,20 @@ struct StateRows {
   FragC tile[kHeadDim / 8];
 };
 
-// Offset of element (row, col) of the state of (seq, v_head); 64-bit.
-__device__ __forceinline__ int64_t state_offset(const FwdParams& p, int seq, int v_head, int row, int col) {
-  return ((static_cast<int64_t>(seq) * p.num_v_heads + v_head) * kHeadDim + row) * kHeadDim + col;
-}
-
-__device__ __forceinline__ void load_state(StateRows& S, const FwdParams& p, int seq, int v_head, int row0,
-                                           int lane) {
+// The warp's rows row0.. of the state at `l` (zero where it has none); bf16
+// states widen exactly.
+__device__ __forceinline__ void load_state(StateRows& S, const StateLocation& l, int row0, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const int64_t off = state_offset(p, seq, v_head, row0 + g + 8 * hr, 8 * j + 2 * t);
+      const int64_t off = l.offset + static_cast<int64_t>(row0 + g + 8 * hr) * kHeadDim + 8 * j + 2 * t;
       float2 x = make_float2(0.f, 0.f);
-      if (p.initial_state_type == kStateFP32) {
-        x = *reinterpret_cast<const float2*>(static_cast<const float*>(p.initial_state) + off);
-      } else if (p.initial_state_type == kStateBF16) {
-        const uint32_t w = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.initial_state) + off);
+      if (l.in_type == kStateFP32) {
+        x = *reinterpret_cast<const float2*>(static_cast<const float*>(l.in) + off);
+      } else if (l.in_type == kStateBF16) {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(l.in) + off);
         x = make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
       }
       S.tile[j].x[2 * hr] = x.x;
@@ -50,19 +47,18 @@ __device__ __forceinline__ void load_state(StateRows& S, const FwdParams& p, int
   }
 }
 
-__device__ __forceinline__ void store_state(const StateRows& S, const FwdParams& p, int seq, int v_head, int row0,
-                                            int lane) {
+__device__ __forceinline__ void store_state(const StateRows& S, const StateLocation& l, int row0, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const int64_t off = state_offset(p, seq, v_head, row0 + g + 8 * hr, 8 * j + 2 * t);
+      const int64_t off = l.offset + static_cast<int64_t>(row0 + g + 8 * hr) * kHeadDim + 8 * j + 2 * t;
       const float x0 = S.tile[j].x[2 * hr], x1 = S.tile[j].x[2 * hr + 1];
-      if (p.final_state_type == kStateFP32) {
-        *reinterpret_cast<float2*>(static_cast<float*>(p.final_state) + off) = make_float2(x0, x1);
-      } else if (p.final_state_type == kStateBF16) {
-        *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.final_state) + off) = pack_bf16(x0, x1);
+      if (l.out_type == kStateFP32) {
+        *reinterpret_cast<float2*>(static_cast<float*>(l.out) + off) = make_float2(x0, x1);
+      } else if (l.out_type == kStateBF16) {
+        *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(l.out) + off) = pack_bf16(x0, x1);
       }
     }
   }

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   };
 
   StateRows S;
-  if (w.from == StateFrom::kInitial) load_state(S, p, w.seq, w.v_head, row, lane);
+  if (w.from == StateFrom::kInitial) load_state(S, state_location(p, w.seq, w.v_head), row, lane);
   else load_state_rows(S, w.from, w.in_rows, row, lane);
   for (int c = 0; c < kStages - 1; ++c) issue_load(c, c);
 
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
   if (w.to == StateTo::kFinal) {
-    if (p.final_state_type != kStateNone) store_state(S, p, w.seq, w.v_head, row, lane);
+    store_state(S, state_location(p, w.seq, w.v_head), row, lane);
   } else if (w.to == StateTo::kBuffer) {
     store_state_rows(S, w.out_rows, row, lane);
   }

@@ -29,11 +29,14 @@ __host__ __device__ inline int64_t num_chunk_slots(int64_t num_seqs, int64_t tot
 
 // Sequence n's tokens [begin, end), clamped (see above).
 __device__ __forceinline__ ClampedSpan sequence_span(const FwdParams& p, int64_t n) {
-  if (p.cu_seqlens == nullptr) return {n * p.seqlen, (n + 1) * p.seqlen, true};
-  return clamped_span(p.cu_seqlens, n, p.num_seqs, p.total_tokens);
+  if (p.cu_seqlens != nullptr) return clamped_span(p.cu_seqlens, n, p.num_seqs, p.total_tokens);
+  if (p.cu_seqlens32 != nullptr) return clamped_span(p.cu_seqlens32, n, p.num_seqs, p.total_tokens);
+  return {n * p.seqlen, (n + 1) * p.seqlen, true};
 }
 __device__ __forceinline__ int64_t seq_begin(const FwdParams& p, int64_t n) {
-  return p.cu_seqlens != nullptr ? clamp_offset(p.cu_seqlens[n], 0, p.total_tokens) : n * p.seqlen;
+  if (p.cu_seqlens != nullptr) return clamp_offset(p.cu_seqlens[n], 0, p.total_tokens);
+  if (p.cu_seqlens32 != nullptr) return clamp_offset(p.cu_seqlens32[n], 0, p.total_tokens);
+  return n * p.seqlen;
 }
 __device__ __forceinline__ int64_t first_slot(const FwdParams& p, int64_t n) {
   return n + seq_begin(p, n) / kChunk;

@@ -1,0 +1,157 @@
+"""Engines' calls on CUDA tensors (spec section 7): the forward on a state pool in
+place, int32 cu_seqlens, q/k/v/g/beta as views of one fused projection, each
+bitwise the dense CUDA call it stands for; flash_kda.chunk_kda against fla's own
+Triton chunk_kda on the same inputs, and on a state pool through
+initial_state_indices.
+
+Skipped, with the reason, without a usable CUDA backend."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flash_kda
+from gpu_skip import requires_cuda_backend
+from kda_reference import make_problem, reference, rel_rms
+
+pytestmark = requires_cuda_backend
+
+OUT_BAR = 3.5e-3
+STATE_BAR_FP32 = 2.5e-3
+SEQLENS = [37, 0, 300, 21, 130]
+
+
+def problem(seed):
+    return make_problem(H=2, HV=4, seqlens=SEQLENS, seed=seed, device="cuda")
+
+
+def common(p):
+    return dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"])
+
+
+def dense(p, init):
+    out = torch.empty_like(p["v"])
+    fin = torch.empty_like(init)
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, initial_state=init, final_state=fin,
+                  **common(p))
+    return out, fin
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_pool_forward_equals_the_dense_forward(dtype, index_dtype):
+    p = problem(71)
+    HV, V, K, P, PAD = 4, 128, 128, 9, 64
+    base = (0.1 * torch.randn(P, HV * V * K + PAD, device="cuda")).to(dtype)
+    pool = base[:, :HV * V * K].view(P, HV, V, K)
+    before = base.clone()
+    slots = torch.tensor([7, 2, -1, 0, 5], dtype=index_dtype, device="cuda")
+    has = torch.tensor([True, True, True, False, True], device="cuda")
+    init = torch.zeros(len(SEQLENS), HV, V, K, dtype=dtype, device="cuda")
+    for n, s in enumerate(slots.tolist()):
+        if s >= 0 and bool(has[n]):
+            init[n] = pool[s]
+    out_dense, fin = dense(p, init)
+    out = torch.empty_like(p["v"])
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, state_pool=pool, state_indices=slots,
+                  has_initial_state=has, **common(p))
+    torch.cuda.synchronize()
+    assert torch.equal(out, out_dense)
+    owned = {s: n for n, s in enumerate(slots.tolist()) if s >= 0}
+    for s in range(P):
+        if s in owned:
+            assert torch.equal(pool[s], fin[owned[s]]), f"slot {s}"
+        else:
+            assert torch.equal(base[s, :HV * V * K], before[s, :HV * V * K]), f"slot {s} was written"
+        assert torch.equal(base[s, HV * V * K:], before[s, HV * V * K:]), f"padding after slot {s}"
+    flash_kda.check_device_faults()
+
+
+def test_int32_cu_seqlens_equal_int64():
+    p = problem(72)
+    out64, fin64 = dense(p, p["initial_state"])
+    out = torch.empty_like(p["v"])
+    fin = torch.empty_like(fin64)
+    kw = common(p)
+    kw["cu_seqlens"] = p["cu_seqlens"].to(torch.int32)
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, initial_state=p["initial_state"],
+                  final_state=fin, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(out, out64) and torch.equal(fin, fin64)
+
+
+def test_fused_projection_views_equal_dense_tensors():
+    p = problem(73)
+    T, H, HV, K, V = sum(SEQLENS), 2, 4, 128, 128
+    widths = [H * K, H * K, HV * V, HV * K, HV]
+    width = (sum(widths) + 8 + 7) // 8 * 8  # rows of every view 16-byte aligned
+    fused = torch.full((T, width), float("nan"), dtype=torch.bfloat16, device="cuda")
+    views, at = [], 0
+    for name, w in zip(["q", "k", "v", "g", "beta"], widths):
+        x = p[name].reshape(T, w)
+        fused[:, at:at + w] = x
+        view = fused[:, at:at + w]
+        views.append(view.unsqueeze(0) if name == "beta" else view.unflatten(-1, (-1, 128)).unsqueeze(0))
+        at += w
+    assert not views[0].is_contiguous()
+    out_dense, fin_dense = dense(p, p["initial_state"])
+    out = torch.empty_like(p["v"])
+    fin = torch.empty_like(fin_dense)
+    flash_kda.fwd(*views, p["scale"], out, initial_state=p["initial_state"], final_state=fin, **common(p))
+    torch.cuda.synchronize()
+    assert torch.equal(out, out_dense) and torch.equal(fin, fin_dense)
+
+
+def _fla_chunk_kda():
+    try:
+        from fla.ops.kda import chunk_kda
+    except Exception as e:  # fla missing or broken: say why
+        pytest.skip(f"fla not importable: {type(e).__name__}: {e}")
+    return chunk_kda
+
+
+FLAGS = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+             safe_gate=True)
+
+
+def test_chunk_kda_agrees_with_flas_chunk_kda(monkeypatch):
+    fla_chunk_kda = _fla_chunk_kda()
+    monkeypatch.setenv("FLA_FLASH_KDA", "0")  # fla's own Triton kernels, not a dispatch to us
+    p = make_problem(H=2, seqlens=[100, 17, 139], seed=74, device="cuda")
+    kw = dict(scale=p["scale"], initial_state=p["initial_state"], output_final_state=True,
+              lower_bound=p["lower_bound"], state_v_first=True, cu_seqlens=p["cu_seqlens"], A_log=p["A_log"],
+              dt_bias=p["dt_bias"].reshape(-1), **FLAGS)
+    with torch.inference_mode():
+        o_fla, s_fla = fla_chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **kw)
+        o, s = flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **kw)
+    torch.cuda.synchronize()
+    ref_out, ref_fs = reference(p)
+    e_ours, e_fla = (rel_rms(o, ref_out), rel_rms(s, ref_fs)), (rel_rms(o_fla, ref_out), rel_rms(s_fla, ref_fs))
+    print(f"chunk_kda vs float64: ours out {e_ours[0]:.3e} state {e_ours[1]:.3e}; "
+          f"fla out {e_fla[0]:.3e} state {e_fla[1]:.3e}")
+    assert o.shape == o_fla.shape and s.shape == s_fla.shape and s.dtype == s_fla.dtype
+    assert e_ours[0] <= OUT_BAR and e_ours[1] <= STATE_BAR_FP32
+    # Both within the bars of the float64 truth: they differ by at most sqrt(2) x the bars.
+    assert rel_rms(o, o_fla) <= 2 ** 0.5 * OUT_BAR
+    assert rel_rms(s, s_fla) <= 2 ** 0.5 * STATE_BAR_FP32
+
+
+def test_chunk_kda_on_a_state_pool_cuda():
+    p = problem(75)
+    HV, V, K, P = 4, 128, 128, 6
+    pool = 0.1 * torch.randn(P, HV, V, K, device="cuda")
+    idx = torch.tensor([3, 0, -1, 5, 1], dtype=torch.int32, device="cuda")
+    init = torch.zeros(len(SEQLENS), HV, V, K, device="cuda")
+    for n, s in enumerate(idx.tolist()):
+        if s >= 0:
+            init[n] = pool[s]
+    out_dense, fin = dense(p, init)
+    o, fs = flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], scale=p["scale"], initial_state=pool,
+                                initial_state_indices=idx, lower_bound=p["lower_bound"], state_v_first=True,
+                                cu_seqlens=p["cu_seqlens"], A_log=p["A_log"], dt_bias=p["dt_bias"].reshape(-1),
+                                **FLAGS)
+    torch.cuda.synchronize()
+    assert fs is None and torch.equal(o, out_dense)
+    for n, s in enumerate(idx.tolist()):
+        if s >= 0:
+            assert torch.equal(pool[s], fin[n]), f"slot {s}"
