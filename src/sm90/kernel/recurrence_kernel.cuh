@@ -80,11 +80,9 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     issue_load(c + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
     const auto& st = s.stage[stage];
     recurrence_step(S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane);
-    if (w.write_out) {
-      __syncwarp();
-      out.store(p, s.out[warp], c, chunk_rows(c));
-      __syncwarp();
-    }
+    __syncwarp();
+    out.store(p, s.out[warp], c, w.write_out ? chunk_rows(c) : 0);  // 0 rows: stores nothing
+    __syncwarp();
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
   if (w.to == StateTo::kFinal) {
