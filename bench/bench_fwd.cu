@@ -4,12 +4,14 @@
 //   flashkda-bench [--heads 96,64] [--states fp32,bf16,none] [--iters 100] [--warmup 10]
 //                  [--cases 8192,varlen6,8x1024] [--table standard|tp] [--v-split 0|1|2] [--stages 0|3|4]
 //                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg];..."]
-//                  [--json FILE]
+//                  [--checkpoints C] [--json FILE]
 //
 // --cases: the standard table's three (default) and the tensor-parallel rows'
 // 1024, 32768, 4x8192, and 1M (one sequence of 2^20 tokens). --table tp replaces
 // --heads x --cases by the tensor-parallel table of spec section 5: H in {12, 24,
 // 48} x {1024, 8192, 32768}; H = 12 with 4x8192 and varlen6; H = 1 with 1M.
+// --checkpoints C: also write a bf16 checkpoint every C tokens in fla's key-major
+// layout (the prefix-caching call of spec section 7; C a multiple of 16).
 // --v-split / --stages / --seg-chunks force one part of the launch plan
 // (sm90::LaunchOverride; --seg-chunks -1: never split a sequence, N: segments of
 // N chunks); unset parts keep the heuristic's choice. --sweep-plan times the plans worth
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   std::vector<int> heads = {96, 64};
   std::vector<std::string> states = {"fp32", "bf16", "none"};
   int iters = 100, warmup = 10;
+  int64_t checkpoint_every = 0;
   flashkda::sm90::LaunchOverride forced;
   bool sweep = false, sweep_plan = false;
   std::string json;
@@ -130,6 +133,7 @@ int main(int argc, char** argv) {
     else if (a == "--sweep-v-split") sweep = true;
     else if (a == "--sweep-plan") sweep_plan = true;
     else if (a == "--json") json = next();
+    else if (a == "--checkpoints") checkpoint_every = std::atoll(next().c_str());
     else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
   }
   std::string why;
@@ -238,6 +242,16 @@ int main(int argc, char** argv) {
         a.batch = 1; a.seqlen = T; a.num_heads = H; a.num_v_heads = H; a.head_dim_k = kDim; a.head_dim_v = kDim;
         a.scale = 1.f / std::sqrt(float(kDim));
         a.lower_bound = -5.f;
+        void* checkpoints = nullptr;
+        if (checkpoint_every > 0) {
+          int64_t entries = 0;
+          for (int64_t L : c.seqlens) entries += (L + checkpoint_every - 1) / checkpoint_every;
+          CHECK_CUDA(cudaMalloc(&checkpoints, static_cast<size_t>(entries * H * kDim * kDim) * 2));
+          a.checkpoints = checkpoints;
+          a.checkpoints_dtype = flashkda::DType::kBF16;
+          a.checkpoint_interval = checkpoint_every;
+          a.checkpoints_capacity = entries;
+        }
         const double state_bytes = dt == flashkda::DType::kNone ? 0.0
                                    : 2.0 * state_elems * (dt == flashkda::DType::kFP32 ? 4 : 2);
         const double bytes = 5.0 * tok_elems * 2 + T * H * 2.0 + state_bytes;
@@ -269,7 +283,8 @@ int main(int argc, char** argv) {
           std::sort(ms.begin(), ms.end());
           const double med = ms[iters / 2];
           const std::string plan = std::to_string(used.stages) + " stages" +
-                                   (used.seg_chunks > 0 ? ", segments of " + std::to_string(used.seg_chunks) : "");
+                                   (used.seg_chunks > 0 ? ", segments of " + std::to_string(used.seg_chunks) : "") +
+                                   (checkpoint_every > 0 ? ", checkpoints every " + std::to_string(checkpoint_every) : "");
           rows.push_back({H, c.name, st, used.v_split, plan, med, bytes / (med * 1e-3) / 1e9,
                           bytes / kCopyBandwidth * 1e3, st == "fp32" ? published_ms(H, c.name) : 0.0});
           std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d %s  %.3f ms\n", H, c.name, st.c_str(), used.v_split,
@@ -277,6 +292,7 @@ int main(int argc, char** argv) {
           CHECK_CUDA(cudaFree(ws));
         }
         flashkda::sm90::set_launch_override({});
+        if (checkpoints != nullptr) CHECK_CUDA(cudaFree(checkpoints));
       }
       cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(g); cudaFree(out); cudaFree(beta);
       cudaFree(A_log); cudaFree(dt_bias); cudaFree(init); cudaFree(fin); cudaFree(d_cu);

@@ -333,12 +333,6 @@ Status validate(const ForwardArgs& a, Backend backend) {
   }
 
   // ---- backend-specific shape support ------------------------------------------
-  if (cuda && slot_checkpoints)
-    return Status::NotSupported("slot_checkpoint_offsets: backend kCuda does not write slot checkpoints yet; run it "
-                                "on kCpuReference / kCpuChunked");
-  if (cuda && checkpoints)
-    return Status::NotSupported("checkpoints: backend kCuda does not write checkpoints yet; run it on "
-                                "kCpuReference / kCpuChunked");
   if (cuda) return sm90::check_supported(a);
   return Status::Ok();
 }

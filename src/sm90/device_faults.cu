@@ -28,6 +28,9 @@ std::string describe(const DeviceFaults& f) {
       "first at sequence ",
       "state_indices (forward): device values past the pool (expected < pool_size, or negative for no slot), "
       "first at sequence ",
+      "slot_checkpoint_offsets / slot_checkpoint_slots (forward): device values out of range (expected an offset "
+      "that is a positive multiple of 16 at most the sequence's length and a slot < pool_size, or negative for "
+      "none), first at sequence ",
   };
   std::string msg;
   for (int k = 0; k < kNumDeviceFaultKinds; ++k) {
@@ -49,7 +52,7 @@ Status check_device_faults(void* stream) {
   // Without a usable sm_90 device no kernel of ours ran, so nothing was recorded.
   if (!device_supported(nullptr)) return Status::Ok();
   auto s = static_cast<cudaStream_t>(stream);
-  DeviceFaults all{0u, 0u, {kNoFaultIndex, kNoFaultIndex, kNoFaultIndex, kNoFaultIndex}};
+  DeviceFaults all{0u, 0u, {kNoFaultIndex, kNoFaultIndex, kNoFaultIndex, kNoFaultIndex, kNoFaultIndex}};
   for (auto take : {&take_forward_faults, &take_decode_faults}) {
     DeviceFaults f{};
     const cudaError_t err = take(s, &f);

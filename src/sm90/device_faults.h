@@ -28,7 +28,8 @@ enum DeviceFaultKind : int {
   kFaultDecodeCuSeqlens = 1,   // decode: the same rule for its cu_seqlens
   kFaultDecodeStateIndex = 2,  // decode: state_indices[n] >= the pool size
   kFaultForwardStateIndex = 3, // forward on a pool: state_indices[n] >= the pool size
-  kNumDeviceFaultKinds = 4,
+  kFaultForwardSlotCheckpoint = 4,  // forward: a slot checkpoint's offset or slot out of range
+  kNumDeviceFaultKinds = 5,
 };
 
 // The record: which kinds happened, and the lowest offending position of each

@@ -20,12 +20,15 @@ cudaError_t launch_prologue(const FwdParams& p, int device, cudaStream_t stream)
 // Kernel 2: the recurrence, one CTA per (sequence, value head, V-slice);
 // kStateWarps = 8 / v_split warps (whole warpgroups: V split 1 or 2), 16 rows of
 // V each; kStages chunks in flight.
-template <int kStateWarps, int kStages>
+// kCheckpoints: the variant that writes checkpoints (4 stages only).
+template <int kStateWarps, int kStages, bool kCheckpoints>
 cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream);
 
-extern template cudaError_t launch_recurrence<8, 4>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 1
-extern template cudaError_t launch_recurrence<4, 4>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2
-extern template cudaError_t launch_recurrence<4, 3>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2, 3 stages
+extern template cudaError_t launch_recurrence<8, 4, false>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 1
+extern template cudaError_t launch_recurrence<4, 4, false>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2
+extern template cudaError_t launch_recurrence<4, 3, false>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2, 3 stages
+extern template cudaError_t launch_recurrence<8, 4, true>(const FwdParams&, int64_t, int, cudaStream_t);
+extern template cudaError_t launch_recurrence<4, 4, true>(const FwdParams&, int64_t, int, cudaStream_t);
 
 // Kernel 3, pass 2 of the segment scan (p.seg_chunks > 0): composes the segment
 // summaries of pass 1 into every segment's incoming state.

@@ -315,6 +315,15 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     p.pool_stride = stride(args.pool_stride, hv * K * K);
     p.state_indices = args.state_indices;
     p.has_initial_state = args.has_initial_state;
+    p.slot_ck_offsets = args.slot_checkpoint_offsets;
+    p.slot_ck_slots = args.slot_checkpoint_slots;
+  }
+  if (args.checkpoints != nullptr) {
+    p.checkpoints = args.checkpoints;
+    p.ck_type = state_type(args.checkpoints_dtype);
+    p.ck_value_major = args.checkpoints_value_major ? 1 : 0;
+    p.ck_chunks = args.checkpoint_interval / kChunk;
+    p.ck_capacity = args.checkpoints_capacity;
   }
   p.total_tokens = args.batch * args.seqlen;
   p.num_seqs = static_cast<int32_t>(n);
@@ -325,6 +334,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   p.chunk_records = workspace;
   p.num_slots = slots_for(args);
 
+  // Checkpoints run the recurrence variant that writes them (4 stages).
+  const bool checkpoints = p.checkpoints != nullptr || p.slot_ck_offsets != nullptr;
   LaunchPlan plan;
   int dev = 0;
   Status planned = plan_for(args, &plan, &dev);
@@ -345,7 +356,9 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     constexpr int64_t kRowParts = kHeadDim / 64;  // 4-warp CTAs own 64 rows
     auto run_pass = [&](RecurrencePass pass, int64_t ctas) {
       p.pass = pass;
-      return plan.stages == 3 ? launch_recurrence<4, 3>(p, ctas, dev, s) : launch_recurrence<4, 4>(p, ctas, dev, s);
+      if (checkpoints) return launch_recurrence<4, 4, true>(p, ctas, dev, s);
+      return plan.stages == 3 ? launch_recurrence<4, 3, false>(p, ctas, dev, s)
+                              : launch_recurrence<4, 4, false>(p, ctas, dev, s);
     };
     err = run_pass(kPassSummaries, p.num_seg_slots * hv * 2 * kRowParts);
     if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
@@ -357,10 +370,14 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   }
   p.pass = kPassWhole;
   switch (p.v_split) {
-    case 1: err = launch_recurrence<8, 4>(p, num_ctas, dev, s); break;
+    case 1:
+      err = checkpoints ? launch_recurrence<8, 4, true>(p, num_ctas, dev, s)
+                        : launch_recurrence<8, 4, false>(p, num_ctas, dev, s);
+      break;
     case 2:
-      err = plan.stages == 3 ? launch_recurrence<4, 3>(p, num_ctas, dev, s)
-                             : launch_recurrence<4, 4>(p, num_ctas, dev, s);
+      err = checkpoints               ? launch_recurrence<4, 4, true>(p, num_ctas, dev, s)
+            : plan.stages == 3        ? launch_recurrence<4, 3, false>(p, num_ctas, dev, s)
+                                      : launch_recurrence<4, 4, false>(p, num_ctas, dev, s);
       break;
     default: err = cudaErrorInvalidValue; break;
   }

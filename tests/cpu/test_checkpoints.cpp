@@ -148,7 +148,11 @@ TEST(CheckpointsValidation, BadArgumentsAreNamed) {
   a = base();
   a.checkpoints = reinterpret_cast<char*>(buf.data()) + 2;
   expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "checkpoints: expected a 4-byte aligned");
-  expect(base(), Backend::kCuda, StatusCode::kNotSupported, "checkpoints");
+  {
+    // kCuda writes checkpoints (it may still be unavailable here, for its own reason).
+    const Status cuda = validate(base(), Backend::kCuda);
+    EXPECT_EQ(cuda.message.find("checkpoints"), std::string::npos) << cuda.message;
+  }
 }
 
 }  // namespace

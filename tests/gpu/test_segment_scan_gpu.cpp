@@ -158,7 +158,11 @@ INSTANTIATE_TEST_SUITE_P(States, GpuSegmentStates,
                                            std::make_tuple(DType::kBF16, DType::kNone),
                                            std::make_tuple(DType::kFP32, DType::kNone),
                                            std::make_tuple(DType::kBF16, DType::kBF16),
-                                           std::make_tuple(DType::kFP32, DType::kFP32)));
+                                           std::make_tuple(DType::kFP32, DType::kFP32)),
+                         [](const auto& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_to_" +
+                                  to_string(std::get<1>(info.param));
+                         });
 
 // Captured in a CUDA graph and replayed on one workspace: the same bits as a
 // direct call; and two direct calls give the same bits.

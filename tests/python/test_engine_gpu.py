@@ -164,3 +164,55 @@ def test_chunk_kda_on_a_state_pool_cuda():
     for n, s in enumerate(idx.tolist()):
         if s >= 0:
             assert torch.equal(pool[s], fin[n]), f"slot {s}"
+
+
+@pytest.mark.parametrize("value_major", [False, True])
+def test_each_checkpoint_is_the_prefix_runs_final_state_cuda(value_major):
+    # One chain per sequence here (small shapes): the prefix run walks the same chunks
+    # from the same state, so each fp32 checkpoint is its final state bit for bit.
+    seqlens, c = [70, 0, 33, 128], 32
+    p = make_problem(H=2, HV=4, seqlens=seqlens, seed=76, device="cuda")
+    total = sum(-(-L // c) for L in seqlens)
+    ck = torch.full((total, 4, 128, 128), float("nan"), device="cuda")
+    out = torch.empty_like(p["v"])
+    fin = torch.empty_like(p["initial_state"])
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, initial_state=p["initial_state"],
+                  final_state=fin, checkpoints=ck, checkpoint_interval=c, checkpoints_value_major=value_major,
+                  **common(p))
+    entry, start = 0, 0
+    for n, L in enumerate(seqlens):
+        for j in range(-(-L // c)):
+            init = p["initial_state"][n:n + 1]
+            if j == 0:
+                want = init[0]
+            else:
+                sl = slice(start, start + j * c)
+                x = {key: p[key][:, sl] for key in ("q", "k", "v", "g", "beta")}
+                o = torch.empty_like(x["v"])
+                f = torch.empty_like(init)
+                flash_kda.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], p["scale"], o, A_log=p["A_log"],
+                              dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], initial_state=init, final_state=f)
+                want = f[0]
+            got = ck[entry] if value_major else ck[entry].transpose(-1, -2)
+            assert torch.equal(got, want), f"sequence {n}, checkpoint {j}"
+            entry += 1
+        start += L
+
+
+def test_chunk_kda_intermediate_states_agree_with_fla(monkeypatch):
+    fla_chunk_kda = _fla_chunk_kda()
+    monkeypatch.setenv("FLA_FLASH_KDA", "0")
+    p = make_problem(H=2, seqlens=[100, 17, 139], seed=77, device="cuda")
+    s0 = p["initial_state"].transpose(-1, -2).contiguous()  # fla's key-major state
+    kw = dict(scale=p["scale"], initial_state=s0, output_final_state=True, lower_bound=p["lower_bound"],
+              cu_seqlens=p["cu_seqlens"], A_log=p["A_log"], dt_bias=p["dt_bias"].reshape(-1),
+              return_intermediate_states=True, **FLAGS)
+    with torch.inference_mode():
+        o_fla, s_fla, h_fla = fla_chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **kw)
+        o, s, h = flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **kw)
+    torch.cuda.synchronize()
+    assert h.shape == h_fla.shape and h.dtype == h_fla.dtype == torch.bfloat16
+    e = rel_rms(h.float(), h_fla.float())
+    print(f"intermediate states, ours vs fla: {e:.3e}")
+    # Both are bf16 roundings of states each within the fp32 bar of the truth.
+    assert e <= 2 ** 0.5 * 6e-3

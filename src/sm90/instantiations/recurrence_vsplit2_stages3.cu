@@ -2,5 +2,5 @@
 #include "sm90/fwd_launch.cuh"
 
 namespace flashkda::sm90 {
-template cudaError_t launch_recurrence<4, 3>(const FwdParams&, int64_t, int, cudaStream_t);
+template cudaError_t launch_recurrence<4, 3, false>(const FwdParams&, int64_t, int, cudaStream_t);
 }

@@ -51,6 +51,16 @@ struct FwdParams {
   const void* state_indices;
   const uint8_t* has_initial_state;  // [N] or null
 
+  // Checkpoints (checkpoints.cuh): every ck_chunks chunks into `checkpoints`, and
+  // slot checkpoints into the pool.
+  void* checkpoints;               // or null
+  int32_t ck_type;                 // StateType
+  int32_t ck_value_major;          // [HV, V, K] entries (1) or [HV, K, V] (0)
+  int64_t ck_chunks;               // checkpoint_interval / 16
+  int64_t ck_capacity;             // entries the buffer holds
+  const int64_t* slot_ck_offsets;  // [N, 2] or null
+  const void* slot_ck_slots;       // [N, 2], index type as state_indices
+
   int32_t num_seqs;    // N
   int32_t num_heads;   // H
   int32_t num_v_heads; // HV

@@ -6,6 +6,7 @@
 //             all: w (chunk_matrices.cuh)
 //   store     the ChunkOperands record, 16-byte coalesced stores
 #pragma once
+#include "sm90/kernel/checkpoints.cuh"
 #include "sm90/kernel/chunk_loader.cuh"
 #include "sm90/kernel/chunk_matrices.cuh"
 #include "sm90/device_fault_record.cuh"
@@ -35,8 +36,13 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   const int v_head = qk_head * gridDim.y + blockIdx.y;
   // Slot CTAs of value head 0 check one sequence each (there are at least N slots).
   if (v_head == 0 && tid == 0 && slot < p.num_seqs) {
-    if (!sequence_span(p, slot).valid) record_fault(kFaultForwardCuSeqlens, slot);
+    const ClampedSpan span = sequence_span(p, slot);
+    if (!span.valid) record_fault(kFaultForwardCuSeqlens, slot);
     if (p.state_pool != nullptr && state_slot(p, slot) >= p.pool_size) record_fault(kFaultForwardStateIndex, slot);
+    if (p.slot_ck_offsets != nullptr &&
+        (slot_checkpoint_fault(p, slot, 0, span.end - span.begin) ||
+         slot_checkpoint_fault(p, slot, 1, span.end - span.begin)))
+      record_fault(kFaultForwardSlotCheckpoint, slot);
   }
   const ChunkTile chunk = locate_chunk(p, slot);
   if (!chunk.valid) return;

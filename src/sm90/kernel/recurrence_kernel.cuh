@@ -9,6 +9,7 @@
 // One barrier per chunk: after it a stage is visible to all warps, and the stage
 // refilled next was released by every warp before it.
 #pragma once
+#include "sm90/kernel/checkpoints.cuh"
 #include "sm90/kernel/chunk_loader.cuh"
 #include "sm90/kernel/epilogue.cuh"
 #include "sm90/kernel/params.h"
@@ -37,7 +38,10 @@ struct RecurrenceConfig {
 // ~50: both variants may use more than 128 registers rather than spill (the
 // 8-warp one, held to 128 for two CTAs an SM, spilled and had ptxas serialize
 // its wgmma). Occupancy is then bounded by registers and shared memory alike.
-template <int kStateWarps, int kStages>
+// kCheckpoints: the variant that writes checkpoints (checkpoints.cuh). Their
+// stores inside the chunk loop cost ~10 registers a thread (168 -> 183), so the
+// calls without checkpoints run a variant without them.
+template <int kStateWarps, int kStages, bool kCheckpoints>
 __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThreads, 1)
     kda_recurrence_kernel(const __grid_constant__ FwdParams p) {
   using Cfg = RecurrenceConfig<kStateWarps, kStages>;
@@ -71,6 +75,18 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   if (w.from == StateFrom::kInitial) load_state(S, state_location(p, w.seq, w.v_head), row, lane);
   else load_state_rows(S, w.from, w.in_rows, row, lane);
   for (int c = 0; c < kStages - 1; ++c) issue_load(c, c);
+  // Checkpoints: the cursor in shared memory, the next stop in a register.
+  __shared__ CheckpointCursor ck;
+  int64_t ck_next = kNoCheckpoint;
+  if (kCheckpoints && w.true_state) {
+    if (tid == 0) ck = checkpoint_cursor(p, w);
+    __syncthreads();
+    ck_next = ck.any ? next_checkpoint_stop(ck, w.first_chunk, w.first_chunk == 0) : kNoCheckpoint;
+    if (ck_next == 0) {
+      store_checkpoints(S, p, ck, 0, w.v_head, row, lane);
+      ck_next = next_checkpoint_stop(ck, 0, false);
+    }
+  }
 
   int stage = 0;  // c % kStages, without 64-bit division
   for (int64_t c = 0; c < num_chunks; ++c) {
@@ -80,13 +96,18 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     issue_load(c + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
     const auto& st = s.stage[stage];
     recurrence_step(S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane);
+    if (kCheckpoints && w.first_chunk + c + 1 == ck_next) {
+      store_checkpoints(S, p, ck, ck_next, w.v_head, row, lane);
+      ck_next = next_checkpoint_stop(ck, ck_next, false);
+    }
     __syncwarp();
     out.store(p, s.out[warp], c, w.write_out ? chunk_rows(c) : 0);  // 0 rows: stores nothing
     __syncwarp();
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
   if (w.to == StateTo::kFinal) {
-    store_state(S, state_location(p, w.seq, w.v_head), row, lane);
+    const bool kept = !kCheckpoints || p.slot_ck_offsets == nullptr || final_state_kept(ck, p, w.seq);
+    if (kept) store_state(S, state_location(p, w.seq, w.v_head), row, lane);
   } else if (w.to == StateTo::kBuffer) {
     store_state_rows(S, w.out_rows, row, lane);
   }

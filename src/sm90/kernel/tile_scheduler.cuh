@@ -169,6 +169,8 @@ struct RecurrenceWork {
   bool active;
   bool value_rows;
   bool write_out;
+  bool true_state;      // the sequence's real state (checkpoints may be taken from it)
+  int64_t first_chunk;  // of the sequence, where this run of chunks starts
   int seq, v_head, row0;
   int64_t token_begin, length, first_slot;
   StateFrom from;
@@ -191,7 +193,7 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
   RecurrenceWork w{};
   if (p.pass == kPassWhole) {
     const SequenceTile t = get_sequence_tile(p);
-    w.active = w.value_rows = w.write_out = true;
+    w.active = w.value_rows = w.write_out = w.true_state = true;
     w.seq = t.seq;
     w.v_head = t.v_head;
     w.row0 = t.v_slice * kRows;
@@ -215,11 +217,12 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
   w.token_begin = t.token_begin;
   w.length = t.length;
   w.first_slot = t.first_slot;
+  w.first_chunk = t.index * p.seg_chunks;
   const bool first = t.index == 0, last = t.index == t.count - 1;
   if (!t.valid) return w;
   if (p.pass == kPassSummaries) {
     if (first) {
-      w.active = w.value_rows;
+      w.active = w.true_state = w.value_rows;
       w.write_out = true;
       w.from = StateFrom::kInitial;
       w.to = last ? StateTo::kFinal : StateTo::kBuffer;
@@ -233,7 +236,7 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
     }
   } else {
     w.active = !first;
-    w.write_out = true;
+    w.write_out = w.true_state = true;
     w.from = StateFrom::kBuffer;
     w.in_rows = segment_state(p, t.slot - 1, w.v_head)->b;
     w.to = last ? StateTo::kFinal : StateTo::kNone;

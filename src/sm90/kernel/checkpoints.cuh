@@ -1,0 +1,159 @@
+// Checkpoints for prefix caching (ForwardArgs::checkpoints, slot checkpoints),
+// written by the recurrence CTAs that hold a sequence's true state: the
+// whole-sequence pass, segment 0 of the segment scan's pass 1, and its pass 3.
+// Every chunk boundary is crossed by exactly one such CTA, so every entry has one
+// writer (a CTA of pass 3 does not write the state it starts from: the CTA of
+// the segment before wrote it after its last chunk).
+//   every c tokens   entry first(n) + j, j < ceil(L_n / c), holds the state after
+//                    j·c tokens; [HV, K, V] (key-major, fla's `h`) or [HV, V, K]
+//   slot checkpoints the state after slot_checkpoint_offsets[n][i] tokens (a
+//                    positive multiple of 16, at most L_n) into pool slot
+//                    slot_checkpoint_slots[n][i]
+// The offsets and slots live on the device: invalid ones are skipped here and
+// recorded by the prologue kernel (device_faults.h); entries past
+// checkpoints_capacity are skipped.
+#pragma once
+#include <cstdint>
+#include <climits>
+
+#include "sm90/kernel/params.h"
+#include "sm90/kernel/recurrence.cuh"
+#include "sm90/kernel/state_location.cuh"
+#include "sm90/kernel/tile_scheduler.cuh"
+
+namespace flashkda::sm90 {
+
+constexpr int kSlotCheckpoints = 2;  // per sequence (ForwardArgs::slot_checkpoint_offsets)
+
+// Slot checkpoint i of sequence n, if its offset and slot are valid for a
+// sequence of `len` tokens: the chunks after which it is taken, else -1.
+__device__ __forceinline__ int64_t slot_checkpoint_chunks(const FwdParams& p, int64_t n, int i, int64_t len,
+                                                          int64_t* slot) {
+  const int64_t off = p.slot_ck_offsets[n * kSlotCheckpoints + i];
+  *slot = p.index_is_int64 ? static_cast<const int64_t*>(p.slot_ck_slots)[n * kSlotCheckpoints + i]
+                           : static_cast<int64_t>(static_cast<const int32_t*>(p.slot_ck_slots)[n * kSlotCheckpoints + i]);
+  return off >= kChunk && off % kChunk == 0 && off <= len && *slot >= 0 && *slot < p.pool_size ? off / kChunk : -1;
+}
+// Whether slot checkpoint i of sequence n is present but invalid (a fault).
+__device__ __forceinline__ bool slot_checkpoint_fault(const FwdParams& p, int64_t n, int i, int64_t len) {
+  int64_t slot = 0;
+  const int64_t off = p.slot_ck_offsets[n * kSlotCheckpoints + i];
+  const bool valid = slot_checkpoint_chunks(p, n, i, len, &slot) >= 0;
+  return !valid && off >= 0 && slot >= 0;  // a negative offset or slot means "none"
+}
+
+struct CheckpointCursor {
+  bool any;
+  int64_t every;        // c / 16 chunks (0: no periodic checkpoints)
+  int64_t first_entry;  // sequence n's entry for j = 0
+  int64_t entries;      // ceil(L / c), less any past the capacity
+  int64_t slot_chunks[kSlotCheckpoints];
+  int64_t slot[kSlotCheckpoints];
+};
+
+__device__ __forceinline__ CheckpointCursor checkpoint_cursor(const FwdParams& p, const RecurrenceWork& w) {
+  CheckpointCursor ck{};
+  if (!w.true_state) return ck;
+  const int64_t len = sequence_span(p, w.seq).end - sequence_span(p, w.seq).begin;
+  if (p.checkpoints != nullptr) {
+    const int64_t c = p.ck_chunks * kChunk;
+    ck.every = p.ck_chunks;
+    if (p.cu_seqlens == nullptr && p.cu_seqlens32 == nullptr) {
+      ck.first_entry = w.seq * ((p.seqlen + c - 1) / c);
+    } else {
+      for (int64_t m = 0; m < w.seq; ++m) {
+        const ClampedSpan s = sequence_span(p, m);
+        ck.first_entry += (s.end - s.begin + c - 1) / c;
+      }
+    }
+    const int64_t room = p.ck_capacity - ck.first_entry;
+    ck.entries = (len + c - 1) / c;
+    ck.entries = ck.entries < room ? ck.entries : (room > 0 ? room : 0);
+    ck.any = ck.entries > 0;
+  }
+  for (int i = 0; i < kSlotCheckpoints; ++i) ck.slot_chunks[i] = -1;
+  if (p.slot_ck_offsets != nullptr) {
+    for (int i = 0; i < kSlotCheckpoints; ++i) ck.slot_chunks[i] = slot_checkpoint_chunks(p, w.seq, i, len, &ck.slot[i]);
+    // As on the CPU backends (cpu/state_pool.cpp), entry 1 is written after
+    // entry 0: where both name one slot, entry 1's state is the one kept.
+    if (ck.slot_chunks[1] >= 0 && ck.slot_chunks[0] >= 0 && ck.slot[0] == ck.slot[1]) ck.slot_chunks[0] = -1;
+    ck.any = ck.any || ck.slot_chunks[0] >= 0 || ck.slot_chunks[1] >= 0;
+  }
+  return ck;
+}
+
+// The warp's rows as element (row, col) -> offset + col·V + row (key-major).
+__device__ __forceinline__ void store_state_key_major(const StateRows& S, void* dst, int32_t type, int64_t offset,
+                                                      int row0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int64_t row = row0 + g + 8 * hr, col = 8 * j + 2 * t;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t at = offset + (col + e) * kHeadDim + row;
+        const float x = S.tile[j].x[2 * hr + e];
+        if (type == kStateFP32) static_cast<float*>(dst)[at] = x;
+        else static_cast<__nv_bfloat16*>(dst)[at] = __float2bfloat16_rn(x);
+      }
+    }
+  }
+}
+
+// After `chunks_done` chunks of the sequence: the checkpoints that fall there.
+__device__ __forceinline__ void store_checkpoints(const StateRows& S, const FwdParams& p, const CheckpointCursor& ck,
+                                                  int64_t chunks_done, int v_head, int row0, int lane) {
+  if (ck.entries > 0 && chunks_done % ck.every == 0 && chunks_done / ck.every < ck.entries) {
+    const int64_t entry = ck.first_entry + chunks_done / ck.every;
+    const int64_t offset = (entry * p.num_v_heads + v_head) * kHeadDim * kHeadDim;
+    if (p.ck_value_major) {
+      StateLocation l{};
+      l.out = p.checkpoints;
+      l.out_type = p.ck_type;
+      l.offset = offset;
+      store_state(S, l, row0, lane);
+    } else {
+      store_state_key_major(S, p.checkpoints, p.ck_type, offset, row0, lane);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kSlotCheckpoints; ++i) {
+    if (ck.slot_chunks[i] != chunks_done) continue;
+    StateLocation l{};
+    l.out = p.state_pool;
+    l.out_type = p.pool_type;
+    l.offset = ck.slot[i] * p.pool_stride + static_cast<int64_t>(v_head) * kHeadDim * kHeadDim;
+    store_state(S, l, row0, lane);
+  }
+}
+
+// The first chunk count after `done` (or at it, with `inclusive`) where something
+// is stored; kNoCheckpoint if none. The loop keeps only this in a register (the
+// cursor itself stays in shared memory, read when a stop is reached).
+constexpr int64_t kNoCheckpoint = INT64_MAX;
+__device__ __forceinline__ int64_t next_checkpoint_stop(const CheckpointCursor& ck, int64_t done, bool inclusive) {
+  const int64_t from = inclusive ? done : done + 1;
+  int64_t stop = kNoCheckpoint;
+  if (ck.entries > 0) {
+    const int64_t j = (from + ck.every - 1) / ck.every;  // the first entry at or after `from`
+    if (j < ck.entries) stop = j * ck.every;
+  }
+#pragma unroll
+  for (int i = 0; i < kSlotCheckpoints; ++i)
+    if (ck.slot_chunks[i] >= from && ck.slot_chunks[i] < stop) stop = ck.slot_chunks[i];
+  return stop;
+}
+
+// Whether the final state may go to the sequence's own slot: not where a slot
+// checkpoint names that slot (the CPU backends write those after the final state).
+__device__ __forceinline__ bool final_state_kept(const CheckpointCursor& ck, const FwdParams& p, int seq) {
+  if (p.state_pool == nullptr) return true;
+  const int64_t own = state_slot(p, seq);
+  for (int i = 0; i < kSlotCheckpoints; ++i)
+    if (ck.slot_chunks[i] >= 0 && ck.slot[i] == own) return false;
+  return true;
+}
+
+}  // namespace flashkda::sm90

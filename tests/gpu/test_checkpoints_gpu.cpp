@@ -1,0 +1,285 @@
+// Checkpoints on the CUDA forward (spec section 7; label "gpu"): every c tokens
+// (key-major as fla's `h`, or value-major; fp32 or bf16) and into pool slots
+// (vLLM's "align" mode), against the float64 oracle's own checkpoints, one chain
+// and through the segment scan; writing them leaves out and the final state
+// bitwise unchanged; invalid slot checkpoints are skipped and reported.
+// Skips, saying why, without a CUDA build or an sm_90 device.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "flashkda/flashkda.h"
+#include "tests/gpu/gpu_harness.h"
+
+#ifdef FLASHKDA_WITH_CUDA
+#include "common/bf16.h"
+#include "sm90/sm90_forward.h"
+#endif
+
+namespace flashkda::testing {
+namespace {
+
+#ifdef FLASHKDA_WITH_CUDA
+
+constexpr double kStateBar = 2.5e-3;      // spec section 2, fp32 state
+constexpr double kBf16StateBar = 6e-3;    // through a bf16 rounding
+
+const std::vector<int64_t> kSeqlens = {37, 0, 300, 21, 130, 64};
+
+struct CkCase {
+  DType dtype;
+  bool value_major;
+  int64_t interval;
+  int64_t seg_chunks;  // forced plan: -1 one chain, > 0 segments
+  std::string name() const {
+    return std::string(dtype == DType::kFP32 ? "fp32" : "bf16") + (value_major ? "_vk" : "_kv") + "_c" +
+           std::to_string(interval) + (seg_chunks < 0 ? "_chain" : "_seg" + std::to_string(seg_chunks));
+  }
+};
+
+std::vector<float> as_float(const std::vector<uint8_t>& bytes, DType t) {
+  std::vector<float> f(bytes.size() / (t == DType::kFP32 ? 4 : 2));
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (t == DType::kFP32) std::memcpy(&f[i], bytes.data() + 4 * i, 4);
+    else {
+      uint16_t b;
+      std::memcpy(&b, bytes.data() + 2 * i, 2);
+      f[i] = bf16_to_float(b);
+    }
+  }
+  return f;
+}
+
+class GpuCheckpoints : public ::testing::TestWithParam<CkCase> {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_GPU(); }
+  void TearDown() override { sm90::set_launch_override({}); }
+};
+
+TEST_P(GpuCheckpoints, MatchTheOracleAndLeaveTheResultAlone) {
+  const CkCase c = GetParam();
+  ProblemSpec spec;
+  spec.seqlens = kSeqlens;
+  spec.heads = 2;
+  spec.v_heads = 4;
+  const HostProblem p = make_problem(spec, 81);
+  int64_t entries = 0;
+  for (int64_t L : kSeqlens) entries += (L + c.interval - 1) / c.interval;
+  const size_t esize = c.dtype == DType::kFP32 ? 4 : 2;
+  const size_t ck_bytes = static_cast<size_t>(entries * p.HV * p.K * p.V) * esize;
+
+  // The oracle's checkpoints (float64 steps, then the dtype's rounding).
+  std::vector<uint8_t> ref_ck(ck_bytes);
+  {
+    std::vector<uint16_t> out(p.out_elems());
+    std::vector<float> fin(p.state_elems());
+    ForwardArgs a = p.host_args(out.data(), fin.data());
+    a.checkpoints = ref_ck.data();
+    a.checkpoints_dtype = c.dtype;
+    a.checkpoint_interval = c.interval;
+    a.checkpoints_capacity = entries;
+    a.checkpoints_value_major = c.value_major;
+    const Status s = forward(a, Backend::kCpuReference, nullptr, 0, nullptr);
+    ASSERT_TRUE(s.ok()) << s.message;
+  }
+
+  sm90::set_launch_override({0, 0, c.seg_chunks});
+  const RunResult plain = run_cuda(p);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.message;
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), init(p.init_f32), fin(p.state_elems());
+  DeviceBuffer<int64_t> cu(p.cu_seqlens);
+  GuardedDeviceBuffer ck(ck_bytes);
+  ForwardArgs a = p.host_args(out.ptr, fin.ptr);
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
+  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr; a.initial_state = init.ptr;
+  a.cu_seqlens = cu.ptr;
+  a.cu_seqlens_host = p.cu_seqlens.data();
+  a.checkpoints = ck.data();
+  a.checkpoints_dtype = c.dtype;
+  a.checkpoint_interval = c.interval;
+  a.checkpoints_capacity = entries;
+  a.checkpoints_value_major = c.value_major;
+  size_t ws_bytes = 0;
+  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &ws_bytes).ok());
+  DeviceBuffer<uint8_t> ws(ws_bytes);
+  const Status s = forward(a, Backend::kCuda, ws.ptr, ws_bytes, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message;
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(ck.damaged(), 0u) << "checkpoints' guard bands were written";
+  EXPECT_EQ(out.to_host(), plain.out_bits) << "checkpoints changed out";
+  const std::vector<float> f = fin.to_host();
+  EXPECT_EQ(0, std::memcmp(f.data(), plain.state_bytes.data(), plain.state_bytes.size()))
+      << "checkpoints changed the final state";
+  std::vector<uint8_t> got(ck_bytes);
+  FKDA_CUDA_CHECK(cudaMemcpy(got.data(), ck.data(), ck_bytes, cudaMemcpyDeviceToHost));
+  const std::vector<float> gf = as_float(got, c.dtype), rf = as_float(ref_ck, c.dtype);
+  const double e = rel_rms(gf.data(), rf.data(), rf.size());
+  std::printf("[ errors ] checkpoints %-22s %lld entries: %.3e\n", c.name().c_str(), static_cast<long long>(entries), e);
+  EXPECT_LE(e, c.dtype == DType::kFP32 ? kStateBar : kBf16StateBar);
+  // Entry by entry too: a missing or misplaced entry must not hide in the average.
+  const size_t per_entry = static_cast<size_t>(p.HV * p.K * p.V);
+  for (int64_t i = 0; i < entries; ++i) {
+    const double ei = rel_rms(gf.data() + i * per_entry, rf.data() + i * per_entry, per_entry);
+    EXPECT_LE(ei, 2 * (c.dtype == DType::kFP32 ? kStateBar : kBf16StateBar)) << "entry " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuCheckpoints,
+                         ::testing::Values(CkCase{DType::kBF16, false, 64, -1}, CkCase{DType::kFP32, false, 64, -1},
+                                           CkCase{DType::kFP32, true, 16, -1}, CkCase{DType::kBF16, true, 32, -1},
+                                           CkCase{DType::kBF16, false, 64, 3}, CkCase{DType::kFP32, true, 16, 2},
+                                           CkCase{DType::kFP32, false, 48, 5}),
+                         [](const auto& info) { return info.param.name(); });
+
+// vLLM's align mode: up to two 16-aligned offsets per sequence into pool slots,
+// against the CPU oracle on the same pool; unused slots keep their bytes.
+class GpuSlotCheckpoints : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_GPU(); }
+  void TearDown() override { sm90::set_launch_override({}); }
+};
+
+TEST_P(GpuSlotCheckpoints, MatchTheOracle) {
+  ASSERT_TRUE(check_device_faults(nullptr).ok());
+  ProblemSpec spec;
+  spec.seqlens = kSeqlens;
+  spec.heads = 2;
+  spec.v_heads = 4;
+  spec.initial_state = spec.final_state = DType::kNone;
+  const HostProblem p = make_problem(spec, 82);
+  const int64_t per_slot = p.HV * p.V * p.K, P = 14;
+  // Sequence n owns slot n; its checkpoints go to slots 6.. (the last: the final state, offset == L).
+  const std::vector<int32_t> slots = {0, 1, 2, 3, 4, 5};
+  const std::vector<int64_t> offsets = {16, 32, -1, -1, 288, 64, 16, -1, 128, -1, 64, -1};
+  const std::vector<int32_t> ck_slots = {6, 7, -1, -1, 8, 9, 10, -1, 11, -1, 12, -1};
+  std::vector<float> pool(static_cast<size_t>(P * per_slot));
+  for (size_t i = 0; i < pool.size(); ++i) pool[i] = 0.01f * static_cast<float>(i % 97);
+
+  std::vector<float> ref_pool = pool;
+  {
+    std::vector<uint16_t> out(p.out_elems());
+    ForwardArgs a = p.host_args(out.data(), nullptr);
+    a.state_pool = ref_pool.data();
+    a.state_pool_dtype = DType::kFP32;
+    a.pool_size = P;
+    a.state_indices = slots.data();
+    a.state_index_type = IndexType::kInt32;
+    a.slot_checkpoint_offsets = offsets.data();
+    a.slot_checkpoint_slots = ck_slots.data();
+    const Status s = forward(a, Backend::kCpuReference, nullptr, 0, nullptr);
+    ASSERT_TRUE(s.ok()) << s.message;
+  }
+  sm90::set_launch_override({0, 0, GetParam()});
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), d_pool(pool);
+  DeviceBuffer<int64_t> cu(p.cu_seqlens), d_off(offsets);
+  DeviceBuffer<int32_t> d_slots(slots), d_ck_slots(ck_slots);
+  ForwardArgs a = p.host_args(out.ptr, nullptr);
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
+  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
+  a.cu_seqlens = cu.ptr;
+  a.cu_seqlens_host = p.cu_seqlens.data();
+  a.state_pool = d_pool.ptr;
+  a.state_pool_dtype = DType::kFP32;
+  a.pool_size = P;
+  a.state_indices = d_slots.ptr;
+  a.state_index_type = IndexType::kInt32;
+  a.slot_checkpoint_offsets = d_off.ptr;
+  a.slot_checkpoint_slots = d_ck_slots.ptr;
+  size_t ws_bytes = 0;
+  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &ws_bytes).ok());
+  DeviceBuffer<uint8_t> ws(ws_bytes);
+  const Status s = forward(a, Backend::kCuda, ws.ptr, ws_bytes, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message;
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = d_pool.to_host();
+  for (int64_t slot = 0; slot < P; ++slot) {
+    const float* g0 = got.data() + slot * per_slot;
+    const float* r0 = ref_pool.data() + slot * per_slot;
+    if (slot == 13) {
+      EXPECT_EQ(0, std::memcmp(g0, pool.data() + slot * per_slot, per_slot * 4)) << "slot 13 belongs to nobody";
+      continue;
+    }
+    const double e = rel_rms(g0, r0, static_cast<size_t>(per_slot));
+    std::printf("[ errors ] slot checkpoints seg=%lld slot %lld: %.3e\n", static_cast<long long>(GetParam()),
+                static_cast<long long>(slot), e);
+    EXPECT_LE(e, kStateBar) << "slot " << slot;
+  }
+  EXPECT_TRUE(check_device_faults(nullptr).ok());
+}
+
+// Offsets not on a 16-token boundary, past the sequence, or slots past the pool:
+// skipped (nothing outside the pool written) and reported by name.
+TEST_P(GpuSlotCheckpoints, InvalidEntriesAreSkippedAndReported) {
+  ASSERT_TRUE(check_device_faults(nullptr).ok());
+  ProblemSpec spec;
+  spec.seqlens = {37, 300};
+  spec.heads = 1;
+  spec.initial_state = spec.final_state = DType::kNone;
+  const HostProblem p = make_problem(spec, 83);
+  const int64_t per_slot = p.HV * p.V * p.K, P = 4;
+  const std::vector<int32_t> slots = {0, 1};
+  const std::vector<int64_t> offsets = {17, 48, 64, 16};    // seq 0: not aligned, past L = 37; seq 1: fine
+  const std::vector<int32_t> ck_slots = {2, 3, 1 << 20, 2};  // seq 1: entry 0 past the pool
+  sm90::set_launch_override({0, 0, GetParam()});
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
+  std::vector<uint8_t> pool_bytes(static_cast<size_t>(P * per_slot) * 4, 0);
+  GuardedDeviceBuffer d_pool(pool_bytes);
+  DeviceBuffer<int64_t> cu(p.cu_seqlens), d_off(offsets);
+  DeviceBuffer<int32_t> d_slots(slots), d_ck_slots(ck_slots);
+  ForwardArgs a = p.host_args(out.ptr, nullptr);
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
+  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
+  a.cu_seqlens = cu.ptr;
+  a.state_pool = d_pool.data();
+  a.state_pool_dtype = DType::kFP32;
+  a.pool_size = P;
+  a.state_indices = d_slots.ptr;
+  a.state_index_type = IndexType::kInt32;
+  a.slot_checkpoint_offsets = d_off.ptr;
+  a.slot_checkpoint_slots = d_ck_slots.ptr;
+  size_t ws_bytes = 0;
+  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &ws_bytes).ok());
+  DeviceBuffer<uint8_t> ws(ws_bytes);
+  const Status s = forward(a, Backend::kCuda, ws.ptr, ws_bytes, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message;
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(d_pool.damaged(), 0u);
+  std::vector<float> got(static_cast<size_t>(P * per_slot));
+  FKDA_CUDA_CHECK(cudaMemcpy(got.data(), d_pool.data(), got.size() * 4, cudaMemcpyDeviceToHost));
+  bool slot3_untouched = true;
+  for (int64_t i = 0; i < per_slot; ++i) slot3_untouched = slot3_untouched && got[3 * per_slot + i] == 0.f;
+  EXPECT_TRUE(slot3_untouched) << "slot 3 was named only by an invalid entry";
+  bool slot2_written = false;
+  for (int64_t i = 0; i < per_slot; ++i) slot2_written = slot2_written || got[2 * per_slot + i] != 0.f;
+  EXPECT_TRUE(slot2_written) << "sequence 1's valid checkpoint (16 tokens, slot 2) is missing";
+  const Status f = check_device_faults(nullptr);
+  EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << f.message;
+  EXPECT_NE(f.message.find("slot_checkpoint_offsets / slot_checkpoint_slots (forward)"), std::string::npos)
+      << f.message;
+  EXPECT_NE(f.message.find("first at sequence 0."), std::string::npos) << f.message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, GpuSlotCheckpoints, ::testing::Values(int64_t{-1}, int64_t{3}),
+                         [](const auto& info) {
+                           return info.param < 0 ? std::string("one_chain") : "segments_of_" + std::to_string(info.param);
+                         });
+
+#endif  // FLASHKDA_WITH_CUDA
+
+TEST(GpuCheckpointsBuild, SkippedWithoutCudaBuild) {
+#ifdef FLASHKDA_WITH_CUDA
+  GTEST_SKIP() << "CUDA build: the checkpoint GPU tests above run (or skip for lack of a device)";
+#else
+  GTEST_SKIP() << "no GPU run: this build has no CUDA kernels (FLASHKDA_ENABLE_CUDA=OFF)";
+#endif
+}
+
+}  // namespace
+}  // namespace flashkda::testing
