@@ -96,6 +96,21 @@ Status check_supported(const ForwardArgs& args) {
                                 ", HV=" + std::to_string(hv) + ")");
   if (num_chunk_slots(n, args.batch * args.seqlen) > int64_t{0x7fffffff})
     return Status::NotSupported("seqlen: too many 16-token chunks for one launch");
+  {
+    const int64_t H = args.num_heads, K = kHeadDim;
+    const struct {
+      const char* name;
+      int64_t given, dense;
+    } strides[] = {{"q_token_stride", args.q_token_stride, H * K}, {"q_head_stride", args.q_head_stride, K},
+                   {"k_token_stride", args.k_token_stride, H * K}, {"k_head_stride", args.k_head_stride, K},
+                   {"v_token_stride", args.v_token_stride, hv * K}, {"v_head_stride", args.v_head_stride, K},
+                   {"g_token_stride", args.g_token_stride, hv * K}, {"g_head_stride", args.g_head_stride, K},
+                   {"beta_token_stride", args.beta_token_stride, hv}, {"beta_head_stride", args.beta_head_stride, 1}};
+    for (const auto& s : strides)
+      if ((s.given != 0 ? s.given : s.dense) > int64_t{0x7fffffff})
+        return Status::NotSupported(std::string(s.name) + ": the CUDA backend needs strides below 2^31 elements (got " +
+                                    std::to_string(s.given != 0 ? s.given : s.dense) + ")");
+  }
   if (n * hv * 4 > int64_t{0x7fffffff})
     return Status::NotSupported("num_seqs x num_v_heads: too many (sequence, head) pairs for one launch (" +
                                 std::to_string(n * hv) + ")");
@@ -296,7 +311,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   p.seqlen = args.seqlen;
   // Strides: 0 means dense.
   const int64_t H = args.num_heads, K = kHeadDim;
-  auto stride = [](int64_t given, int64_t dense) { return given != 0 ? given : dense; };
+  // Below 2^31: check_supported.
+  auto stride = [](int64_t given, int64_t dense) { return static_cast<int32_t>(given != 0 ? given : dense); };
   p.q_tok = stride(args.q_token_stride, H * K);
   p.q_head = stride(args.q_head_stride, K);
   p.k_tok = stride(args.k_token_stride, H * K);

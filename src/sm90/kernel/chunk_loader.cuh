@@ -22,7 +22,7 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
 // (loop control and 64-bit address arithmetic), a fifth of its issue slots.
 template <int kCols, int kThreadCount>
 __device__ __forceinline__ void load_token_rows_async(uint16_t* dst, int ld, const uint16_t* base, int64_t tok0,
-                                                      int rows, int64_t tok_stride, int64_t head_off, int col0,
+                                                      int rows, int32_t tok_stride, int64_t head_off, int col0,
                                                       int tid) {
   constexpr int kVecPerRow = kCols / 8;
   constexpr int kVectors = kChunk * kVecPerRow;
@@ -62,7 +62,7 @@ struct ChunkCursor {
     record = reinterpret_cast<const cute::uint128_t*>(first_record) + tid;
     v_row = tid / kVecPerRow;
     const int vc = tid % kVecPerRow;
-    v = p.v + (tok0 + v_row) * p.v_tok + head * p.v_head + col0 + 8 * vc;
+    v = p.v + (tok0 + v_row) * p.v_tok + static_cast<int64_t>(head) * p.v_head + col0 + 8 * vc;
     v_dst = v_row * ld_v + 8 * vc;
   }
 
@@ -79,7 +79,7 @@ struct ChunkCursor {
     }
     const bool valid = v_row < rows;
     // A zero-filling copy reads nothing, but its address must still be valid.
-    cp_async_16(v_tile + v_dst, valid ? v + c * (kChunk * p.v_tok) : p.v, valid);
+    cp_async_16(v_tile + v_dst, valid ? v + c * (int64_t{kChunk} * p.v_tok) : p.v, valid);
   }
 };
 

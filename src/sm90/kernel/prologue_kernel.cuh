@@ -48,15 +48,15 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   if (!chunk.valid) return;
 
   load_token_rows_async<kHeadDim, kPrologueThreads>(&s.q[0][0], kHeadDim, p.q, chunk.token_begin, chunk.rows,
-                                                     p.q_tok, qk_head * p.q_head, 0, tid);
+                                                     p.q_tok, static_cast<int64_t>(qk_head) * p.q_head, 0, tid);
   load_token_rows_async<kHeadDim, kPrologueThreads>(&s.k[0][0], kHeadDim, p.k, chunk.token_begin, chunk.rows,
-                                                     p.k_tok, qk_head * p.k_head, 0, tid);
+                                                     p.k_tok, static_cast<int64_t>(qk_head) * p.k_head, 0, tid);
   load_token_rows_async<kHeadDim, kPrologueThreads>(&s.g[0][0], kHeadDim, p.g, chunk.token_begin, chunk.rows,
-                                                     p.g_tok, v_head * p.g_head, 0, tid);
+                                                     p.g_tok, static_cast<int64_t>(v_head) * p.g_head, 0, tid);
   cute::cp_async_fence();
   if (tid < kChunk) {
     const float beta = tid < chunk.rows
-                           ? bf16_bits_to_float(p.beta[(chunk.token_begin + tid) * p.beta_tok + v_head * p.beta_head])
+                           ? bf16_bits_to_float(p.beta[(chunk.token_begin + tid) * p.beta_tok + static_cast<int64_t>(v_head) * p.beta_head])
                            : 0.f;
     s.beta_sig[tid] = sigmoid(beta);
   }
