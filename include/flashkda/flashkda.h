@@ -84,14 +84,15 @@ struct ForwardArgs {
   const int64_t* cu_seqlens_host = nullptr;
   int64_t num_seqs = 0;  // N when cu_seqlens is given; ignored otherwise
   // The same boundaries as int32 (vLLM's offsets), instead of cu_seqlens (one of
-  // the two). The CPU backends take it; kCuda answers kNotSupported for now.
+  // the two). Every backend takes it (kCuda reads it on the device, like cu_seqlens).
   const int32_t* cu_seqlens_int32 = nullptr;
 
   // Strided token tensors, e.g. views of one fused projection output (spec
   // section 7): element strides between consecutive tokens of the flattened B·T
   // axis and between heads, the last dimension contiguous; 0 means dense (q, k:
   // H·K and K; v: HV·V and V; g: HV·K and K; beta: HV and 1). The CPU backends
-  // take any; kCuda answers kNotSupported for non-dense strides for now.
+  // take any; kCuda needs q, k, v, g strides that are multiples of 8 elements
+  // (16-byte aligned rows) and every stride below 2^31.
   int64_t q_token_stride = 0, q_head_stride = 0;
   int64_t k_token_stride = 0, k_head_stride = 0;
   int64_t v_token_stride = 0, v_head_stride = 0;
@@ -116,9 +117,12 @@ struct ForwardArgs {
   // slot: the sequence starts from zero and nothing of the pool is read or
   // written for it. has_initial_state (optional, one byte per sequence, 0 or
   // not) marks sequences that start from zero although they have a slot (their
-  // final state is still written). Two sequences on one slot: which final state
-  // the slot keeps is unspecified. All three arrays live in the backend's memory.
-  // The CPU backends run it; kCuda answers kNotSupported for now.
+  // final state is still written). A slot named by more than one sequence (in
+  // state_indices or slot checkpoints): what it keeps, and the state a sequence
+  // reading it starts from, are unspecified on kCuda, where sequences run
+  // concurrently (the CPU backends read every slot first, then write final
+  // states, then slot checkpoints, in sequence order). All three arrays live in
+  // the backend's memory. Every backend runs it.
   void* state_pool = nullptr;
   DType state_pool_dtype = DType::kNone;       // kFP32 or kBF16 with a pool
   int64_t pool_size = 0;                       // P slots
@@ -135,8 +139,10 @@ struct ForwardArgs {
   // (a B·T batch: n·ceil(T/c)); an entry is [HV, K, V] (key-major, the layout of
   // fla's return_intermediate_states `h`, which SGLang reads with c = 64), or
   // [HV, V, K] with checkpoints_value_major. checkpoints_capacity says how many
-  // entries the buffer holds (at least the total). The CPU backends write them;
-  // kCuda answers kNotSupported for now.
+  // entries the buffer holds (at least the total, checked where the lengths are
+  // on the host: cu_seqlens for the CPU backends, cu_seqlens_host for kCuda;
+  // without a host copy kCuda skips any entry past the capacity, unreported).
+  // Every backend writes them.
   void* checkpoints = nullptr;
   DType checkpoints_dtype = DType::kNone;  // kBF16 or kFP32 with checkpoints
   int64_t checkpoint_interval = 0;         // c: a positive multiple of 16
@@ -147,8 +153,9 @@ struct ForwardArgs {
   // for sequence n, up to two token offsets slot_checkpoint_offsets[2n + i]
   // (multiples of 16 in [16, L_n]; negative: none) whose states go to pool slots
   // slot_checkpoint_slots[2n + i] (state_index_type; negative: none), in the
-  // pool's dtype and layout. Host memory for the CPU backends; kCuda answers
-  // kNotSupported for now.
+  // pool's dtype and layout. Host memory for the CPU backends, device memory for
+  // kCuda (which skips an out-of-range offset or slot and records it for
+  // check_device_faults).
   const int64_t* slot_checkpoint_offsets = nullptr;  // [N, 2]
   const void* slot_checkpoint_slots = nullptr;       // [N, 2]
 };

@@ -94,6 +94,12 @@ Status check_supported(const ForwardArgs& args) {
     return Status::NotSupported("num_heads/num_v_heads: the CUDA backend supports at most 65535 q/k heads and "
                                 "65535 value heads per q/k head (got H=" + std::to_string(args.num_heads) +
                                 ", HV=" + std::to_string(hv) + ")");
+  // The kernels step through v and out a chunk at a time by 16 · HV · 128
+  // elements, a 32-bit product.
+  constexpr int64_t kMaxValueHeads = int64_t{1} << 20;
+  if (hv >= kMaxValueHeads)
+    return Status::NotSupported("num_v_heads: the CUDA backend supports fewer than 2^20 value heads (got HV=" +
+                                std::to_string(hv) + ")");
   if (num_chunk_slots(n, args.batch * args.seqlen) > int64_t{0x7fffffff})
     return Status::NotSupported("seqlen: too many 16-token chunks for one launch");
   {
@@ -328,7 +334,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     p.pool_type = state_type(args.state_pool_dtype);
     p.index_is_int64 = args.state_index_type == IndexType::kInt64 ? 1 : 0;
     p.pool_size = args.pool_size;
-    p.pool_stride = stride(args.pool_stride, hv * K * K);
+    p.pool_stride = args.pool_stride != 0 ? args.pool_stride : hv * K * K;  // 64-bit: slots may be far apart
     p.state_indices = args.state_indices;
     p.has_initial_state = args.has_initial_state;
     p.slot_ck_offsets = args.slot_checkpoint_offsets;
