@@ -1,0 +1,134 @@
+"""flash_kda.distributed.cp_fwd on CPU tensors over gloo, with 2 and 3 processes:
+every rank's out and the final states (on the rank holding each sequence's end)
+equal the single-process forward of the whole batch to fp32 rounding: out within
+one bf16 ulp, states within 1e-5 relative RMS. Cases: one long sequence split
+evenly and unevenly, a rank holding only a middle piece, varlen with sequences
+crossing shard boundaries and an empty sequence, an empty shard, with and without
+an initial state, GVA. Plus the piece bookkeeping itself (no processes)."""
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+
+import pytest
+import torch
+
+import flash_kda
+from flash_kda.distributed import shard_pieces
+from kda_reference import make_problem
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available in this torch build", allow_module_level=True)
+
+# (name, seqlens, shard sizes per world size, with an initial state)
+CASES = [
+    ("one sequence, even", [300], {2: [150, 150], 3: [100, 100, 100]}, True),
+    ("one sequence, uneven", [300], {2: [37, 263], 3: [20, 250, 30]}, True),
+    ("varlen crossing", [70, 0, 33, 128, 5], {2: [100, 136], 3: [50, 100, 86]}, True),
+    ("varlen, no initial state", [70, 0, 33, 128, 5], {2: [71, 165], 3: [16, 200, 20]}, False),
+    ("empty shard", [90, 40], {2: [0, 130], 3: [65, 0, 65]}, True),
+]
+OUT_ULPS = 1
+STATE_BAR = 1e-5
+
+
+def bf16_ulps(a, b):
+    """Elementwise distance in units of the bf16 spacing at the larger magnitude."""
+    a, b = a.float(), b.float()
+    mag = torch.maximum(a.abs(), b.abs()).clamp_min(2.0 ** -126)
+    ulp = torch.exp2(torch.floor(torch.log2(mag)) - 7)
+    return ((a - b).abs() / ulp).max().item()
+
+
+def _worker(rank, world, init_file, errors):
+    # A rank that fails must not leave the others waiting in a collective for long.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        for name, seqlens, shards, with_init in CASES:
+            p = make_problem(H=2, HV=4, K=32, seqlens=seqlens, seed=len(name),
+                             state_dtype=torch.float32 if with_init else None, final_dtype=torch.float32)
+            # The straight single-process run of the whole batch.
+            out_ref = torch.empty_like(p["v"])
+            fin_ref = torch.empty(len(seqlens), 4, 32, 32)
+            flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out_ref, A_log=p["A_log"],
+                          dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], initial_state=p["initial_state"],
+                          final_state=fin_ref, cu_seqlens=p["cu_seqlens"], backend="cpu")
+            sizes = shards[world]
+            lo = sum(sizes[:rank])
+            sl = slice(lo, lo + sizes[rank])
+            x = {key: p[key][:, sl].contiguous() for key in ("q", "k", "v", "g", "beta")}
+            out = torch.full_like(x["v"], float("nan"))
+            fin = torch.full((len(seqlens), 4, 32, 32), float("nan"))
+            owned = flash_kda.distributed.cp_fwd(
+                x["q"], x["k"], x["v"], x["g"], x["beta"], p["scale"], out, A_log=p["A_log"], dt_bias=p["dt_bias"],
+                lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"], initial_state=p["initial_state"],
+                final_state=fin, backend="cpu")
+            if out.numel():
+                u = bf16_ulps(out, out_ref[:, sl])
+                if not u <= OUT_ULPS:
+                    errors.append(f"{name}, world {world}, rank {rank}: out differs by {u:.1f} bf16 ulps")
+            cu = p["cu_seqlens"].tolist()
+            for n in range(len(seqlens)):
+                end_here = (lo < cu[n + 1] <= lo + sizes[rank]) if cu[n + 1] > cu[n] else n in owned
+                if end_here != (n in owned):
+                    errors.append(f"{name}, world {world}, rank {rank}: sequence {n} owned={n in owned}, "
+                                  f"expected {end_here}")
+                if n in owned:
+                    e = ((fin[n] - fin_ref[n]).norm() / fin_ref[n].norm().clamp_min(1e-30)).item()
+                    if not e <= STATE_BAR:
+                        errors.append(f"{name}, world {world}, rank {rank}: final state {n} rel RMS {e:.2e}")
+                elif not torch.isnan(fin[n]).all():
+                    errors.append(f"{name}, world {world}, rank {rank}: final state {n} written by a non-owner")
+            # Every sequence's final state has exactly one owner across the ranks.
+            count = torch.zeros(len(seqlens), dtype=torch.int64)
+            for n in owned:
+                count[n] += 1
+            dist.all_reduce(count)
+            if rank == 0 and not torch.equal(count, torch.ones_like(count)):
+                errors.append(f"{name}, world {world}: final-state owners per sequence {count.tolist()}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(rank, world, init_file, result_dir):
+    errors = []
+    try:
+        _worker(rank, world, init_file, errors)
+    except Exception as e:  # report, do not hang the others
+        errors.append(f"rank {rank}: {type(e).__name__}: {e}")
+    with open(os.path.join(result_dir, f"rank{rank}.txt"), "w") as f:
+        f.write("\n".join(errors))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_cp_fwd_equals_the_single_process_forward(world):
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        init_file = os.path.join(d, "init")
+        mp.spawn(_run, args=(world, init_file, d), nprocs=world, join=True)
+        errors = []
+        for r in range(world):
+            with open(os.path.join(d, f"rank{r}.txt")) as f:
+                errors += [line for line in f.read().splitlines() if line]
+    assert not errors, "\n".join(errors)
+
+
+def test_shard_pieces():
+    # Sequences [0,70) [70,70) [70,103) [103,231) [231,236); shards [0,50) [50,150) [150,236).
+    cu = [0, 70, 70, 103, 231, 236]
+    pieces = shard_pieces(cu, [0, 50, 150, 236])
+    assert pieces == [[(0, 0, 50)],
+                      [(0, 50, 70), (1, 70, 70), (2, 70, 103), (3, 103, 150)],
+                      [(3, 150, 231), (4, 231, 236)]]
+    # An empty shard holds nothing; an empty sequence at the very end goes to the last rank.
+    assert shard_pieces([0, 10, 10], [0, 10, 10]) == [[(0, 0, 10)], [(1, 10, 10)]]
+    assert shard_pieces([0, 5, 10], [0, 5, 5, 10]) == [[(0, 0, 5)], [], [(1, 5, 10)]]
+    # Every token of every rank is covered once, in order.
+    for cu, starts in [([0, 300], [0, 37, 300]), (cu, [0, 16, 216, 236]), ([0, 0, 5, 5], [0, 3, 5])]:
+        for r, ps in enumerate(shard_pieces(cu, starts)):
+            assert [b for _, b, _ in ps[:1]] in ([starts[r]], []) and (not ps or ps[-1][2] == starts[r + 1])
+            assert all(ps[i][2] == ps[i + 1][1] for i in range(len(ps) - 1))
