@@ -88,6 +88,9 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
     """
     import torch.distributed as dist
 
+    if q.device.type != "cpu":
+        raise NotImplementedError(f"cp_fwd: tensors on {q.device} are not supported yet: the summaries of each rank's "
+                                  "pieces (flash_kda.segment_summaries) run on the CPU backends only")
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     cu = _as_int_list(cu_seqlens, "cu_seqlens")
