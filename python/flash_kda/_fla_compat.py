@@ -53,8 +53,11 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         raise NotImplementedError("chunk_kda: flash_kda requires A_log and dt_bias (the in-kernel gate)")
     if kwargs:
         raise TypeError(f"chunk_kda: unexpected arguments {sorted(kwargs)}")
-    # disable_recompute, cu_seqlens_cpu, use_graph and max_num_seqs are about fla's own
-    # kernels (training memory, its varlen chunk list): nothing to do here.
+    # disable_recompute, use_graph and max_num_seqs are about fla's own kernels
+    # (training memory, its varlen chunk list): nothing to do here. cu_seqlens_cpu is
+    # passed on as fwd's cu_seqlens_host: the host then checks the boundaries and the
+    # checkpoint capacity, and the CUDA launch plan sees the real lengths (it splits
+    # long sequences by them).
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
@@ -62,6 +65,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         dt_bias = dt_bias.view(HV, K)
     out = torch.empty_like(v)
     extra = {}
+    if cu_seqlens is not None and cu_seqlens_cpu is not None:
+        extra["cu_seqlens_host"] = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64)
     if return_intermediate_states:
         if cu_seqlens is not None:
             lengths = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()

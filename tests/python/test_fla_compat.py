@@ -47,6 +47,18 @@ def test_chunk_kda_is_fwd_in_flas_layout(state_v_first, varlen):
     assert torch.equal(h.reshape(-1, 4, 32, 32)[0], first.bfloat16())
 
 
+def test_chunk_kda_takes_cu_seqlens_cpu():
+    # fla's host copy of the boundaries (int32 or int64) goes on as fwd's cu_seqlens_host.
+    p = make_problem(B=1, H=2, K=32, seqlens=[150, 0, 70], seed=23)
+    kw = dict(scale=p["scale"], initial_state=p["initial_state"], output_final_state=True, state_v_first=True,
+              lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"], A_log=p["A_log"], dt_bias=p["dt_bias"],
+              return_intermediate_states=True, **FLAGS)
+    o, fs, h = flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **kw)
+    for cpu in (p["cu_seqlens"].clone(), p["cu_seqlens"].to(torch.int32)):
+        o2, fs2, h2 = flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], cu_seqlens_cpu=cpu, **kw)
+        assert torch.equal(o, o2) and torch.equal(fs, fs2) and torch.equal(h, h2)
+
+
 def test_chunk_kda_on_a_state_pool():
     p = make_problem(B=1, H=1, K=32, seqlens=[40, 24], seed=22)
     pool = torch.zeros(3, 1, 32, 32)
