@@ -83,14 +83,10 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
 
     Returns the list of sequence indices whose final state this rank wrote. Collective:
     every rank of the group must call it, with the same ``cu_seqlens``. CPU tensors (gloo)
-    for now: the summaries of step 1 run on the CPU backends only
-    (:func:`flash_kda.segment_summaries` raises NotImplementedError on CUDA tensors).
+    or CUDA tensors (NCCL, K = V: the summaries come from two forwards over the pieces).
     """
     import torch.distributed as dist
 
-    if q.device.type != "cpu":
-        raise NotImplementedError(f"cp_fwd: tensors on {q.device} are not supported yet: the summaries of each rank's "
-                                  "pieces (flash_kda.segment_summaries) run on the CPU backends only")
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     cu = _as_int_list(cu_seqlens, "cu_seqlens")
@@ -118,17 +114,29 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
     mine = pieces[rank]
     start = starts[rank]
 
-    # 1. The summaries of this rank's pieces (empty ones are the identity).
+    # 1. The summaries of this rank's pieces (empty ones are the identity), from two
+    #    forwards over the pieces when K == V (any backend, CUDA included): B is the
+    #    final state from a zero state, M the final state of K rows started from the
+    #    identity with v = 0 (spec section 6). Otherwise from segment_summaries (CPU).
     P_max = max(len(p) for p in pieces)
     M_all = torch.zeros(world, max(P_max, 1), HV, K, K, dtype=torch.float32, device=dev)
     B_all = torch.zeros(world, max(P_max, 1), HV, V, K, dtype=torch.float32, device=dev)
+    local_cu = torch.tensor([0] + [e - start for _, _, e in mine], dtype=torch.int64, device=dev)
+    common = dict(A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, cu_seqlens=local_cu, backend=backend)
     if mine:
-        segs = torch.tensor([[b - start, e - start] for _, b, e in mine], dtype=torch.int64)
-        M, B = segment_summaries(q, k, v, g, beta, A_log, dt_bias, segs.to(dev) if dev.type != "cpu" else segs,
-                                 lower_bound=lower_bound, backend=backend)
         M_local, B_local = M_all[rank, :len(mine)], B_all[rank, :len(mine)]
-        M_local.copy_(M)
-        B_local.copy_(B)
+        if K == V:
+            scratch = torch.empty_like(out)
+            fwd(q, k, v, g, beta, scale, scratch, final_state=B_local, **common)
+            identity = torch.eye(K, dtype=torch.float32, device=dev).expand(len(mine), HV, K, K).contiguous()
+            fwd(q, k, torch.zeros_like(v), g, beta, scale, scratch, initial_state=identity, final_state=M_local,
+                **common)
+        else:
+            segs = torch.tensor([[b - start, e - start] for _, b, e in mine], dtype=torch.int64)
+            M, B = segment_summaries(q, k, v, g, beta, A_log, dt_bias, segs, lower_bound=lower_bound,
+                                     backend=backend)
+            M_local.copy_(M)
+            B_local.copy_(B)
 
     # 2. Every rank's summaries.
     mine_M, mine_B = M_all[rank].clone(), B_all[rank].clone()
@@ -150,11 +158,9 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
             for j, (m, _, _) in enumerate(pieces[r]):
                 if m == n:  # S <- S @ M + B, summed in float64
                     S.copy_((S.double() @ M_list[r][j].double() + B_list[r][j].double()).float())
-    local_cu = torch.tensor([0] + [e - start for _, _, e in mine], dtype=torch.int64, device=dev)
     # Pieces partition the shard: their ends are increasing and the last is the shard's end.
     fin = torch.empty_like(incoming)
-    fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-        initial_state=incoming, final_state=fin, cu_seqlens=local_cu, backend=backend)
+    fwd(q, k, v, g, beta, scale, out, initial_state=incoming, final_state=fin, **common)
     owned = []
     for i, (n, b, e) in enumerate(mine):
         if e == cu[n + 1] and (b < e or cu[n] == cu[n + 1]):

@@ -4,7 +4,8 @@ equal the single-process forward of the whole batch to fp32 rounding: out and bf
 states within one bf16 ulp, fp32 states within 1e-5 relative RMS. Cases: one long sequence split
 evenly and unevenly, a rank holding only a middle piece, varlen with sequences
 crossing shard boundaries and an empty sequence, an empty shard, with and without
-an initial state, fp32 and bf16 states, GVA. Plus the piece bookkeeping itself (no processes)."""
+an initial state, fp32 and bf16 states, GVA, K = V (summaries from two forwards, the
+CUDA path's construction) and K != V (from segment_summaries). Plus the piece bookkeeping itself (no processes)."""
 from __future__ import annotations
 
 import datetime
@@ -22,14 +23,17 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available in this torch build", allow_module_level=True)
 
-# (name, seqlens, shard sizes per world size, state dtype: None = no initial state, fp32 final)
+# (name, seqlens, shard sizes per world size, state dtype: None = no initial state, fp32
+# final; V: K = V = 32 takes the summaries from two forwards, as on CUDA; V = 16 from
+# segment_summaries)
 CASES = [
-    ("one sequence, even", [300], {2: [150, 150], 3: [100, 100, 100]}, torch.float32),
-    ("one sequence, uneven", [300], {2: [37, 263], 3: [20, 250, 30]}, torch.float32),
-    ("varlen crossing", [70, 0, 33, 128, 5], {2: [100, 136], 3: [50, 100, 86]}, torch.float32),
-    ("varlen, no initial state", [70, 0, 33, 128, 5], {2: [71, 165], 3: [16, 200, 20]}, None),
-    ("varlen, bf16 states", [70, 0, 33, 128, 5], {2: [100, 136], 3: [50, 100, 86]}, torch.bfloat16),
-    ("empty shard", [90, 40], {2: [0, 130], 3: [65, 0, 65]}, torch.float32),
+    ("one sequence, even", [300], {2: [150, 150], 3: [100, 100, 100]}, torch.float32, 32),
+    ("one sequence, uneven", [300], {2: [37, 263], 3: [20, 250, 30]}, torch.float32, 32),
+    ("varlen crossing", [70, 0, 33, 128, 5], {2: [100, 136], 3: [50, 100, 86]}, torch.float32, 32),
+    ("varlen, no initial state", [70, 0, 33, 128, 5], {2: [71, 165], 3: [16, 200, 20]}, None, 32),
+    ("varlen, bf16 states", [70, 0, 33, 128, 5], {2: [100, 136], 3: [50, 100, 86]}, torch.bfloat16, 32),
+    ("empty shard", [90, 40], {2: [0, 130], 3: [65, 0, 65]}, torch.float32, 32),
+    ("K != V", [70, 0, 33, 128, 5], {2: [100, 136], 3: [50, 100, 86]}, torch.float32, 16),
 ]
 OUT_ULPS = 1
 STATE_BAR = 1e-5
@@ -48,13 +52,13 @@ def _worker(rank, world, init_file, errors):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
     try:
-        for name, seqlens, shards, state_dtype in CASES:
+        for name, seqlens, shards, state_dtype, V in CASES:
             fin_dtype = state_dtype or torch.float32
-            p = make_problem(H=2, HV=4, K=32, seqlens=seqlens, seed=len(name), state_dtype=state_dtype,
+            p = make_problem(H=2, HV=4, K=32, V=V, seqlens=seqlens, seed=len(name), state_dtype=state_dtype,
                              final_dtype=fin_dtype)
             # The straight single-process run of the whole batch.
             out_ref = torch.empty_like(p["v"])
-            fin_ref = torch.empty(len(seqlens), 4, 32, 32, dtype=fin_dtype)
+            fin_ref = torch.empty(len(seqlens), 4, V, 32, dtype=fin_dtype)
             flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out_ref, A_log=p["A_log"],
                           dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], initial_state=p["initial_state"],
                           final_state=fin_ref, cu_seqlens=p["cu_seqlens"], backend="cpu")
@@ -63,7 +67,7 @@ def _worker(rank, world, init_file, errors):
             sl = slice(lo, lo + sizes[rank])
             x = {key: p[key][:, sl].contiguous() for key in ("q", "k", "v", "g", "beta")}
             out = torch.full_like(x["v"], float("nan"))
-            fin = torch.full((len(seqlens), 4, 32, 32), float("nan"), dtype=fin_dtype)
+            fin = torch.full((len(seqlens), 4, V, 32), float("nan"), dtype=fin_dtype)
             owned = flash_kda.distributed.cp_fwd(
                 x["q"], x["k"], x["v"], x["g"], x["beta"], p["scale"], out, A_log=p["A_log"], dt_bias=p["dt_bias"],
                 lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"], initial_state=p["initial_state"],
