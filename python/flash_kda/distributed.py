@@ -145,7 +145,7 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
     dist.all_gather(M_list, mine_M, group=group)
     dist.all_gather(B_list, mine_B, group=group)
 
-    # 3. Incoming states of this rank's pieces: the sequence's initial state carried
+    # 3. Incoming states of this rank's pieces: the sequence's initial state taken
     #    through its pieces on the ranks before this one, in order.
     if not mine:
         return []
