@@ -33,7 +33,9 @@ extern template cudaError_t launch_recurrence<4, 4, true>(const FwdParams&, int6
 // Kernel 3, pass 2 of the segment scan (p.seg_chunks > 0): composes the segment
 // summaries of pass 1 into every segment's incoming state.
 cudaError_t launch_segment_compose(const FwdParams& p, cudaStream_t stream);
-// The compose kernel's CTAs per (sequence, value head).
+// The compose kernel's CTAs per (sequence, value head), 4 rows of S each: a
+// step's latency is its loads of M, the same for any row count, and more CTAs
+// spread the FMAs (segment_compose_kernel.cuh).
 constexpr int64_t kComposeCtasPerSeqHead = 32;
 
 // Which devices one kernel's dynamic shared memory limit has been raised on

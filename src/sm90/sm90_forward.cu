@@ -154,12 +154,12 @@ Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device) {
   if (device != nullptr) *device = dev;
   return Status::Ok();
 }
-}  // namespace
-
+// Bytes of the workspace's segment-scan states for `seg_chunks` (0 when 0).
 size_t segment_state_bytes(const ForwardArgs& args, int64_t seg_chunks) {
   if (seg_chunks <= 0) return 0;
   return static_cast<size_t>(segment_slots_for(args, seg_chunks) * value_heads(args)) * sizeof(SegmentState);
 }
+}  // namespace
 
 Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // One ChunkOperands record per (chunk slot, value head): 19 KB per 16 tokens

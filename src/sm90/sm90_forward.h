@@ -48,9 +48,6 @@ struct LaunchOverride {
   int64_t seg_chunks = 0;  // > 0: segments of this many chunks; < 0: never split
 };
 void set_launch_override(const LaunchOverride& forced);
-// Bytes of the workspace's segment-scan states for `seg_chunks` (0 when 0).
-size_t segment_state_bytes(const ForwardArgs& args, int64_t seg_chunks);
-
 // The plan forward() uses now: the heuristic's, with any override applied.
 LaunchPlan effective_launch_plan(const ProblemShape& shape, int num_sms);
 

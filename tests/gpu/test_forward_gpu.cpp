@@ -235,6 +235,35 @@ TEST_F(GpuForward, UnsupportedHeadDimIsRejectedWithMessage) {
   EXPECT_NE(r.status.message.find("head_dim"), std::string::npos) << r.status.message;
 }
 
+// Limits of the kernels' 32-bit address steps, refused by name before any launch:
+// strides of 2^31 elements or more, and 2^20 value heads or more.
+TEST_F(GpuForward, OutOfRangeStridesAndValueHeadsAreRejectedWithMessage) {
+  const HostProblem p = make_problem(fixed(32, 2), 2);
+  void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 30);  // validation never dereferences it
+  ForwardArgs a = p.host_args(fake, fake);
+  a.q = a.k = a.v = a.g = a.beta = fake;
+  a.A_log = a.dt_bias = static_cast<const float*>(fake);
+  a.initial_state = fake;
+  ASSERT_TRUE(validate(a, Backend::kCuda).ok());
+  ForwardArgs s = a;
+  s.g_token_stride = int64_t{1} << 31;
+  Status st = validate(s, Backend::kCuda);
+  EXPECT_EQ(st.code, StatusCode::kNotSupported) << st.message;
+  EXPECT_NE(st.message.find("g_token_stride: the CUDA backend needs strides below 2^31"), std::string::npos)
+      << st.message;
+  ForwardArgs h = a;
+  h.num_heads = 32;  // 2^15 value heads per q/k head: within the per-head limit
+  h.num_v_heads = int64_t{1} << 20;
+  h.seqlen = 0;  // no tokens: only the head count is out of range
+  h.initial_state = h.final_state = nullptr;
+  h.initial_state_dtype = h.final_state_dtype = DType::kNone;
+  st = validate(h, Backend::kCuda);
+  EXPECT_EQ(st.code, StatusCode::kNotSupported) << st.message;
+  EXPECT_NE(st.message.find("num_v_heads: the CUDA backend supports fewer than 2^20 value heads"),
+            std::string::npos)
+      << st.message;
+}
+
 TEST_F(GpuForward, NanInOneSequencePropagatesOnlyThere) {
   ProblemSpec spec;
   spec.seqlens = {40, 40};

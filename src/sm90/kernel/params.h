@@ -74,7 +74,7 @@ struct FwdParams {
   void* chunk_records;
   int64_t num_slots;
 
-  // The affine segment scan (segment_scan.h): a sequence longer than seg_chunks
+  // The affine segment scan (docs/design.md): a sequence longer than seg_chunks
   // chunks is cut into segments of seg_chunks chunks (0: never cut). Workspace:
   // one SegmentState per (segment slot, value head), after the records.
   int64_t seg_chunks;

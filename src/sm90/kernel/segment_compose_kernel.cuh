@@ -17,9 +17,9 @@
 namespace flashkda::sm90 {
 
 constexpr int kComposeThreads = kHeadDim;  // one key column each
-constexpr int kComposeRows = 4;            // rows of S per CTA: 32 CTAs per (sequence, head)
-constexpr int kComposeCtasPerHead = kHeadDim / kComposeRows;
-static_assert(kComposeCtasPerHead == kComposeCtasPerSeqHead, "the host sizes the grid");
+constexpr int kComposeCtasPerHead = static_cast<int>(kComposeCtasPerSeqHead);  // fwd_launch.h sizes the grid
+constexpr int kComposeRows = kHeadDim / kComposeCtasPerHead;                  // rows of S per CTA
+static_assert(kComposeRows * kComposeCtasPerHead == kHeadDim, "the CTAs of a head cover its rows");
 
 __global__ void __launch_bounds__(kComposeThreads) kda_segment_compose_kernel(const __grid_constant__ FwdParams p) {
   __shared__ __align__(16) float s_in[kComposeRows][kHeadDim];

@@ -1,7 +1,7 @@
 // Who works on what.
 //   Prologue kernel: one CTA per (chunk slot, value head).
 //   Recurrence kernel, one pass: one CTA per (sequence, value head, V-slice).
-//   Recurrence kernel, segment scan (segment_scan.h): one CTA per (segment
+//   Recurrence kernel, segment scan (docs/design.md): one CTA per (segment
 //   slot, value head, 64-row slice of the state rows that pass computes).
 //
 // Chunk slots index the workspace records without a host pass over cu_seqlens:
