@@ -15,6 +15,7 @@ each form on the same inputs, and the µs saved.
   slot checkpoints          glue: checkpoints every 16 tokens into scratch, then a copy
                             of the wanted ones into their slots; native:
                             fwd(slot_checkpoint_offsets=, slot_checkpoint_slots=)
+  decode, int32 cu_seqlens  glue: cu_seqlens.to(int64), decode; native: int32 as given
 
 Shape: --seqs sequences of --tokens tokens (default 8 x 1024), --heads value heads
 (default 32), K = V = 128, fp32 states.
@@ -195,6 +196,19 @@ def main():
                       cu_seqlens=p["cu"], slot_checkpoint_offsets=offsets, slot_checkpoint_slots=ck_slots, **common)
 
     row("slot checkpoints", slot_glue, slot_native)
+
+    # 6. A decode step with int32 cu_seqlens (one token a sequence, states in the pool).
+    dq, dk = (torch.nn.functional.normalize(torch.randn(N, HV, K, device="cuda"), dim=-1).bfloat16() for _ in "qk")
+    dv, dg = torch.randn(N, HV, V, device="cuda").bfloat16(), torch.randn(N, HV, K, device="cuda").bfloat16()
+    dbeta = torch.randn(N, HV, device="cuda").bfloat16()
+    dout = torch.empty_like(dv)
+    dcu32 = torch.arange(0, N + 1, dtype=torch.int32, device="cuda")
+
+    def decode_call(cu):
+        flash_kda.decode(dq, dk, dv, dg, dbeta, p["A_log"], p["dt_bias"], pool, idx, out=dout, cu_seqlens=cu,
+                         scale=p["scale"], lower_bound=p["lower_bound"])
+
+    row("decode step, int32 cu_seqlens", lambda: decode_call(dcu32.to(torch.int64)), lambda: decode_call(dcu32))
 
     head = (f"Engine calls, median µs of {a.iters} after {a.warmup} warm-up ({torch.cuda.get_device_name()}, "
             f"{N} x {L} tokens, HV = {HV}, K = V = 128, fp32 states)\n\n"

@@ -57,14 +57,18 @@ struct ClampedSpan {
 __device__ __forceinline__ int64_t clamp_offset(int64_t x, int64_t lo, int64_t hi) {
   return x < lo ? lo : (x > hi ? hi : x);
 }
-template <typename Offset>  // int64_t or int32_t
-__device__ __forceinline__ ClampedSpan clamped_span(const Offset* cu, int64_t n, int64_t num_seqs, int64_t total) {
-  const int64_t b = cu[n], e = cu[n + 1];
+// Sequence n's span from its two boundary values b = cu[n], e = cu[n + 1].
+__device__ __forceinline__ ClampedSpan clamped_span_of(int64_t b, int64_t e, int64_t n, int64_t num_seqs,
+                                                       int64_t total) {
   ClampedSpan s;
   s.begin = clamp_offset(b, 0, total);
   s.end = clamp_offset(e, s.begin, total);
   s.valid = b == s.begin && e == s.end && (n > 0 || b == 0) && (n + 1 < num_seqs || e == total);
   return s;
+}
+template <typename Offset>  // int64_t or int32_t
+__device__ __forceinline__ ClampedSpan clamped_span(const Offset* cu, int64_t n, int64_t num_seqs, int64_t total) {
+  return clamped_span_of(cu[n], cu[n + 1], n, num_seqs, total);
 }
 #endif
 

@@ -146,6 +146,7 @@ Status decode(const DecodeArgs& a, void* stream) {
   p.dt_bias = a.dt_bias;
   p.out = static_cast<uint16_t*>(a.out);
   p.cu_seqlens = a.cu_seqlens;
+  p.cu_seqlens32 = a.cu_seqlens_int32;
   p.tokens_per_seq = a.tokens_per_seq;
   p.total_tokens = a.total_tokens;
   p.num_seqs = a.num_seqs;
@@ -166,7 +167,7 @@ Status decode(const DecodeArgs& a, void* stream) {
   const bool fp32 = a.state_dtype == DType::kFP32;
   const int forced = g_decode_variant_override.load();
   int variant = forced >= 0 ? forced : production_variant(pairs, fp32);
-  if (!fp32 && kDecodeVariants[variant].bf16_one_token_only && (a.cu_seqlens != nullptr || a.tokens_per_seq != 1))
+  if (!fp32 && kDecodeVariants[variant].bf16_one_token_only && (a.cu_seqlens != nullptr || a.cu_seqlens_int32 != nullptr || a.tokens_per_seq != 1))
     variant = kBandwidthDecodeVariantBf16;
   const DecodeKernel kernel = fp32 ? kDecodeVariants[variant].fp32 : kDecodeVariants[variant].bf16;
   const int64_t ctas = pairs * kDecodeSlices;  // below 2^31: check_decode_supported

@@ -70,11 +70,13 @@ class VariantScope {
 // predecessor); out and per-token states poisoned with NaN first. With `graph`,
 // the steps are captured into a CUDA graph and the graph replayed once; with
 // `legacy_stream` (not with `graph`) they run on the legacy default stream.
+// `int32_cu`: the boundaries as int32 (cu_seqlens_int32, vLLM's offsets).
 DecodeResult run_decode_cuda(const DecodeProblem& p, KernelChoice choice, bool graph = false, int steps = 1,
-                             bool legacy_stream = false) {
+                             bool legacy_stream = false, bool int32_cu = false) {
   DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
   DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
   DeviceBuffer<int64_t> cu(p.cu_seqlens), idx64(p.idx64);
+  DeviceBuffer<int32_t> cu32(std::vector<int32_t>(p.cu_seqlens.begin(), p.cu_seqlens.end()));
   DeviceBuffer<int32_t> idx32(p.idx32);
   DeviceBuffer<uint8_t> pool(p.pool_bytes());
   DeviceBuffer<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
@@ -87,6 +89,10 @@ DecodeResult run_decode_cuda(const DecodeProblem& p, KernelChoice choice, bool g
   a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr; a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
   a.state_indices = p.spec.int64_indices ? static_cast<const void*>(idx64.ptr) : idx32.ptr;
   if (!p.cu_seqlens.empty()) a.cu_seqlens = cu.ptr;
+  if (int32_cu) {
+    a.cu_seqlens = nullptr;
+    a.cu_seqlens_int32 = cu32.ptr;
+  }
   // Explicit on / off, never kAuto: each test pins the launch it is named after.
   a.programmatic_dependent_launch = choice.pdl ? PdlMode::kOn : PdlMode::kOff;
   const VariantScope scope(choice.variant);
@@ -276,6 +282,23 @@ TEST_P(GpuDecodeKernels, VariableTokensPerSequence) {
   compare(p, run_decode_cuda(p, GetParam()), run_decode_cpu(p, "varlen"), 1e-5, label.c_str());
 }
 
+// int32 boundaries (vLLM's offsets) read on the device: bitwise the int64 run.
+TEST_P(GpuDecodeKernels, Int32CuSeqlensEqualInt64) {
+  DecodeSpec spec;
+  spec.seq_tokens = {1, 4, 2, 1, 3};
+  spec.heads = 2;
+  spec.padding_entries = 1;
+  spec.per_token_states = true;
+  const DecodeProblem p = make_decode_problem(spec, 17);
+  const DecodeResult wide = run_decode_cuda(p, GetParam());
+  const DecodeResult narrow = run_decode_cuda(p, GetParam(), false, 1, false, /*int32_cu=*/true);
+  ASSERT_TRUE(wide.status.ok()) << wide.status.message;
+  ASSERT_TRUE(narrow.status.ok()) << narrow.status.message;
+  EXPECT_EQ(wide.out, narrow.out);
+  EXPECT_EQ(wide.pool, narrow.pool);
+  EXPECT_EQ(wide.per_token, narrow.per_token);
+}
+
 TEST_P(GpuDecodeKernels, CudaGraphReplayEqualsDirectCall) {
   DecodeSpec spec;
   spec.num_seqs = 9;
@@ -337,6 +360,7 @@ struct DecodeGuardCase {
   const char* name;
   int variant;  // forced kernel variant
   bool bad_index;  // else: bad cu_seqlens
+  bool int32_cu = false;  // the boundaries as cu_seqlens_int32
 };
 
 void run_decode_guard(const DecodeGuardCase& gc) {
@@ -359,6 +383,7 @@ void run_decode_guard(const DecodeGuardCase& gc) {
   DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
   DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
   DeviceBuffer<int64_t> dcu(cu);
+  DeviceBuffer<int32_t> dcu32(std::vector<int32_t>(cu.begin(), cu.end()));
   DeviceBuffer<int32_t> idx(p.idx32);
   GuardedDeviceBuffer pool(p.pool_bytes());
   GuardedDeviceBuffer out(std::vector<uint8_t>(static_cast<size_t>(p.T * p.HV * p.V) * 2, 0xFF));
@@ -367,7 +392,8 @@ void run_decode_guard(const DecodeGuardCase& gc) {
   a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr; a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
   a.state_indices = idx.ptr;
   a.index_type = IndexType::kInt32;
-  a.cu_seqlens = dcu.ptr;
+  a.cu_seqlens = gc.int32_cu ? nullptr : dcu.ptr;
+  a.cu_seqlens_int32 = gc.int32_cu ? dcu32.ptr : nullptr;
   a.cu_seqlens_host = nullptr;  // device values only: nothing checked on the host
   const VariantScope scope(gc.variant);
   const Status st = decode(a, Backend::kCuda, nullptr);
@@ -394,6 +420,8 @@ TEST(GpuDecodeGuardBand, EveryVariantBadIndicesAndCuSeqlens) {
       const std::string name = std::string(sm90::decode_variant_name(v)) + (bad_index ? " state_indices" : " cu_seqlens");
       run_decode_guard({name.c_str(), v, bad_index});
     }
+    const std::string name = std::string(sm90::decode_variant_name(v)) + " cu_seqlens_int32";
+    run_decode_guard({name.c_str(), v, false, /*int32_cu=*/true});
   }
 }
 

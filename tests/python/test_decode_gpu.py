@@ -121,6 +121,9 @@ def test_index_past_the_pool_is_skipped_like_padding():
     torch.cuda.synchronize()
     assert torch.all(out[1] == 7)
     assert torch.equal(pool[[1, 3]], p["pool"][[1, 3]])
+    # ... and records it; reading the record clears it for the tests after this one.
+    with pytest.raises(ValueError, match=r"state_indices \(decode\).*first at sequence 1"):
+        flash_kda.check_device_faults()
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
@@ -137,6 +140,18 @@ def test_multi_token_cu_seqlens_and_per_token_states(state_dtype):
     for n, slot in enumerate(p["indices"].tolist()):
         if slot >= 0:
             assert torch.equal(g["per_tok"][cu[n + 1] - 1], g["pool"][slot])
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_int32_cu_seqlens_is_the_int64_call(state_dtype):
+    """vLLM's int32 offsets, read on the device: the same bits as int64 ones."""
+    p = to(make_decode(seqlens=[3, 1, 4, 2, 5], H=2, K=K, P=12, indices=[7, -1, 2, 11, 0], state_dtype=state_dtype,
+                       seed=105), "cuda")
+    pool64, pool32 = p["pool"].clone(), p["pool"].clone()
+    out64 = call(p, pool64)
+    out32 = call(p, pool32, cu_seqlens=p["cu_seqlens"].int())
+    torch.cuda.synchronize()
+    assert torch.equal(out32, out64) and torch.equal(pool32, pool64)
 
 
 def test_uniform_tokens_per_seq():

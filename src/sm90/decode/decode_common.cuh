@@ -29,6 +29,7 @@ struct DecodeParams {
   const float* dt_bias;  // [HV, K]
   uint16_t* out;         // [T, HV, V]
   const int64_t* cu_seqlens;  // [N+1] or null: tokens_per_seq each; values clamped to [0, total_tokens]
+  const int32_t* cu_seqlens32;  // the same as int32 (vLLM's offsets), instead of cu_seqlens
   int64_t tokens_per_seq;
   int64_t total_tokens, num_seqs;
   void* pool;              // slot s at pool + s·pool_stride elements
@@ -135,8 +136,18 @@ __device__ __forceinline__ DecodeSequence decode_sequence(const DecodeParams& p,
   DecodeSequence seq;
   seq.slot = p.index_is_64 ? static_cast<const int64_t*>(p.indices)[n] : static_cast<const int32_t*>(p.indices)[n];
   seq.faults = seq.slot >= p.pool_size ? 1u << kFaultDecodeStateIndex : 0u;
-  if (p.cu_seqlens != nullptr) {
-    const ClampedSpan span = clamped_span(p.cu_seqlens, n, p.num_seqs, p.total_tokens);
+  if (p.cu_seqlens != nullptr || p.cu_seqlens32 != nullptr) {
+    // The two boundaries loaded by width first, then one clamp: two clamps were
+    // 8-12 more bytes of spills in the register-capped fused kernels.
+    int64_t b, e;
+    if (p.cu_seqlens != nullptr) {
+      b = p.cu_seqlens[n];
+      e = p.cu_seqlens[n + 1];
+    } else {
+      b = p.cu_seqlens32[n];
+      e = p.cu_seqlens32[n + 1];
+    }
+    const ClampedSpan span = clamped_span_of(b, e, n, p.num_seqs, p.total_tokens);
     seq.t0 = span.begin;
     seq.t1 = span.end;
     if (!span.valid) seq.faults |= 1u << kFaultDecodeCuSeqlens;
