@@ -158,6 +158,30 @@ struct ForwardArgs {
   // check_device_faults).
   const int64_t* slot_checkpoint_offsets = nullptr;  // [N, 2]
   const void* slot_checkpoint_slots = nullptr;       // [N, 2]
+
+  // A forward in two calls around an exchange of summaries: context parallelism
+  // (flash_kda.distributed.cp_fwd), where each device holds pieces of sequences
+  // and a piece's incoming state depends on the pieces before it, on other
+  // devices. See "Segment summaries" below for (M, B); spec section 6.
+  //
+  // 1. The summaries call (summaries_M and summaries_B, both given): for each
+  //    sequence n and value head hv, the summary (M, B) of all of the sequence's
+  //    tokens, fp32 [N, HV, K, K] and [N, HV, V, K], and nothing else: out
+  //    (which may be null), the states and checkpoints are not written, and
+  //    initial_state / final_state must be null.
+  // 2. The resume call (resume_from_summaries): the ordinary forward of these
+  //    arguments (out, final_state from initial_state). On kCuda it runs only the
+  //    part that depends on the initial states, reusing what the summaries call
+  //    left in the workspace: the two calls must have the same token tensors,
+  //    A_log, dt_bias, scale, lower_bound, shapes, cu_seqlens (and
+  //    cu_seqlens_host), on the same device, and the workspace must be passed
+  //    untouched from the first to the second (otherwise the results are
+  //    unspecified, though no access leaves the given tensors); it
+  //    serves one resume. The CPU backends need no workspace and run the whole
+  //    forward. Not with state_pool or checkpoints (either call).
+  float* summaries_M = nullptr;
+  float* summaries_B = nullptr;
+  bool resume_from_summaries = false;
 };
 
 // Slot checkpoints per sequence (ForwardArgs::slot_checkpoint_offsets).
@@ -222,7 +246,7 @@ struct DecodeArgs {
   int64_t tokens_per_seq = 1;  // t, when cu_seqlens is null
   const int64_t* cu_seqlens = nullptr;       // [N+1], backend memory; optional
   const int64_t* cu_seqlens_host = nullptr;  // optional host copy, validated when given
-  const int32_t* cu_seqlens_int32 = nullptr; // int32 [N+1] instead of cu_seqlens (CPU backends for now)
+  const int32_t* cu_seqlens_int32 = nullptr; // int32 [N+1] instead of cu_seqlens (every backend; kCuda reads it on the device)
   int64_t total_tokens = 0;    // T (= N·t without cu_seqlens)
 
   void* state_pool = nullptr;
@@ -313,7 +337,10 @@ Status check_device_faults(void* stream = nullptr);
 //
 // Backends: kCpuReference (float64 token recurrence, rounded to fp32 at the end)
 // and kCpuChunked (two runs of the chunked fp32 algorithm: B from a zero state,
-// M from the identity). kCuda answers kNotSupported for now.
+// M from the identity). kCuda answers kNotSupported for arbitrary token ranges;
+// on every backend, a forward's summaries call (ForwardArgs::summaries_M)
+// summarises whole sequences, and the resume call runs from given incoming
+// states.
 struct SegmentSummaryArgs {
   // The tokens: q, k, v, g, beta, A_log, dt_bias, the shapes, cu_seqlens and
   // lower_bound as for forward(). Its out, scale and states are not used (the

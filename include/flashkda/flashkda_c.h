@@ -7,11 +7,12 @@
  * recent call on that thread ("" after a successful one).
  *
  * The struct layouts are part of the ABI (on 64-bit platforms, no padding):
- * flashkda_forward_args is 19 pointers, 21 int64, 6 int32 and 2 float, 352 bytes
- * (ABI 2 appended the state-pool and checkpoint fields to ABI 1's 168 bytes);
+ * flashkda_forward_args is 21 pointers, 21 int64, 8 int32 and 2 float, 376 bytes
+ * (ABI 2 appended the state-pool, checkpoint and split-forward fields to ABI 1's
+ * 168 bytes);
  * flashkda_decode_args is 16 pointers, 11 int64, 3 int32, 2 float and a reserved
  * int32, 240 bytes (ABI 2 appended cu_seqlens_int32, verify_slots, num_accepted_tokens); flashkda_segment_summary_args is a flashkda_forward_args,
- * a pointer, an int64 and two pointers, 384 bytes; flashkda_compose_summaries_args
+ * a pointer, an int64 and two pointers, 408 bytes; flashkda_compose_summaries_args
  * is 3 int64 and 6 pointers, 72 bytes. A layout change bumps
  * FLASHKDA_C_ABI_VERSION. */
 #ifndef FLASHKDA_FLASHKDA_C_H_
@@ -101,6 +102,15 @@ typedef struct flashkda_forward_args {
   int64_t v_token_stride, v_head_stride;
   int64_t g_token_stride, g_head_stride;
   int64_t beta_token_stride, beta_head_stride;
+  /* A forward in two calls around an exchange of summaries (context parallelism;
+   * see flashkda::ForwardArgs): the summaries call (summaries_M and summaries_B
+   * given, out may be NULL, no states) writes each whole sequence's (M, B); the
+   * resume call (resume_from_summaries = 1) is then the forward of the same
+   * tokens from given initial states, with the same workspace. */
+  float* summaries_M;             /* fp32 [N, HV, K, K], or NULL */
+  float* summaries_B;             /* fp32 [N, HV, V, K], or NULL */
+  int32_t resume_from_summaries;  /* 0 or 1 */
+  int32_t reserved;               /* 0 */
 } flashkda_forward_args;
 
 /* Zeroes *args and sets lower_bound = -5 (the C++ defaults). */
@@ -149,7 +159,7 @@ typedef struct flashkda_decode_args {
   float scale;                    /* usually K^-0.5 */
   float lower_bound;              /* in [-5, 0) */
   int32_t reserved;               /* 0 */
-  const int32_t* cu_seqlens_int32; /* int32 [N+1] instead of cu_seqlens, or NULL (CPU backends for now) */
+  const int32_t* cu_seqlens_int32; /* int32 [N+1] instead of cu_seqlens, or NULL (every backend) */
   int64_t verify_slots;            /* >= 2: speculative verify, state_indices [N, verify_slots] (CPU for now) */
   const void* num_accepted_tokens; /* [N] of index_type, or NULL */
 } flashkda_decode_args;
@@ -189,7 +199,8 @@ int32_t flashkda_check_device_faults(void* stream);
 /* Segment summaries (flashkda::segment_summaries, compose_summaries; see
  * flashkda.h for the math): for one value head, tokens [begin, end) of a sequence
  * map an incoming state S_in [V, K] to S_in·M + B. CPU backends; the CUDA backend
- * answers FLASHKDA_STATUS_NOT_SUPPORTED for now. */
+ * answers FLASHKDA_STATUS_NOT_SUPPORTED for arbitrary ranges (the summaries of whole
+ * sequences come from a forward's summaries call, flashkda_forward_args.summaries_M). */
 typedef struct flashkda_segment_summary_args {
   flashkda_forward_args inputs; /* the token tensors, shapes, cu_seqlens, lower_bound; out/states/scale unused */
   const int64_t* segments;      /* int64 [S, 2]: (begin, end) on the flattened B*T token axis */

@@ -159,6 +159,7 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
         cu_seqlens_host=None, state_pool=None, state_indices=None, has_initial_state=None,
         checkpoints=None, checkpoint_interval=64, checkpoints_value_major=False,
         slot_checkpoint_offsets=None, slot_checkpoint_slots=None,
+        summaries=None, resume_from_summaries=False,
         workspace=None, stream=None, backend="auto") -> None:
     """KDA forward into ``out`` (and ``final_state``), in place. FlashKDA's signature.
 
@@ -173,15 +174,15 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
         initial_state: bf16/fp32 ``[N, HV, V, K]`` or None (zeros).
         final_state: bf16/fp32 ``[N, HV, V, K]`` written in place, or None; same dtype
             as initial_state when both are given.
-        cu_seqlens: int64 ``[N+1]`` on the tensors' device (requires B == 1), or None; int32
-            (vLLM's offsets) on CPU tensors for now.
+        cu_seqlens: int64 or int32 (vLLM's offsets) ``[N+1]`` on the tensors' device
+            (requires B == 1), or None.
     Keyword-only extensions: ``cu_seqlens_host`` (an int64 CPU copy of cu_seqlens: validated;
     never made implicitly, as a device-to-host copy would synchronise); ``state_pool`` (bf16/fp32
     ``[P, HV, V, K]``, any stride between slots) with ``state_indices`` (int32/int64 ``[N]``) and
     optionally ``has_initial_state`` (bool/uint8 ``[N]``): sequence n starts from slot
     ``state_indices[n]`` (from zero when the index is negative or its flag is false) and its final
     state is written back to that slot in place (none for a negative index), instead of
-    initial_state / final_state; CPU tensors for now (CUDA raises NotImplementedError);
+    initial_state / final_state;
     ``checkpoints`` (bf16/fp32 ``[..., HV, K, V]``, or ``[..., HV, V, K]`` with
     ``checkpoints_value_major=True``; the leading dims hold at least sum(ceil(L_n / c))
     entries) receives each sequence's state after 0, c, 2c, ... tokens, c =
@@ -190,10 +191,28 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     before it; ``slot_checkpoint_offsets`` (int64 ``[N, 2]``, multiples of 16 within each
     sequence, negative = none) with ``slot_checkpoint_slots`` (``[N, 2]``, the dtype of
     state_indices) write the state after those many tokens into those pool slots (vLLM's
-    "align" prefix caching; needs state_pool); CPU tensors for now;
+    "align" prefix caching; needs state_pool);
     ``workspace`` (uint8 scratch; default: allocated per call from
     torch's caching allocator), ``stream`` (cudaStream_t as int; default: torch's current
     stream), ``backend`` ('auto', 'cuda', 'cpu', 'reference').
+
+    A forward in two calls around an exchange of summaries (``summaries=``,
+    ``resume_from_summaries=``): what :func:`flash_kda.distributed.cp_fwd` makes for context
+    parallelism, where a piece's incoming state depends on the pieces before it, on other
+    devices.
+      1. The summaries call, ``summaries=(M, B)``: contiguous fp32 tensors ``[N, HV, K, K]``
+         and ``[N, HV, V, K]`` on the call's device receive each whole sequence's summary as
+         :func:`segment_summaries` defines it (``S_out = S_in @ M + B``). Nothing else is
+         written: ``out`` may be None; initial_state / final_state must be None.
+      2. The resume call, ``resume_from_summaries=True``: the ordinary forward (``out``, and
+         ``final_state`` from ``initial_state``, the incoming states composed from the
+         exchanged summaries). It must get the same token tensors, A_log, dt_bias, scale,
+         lower_bound and cu_seqlens (and cu_seqlens_host) on the same device, and the same ``workspace`` tensor, untouched
+         since the summaries call: on CUDA it runs only the part that depends on the initial
+         states, from what the summaries call left there. Both calls therefore take an
+         explicit ``workspace`` (``workspace_size(..., summaries=(M, B))`` bytes, + 255
+         unless 256-byte aligned; none on the CPU, whose backends run the whole forward).
+    One resume call per summaries call; neither call with state_pool or checkpoints.
 
     Raises TypeError (wrong dtype / not a tensor) or ValueError (shape, device, strides,
     invalid values) naming the argument; NotImplementedError for valid input the backend
@@ -204,25 +223,28 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     # Positional: the cheapest call into the extension (this is on every step's path).
     _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
            cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
-           checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, workspace, alloc, stream,
-           backend)
+           checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, summaries, resume_from_summaries,
+           workspace, alloc, stream, backend)
 
 
 def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
                    initial_state=None, final_state=None, cu_seqlens=None, *,
                    cu_seqlens_host=None, state_pool=None, state_indices=None, has_initial_state=None,
                    checkpoints=None, checkpoint_interval=64, checkpoints_value_major=False,
-                   slot_checkpoint_offsets=None, slot_checkpoint_slots=None, backend="auto") -> int:
+                   slot_checkpoint_offsets=None, slot_checkpoint_slots=None, summaries=None,
+                   resume_from_summaries=False, backend="auto") -> int:
     """Bytes of scratch memory ``fwd`` needs for these arguments (checked as fwd checks them).
 
     A caller-provided ``workspace`` needs ``workspace_size(...) + 255`` bytes unless its
-    pointer is 256-byte aligned.
+    pointer is 256-byte aligned. With ``summaries=(M, B)`` (``out`` may be None): the bytes of
+    the summaries call, whose workspace then serves its resume call too.
     """
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     return int(_C.workspace_size(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state,
                                  final_state, cu_seqlens, cu_seqlens_host, state_pool, state_indices,
                                  has_initial_state, checkpoints, checkpoint_interval, checkpoints_value_major,
-                                 slot_checkpoint_offsets, slot_checkpoint_slots, backend))
+                                 slot_checkpoint_offsets, slot_checkpoint_slots, summaries, resume_from_summaries,
+                                 backend))
 
 
 def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,
@@ -300,7 +322,8 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
     ``[S, 2]`` of ``(begin, end)`` on the flattened ``B*T`` token axis, each inside
     one sequence, in any order (``begin == end``: the identity). ``backend``:
     'auto' / 'cpu' (the chunked fp32 CPU backend) or 'reference' (float64 steps);
-    CPU tensors only for now ('cuda' raises NotImplementedError).
+    CPU tensors ('cuda' raises NotImplementedError; on CUDA, the summaries of whole
+    sequences come from ``fwd(..., summaries=(M, B))``).
 
     Returns fp32 ``M`` ``[S, HV, K, K]`` and ``B`` ``[S, HV, V, K]``.
     """

@@ -4,12 +4,15 @@ Each rank holds a contiguous shard of the packed tokens. A sequence may start on
 rank and end on another. The state map of any run of tokens is affine in the state it
 starts from, ``S_out = S_in @ M + B`` (spec section 6), so:
 
-1. every rank computes the summaries ``(M, B)`` of the sequence pieces it holds
-   (:func:`flash_kda.segment_summaries`);
+1. every rank computes the summaries ``(M, B)`` of the sequence pieces it holds (the
+   summaries call of :func:`flash_kda.fwd`, ``summaries=``);
 2. one all-gather over the process group gives every rank all the pieces' summaries;
 3. every rank composes, for each of its pieces, the summaries of the same sequence's
    pieces on earlier ranks onto the sequence's initial state (zero without one), and
-   runs :func:`flash_kda.fwd` on its shard from those incoming states.
+   runs its shard's forward from those incoming states (the resume call,
+   ``resume_from_summaries=True``). On CUDA the resume reuses what the summaries call
+   left in the workspace (the token-parallel prologue and the segment scan's first
+   pass), so a rank does about the work of one forward over its shard.
 
 The final state of a sequence comes out on the rank that holds its last token. Only
 step 2 communicates: one all-gather of fp32 ``M [K, K]`` and ``B [V, K]`` per sequence
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from . import fwd, segment_summaries
+from . import fwd, workspace_size
 
 __all__ = ["cp_fwd", "shard_pieces"]
 
@@ -83,8 +86,32 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
 
     Returns the list of sequence indices whose final state this rank wrote. Collective:
     every rank of the group must call it, with the same ``cu_seqlens``. CPU tensors (gloo)
-    or CUDA tensors (NCCL, K = V: the summaries come from two forwards over the pieces).
+    or CUDA tensors (NCCL).
     """
+    plan = _plan(q, v, cu_seqlens, group)
+    local = _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backend)
+    M_list, B_list = _exchange(plan, local, group)
+    incoming = _incoming_states(plan, M_list, B_list, initial_state)
+    return _resume(plan, local, incoming, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, final_state,
+                   backend)
+
+
+# The steps of cp_fwd, apart so that bench/cp_bench.py can time each one.
+
+class _Plan:
+    """Who holds what: the shard boundaries, every rank's pieces, this rank's."""
+
+    def __init__(self, world, rank, cu, starts, HV, V, K, device):
+        self.world, self.rank, self.cu, self.starts = world, rank, cu, starts
+        self.HV, self.V, self.K, self.device = HV, V, K, device
+        self.pieces = shard_pieces(cu, starts)
+        self.mine = self.pieces[rank]
+        start = starts[rank]
+        self.local_cu = [0] + [e - start for _, _, e in self.mine]
+        self.max_pieces = max(1, max(len(p) for p in self.pieces))
+
+
+def _plan(q, v, cu_seqlens, group):
     import torch.distributed as dist
 
     world = dist.get_world_size(group)
@@ -95,10 +122,8 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
     if q.dim() != 4 or q.shape[0] != 1:
         raise ValueError(f"q: expected this rank's shard as [1, T_r, H, K], got shape {tuple(q.shape)}")
     T_r = int(q.shape[1])
-    HV, V, K = int(v.shape[2]), int(v.shape[3]), int(q.shape[3])
     N = len(cu) - 1
     dev = q.device
-
     # Shard boundaries from every rank's token count (one small all-gather).
     counts = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
     dist.all_gather(counts, torch.tensor([T_r], dtype=torch.int64, device=dev), group=group)
@@ -110,59 +135,77 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
                          f"(per rank: {[s1 - s0 for s0, s1 in zip(starts, starts[1:])]})")
     if any(cu[i + 1] < cu[i] for i in range(N)) or cu[0] != 0:
         raise ValueError("cu_seqlens: expected 0 = cu_seqlens[0] <= cu_seqlens[1] <= ... (non-decreasing)")
-    pieces = shard_pieces(cu, starts)
-    mine = pieces[rank]
-    start = starts[rank]
+    return _Plan(world, rank, cu, starts, int(v.shape[2]), int(v.shape[3]), int(q.shape[3]), dev)
 
-    # 1. The summaries of this rank's pieces (empty ones are the identity), from two
-    #    forwards over the pieces when K == V (any backend, CUDA included): B is the
-    #    final state from a zero state, M the final state of K rows started from the
-    #    identity with v = 0 (spec section 6). Otherwise from segment_summaries (CPU).
-    P_max = max(len(p) for p in pieces)
-    M_all = torch.zeros(world, max(P_max, 1), HV, K, K, dtype=torch.float32, device=dev)
-    B_all = torch.zeros(world, max(P_max, 1), HV, V, K, dtype=torch.float32, device=dev)
-    local_cu = torch.tensor([0] + [e - start for _, _, e in mine], dtype=torch.int64, device=dev)
-    common = dict(A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, cu_seqlens=local_cu, backend=backend)
-    if mine:
-        M_local, B_local = M_all[rank, :len(mine)], B_all[rank, :len(mine)]
-        if K == V:
-            scratch = torch.empty_like(out)
-            fwd(q, k, v, g, beta, scale, scratch, final_state=B_local, **common)
-            identity = torch.eye(K, dtype=torch.float32, device=dev).expand(len(mine), HV, K, K).contiguous()
-            fwd(q, k, torch.zeros_like(v), g, beta, scale, scratch, initial_state=identity, final_state=M_local,
-                **common)
-        else:
-            segs = torch.tensor([[b - start, e - start] for _, b, e in mine], dtype=torch.int64)
-            M, B = segment_summaries(q, k, v, g, beta, A_log, dt_bias, segs, lower_bound=lower_bound,
-                                     backend=backend)
-            M_local.copy_(M)
-            B_local.copy_(B)
 
-    # 2. Every rank's summaries.
-    mine_M, mine_B = M_all[rank].clone(), B_all[rank].clone()
-    M_list = list(M_all.unbind(0))
-    B_list = list(B_all.unbind(0))
-    dist.all_gather(M_list, mine_M, group=group)
-    dist.all_gather(B_list, mine_B, group=group)
+class _Local:
+    """This rank's summaries (padded to every rank's piece count) and the forward's
+    arguments shared by the summaries and the resume call, workspace included."""
 
-    # 3. Incoming states of this rank's pieces: the sequence's initial state taken
-    #    through its pieces on the ranks before this one, in order.
-    if not mine:
-        return []
-    incoming = torch.zeros(len(mine), HV, V, K, dtype=torch.float32, device=dev)
-    for i, (n, _, _) in enumerate(mine):
-        S = incoming[i]
+    def __init__(self, M, B, common):
+        self.M, self.B, self.common = M, B, common
+
+
+def _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backend):
+    """Step 1: the summaries of this rank's pieces (empty ones are the identity)."""
+    P, HV, V, K, dev = plan.max_pieces, plan.HV, plan.V, plan.K, plan.device
+    M = torch.zeros(P, HV, K, K, dtype=torch.float32, device=dev)
+    B = torch.zeros(P, HV, V, K, dtype=torch.float32, device=dev)
+    if not plan.mine:
+        return _Local(M, B, None)
+    n_mine = len(plan.mine)
+    common = dict(A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                  cu_seqlens=torch.tensor(plan.local_cu, dtype=torch.int64, device=dev), backend=backend)
+    if dev.type == "cuda":
+        # The host copy lets both calls plan the same segments; the workspace carries
+        # the summaries call's work into the resume call.
+        common["cu_seqlens_host"] = torch.tensor(plan.local_cu, dtype=torch.int64)
+        nbytes = workspace_size(q, k, v, g, beta, scale, None, summaries=(M[:n_mine], B[:n_mine]), **common)
+        common["workspace"] = torch.empty(nbytes + 255, dtype=torch.uint8, device=dev)
+    fwd(q, k, v, g, beta, scale, None, summaries=(M[:n_mine], B[:n_mine]), **common)
+    return _Local(M, B, common)
+
+
+def _exchange(plan, local, group):
+    """Step 2: every rank's summaries, one all-gather each of M and B."""
+    import torch.distributed as dist
+
+    M_list = [torch.empty_like(local.M) for _ in range(plan.world)]
+    B_list = [torch.empty_like(local.B) for _ in range(plan.world)]
+    dist.all_gather(M_list, local.M, group=group)
+    dist.all_gather(B_list, local.B, group=group)
+    return M_list, B_list
+
+
+def _incoming_states(plan, M_list, B_list, initial_state):
+    """Step 3a: each piece's incoming state, the sequence's initial state taken
+    through its pieces on the ranks before this one, in order (float64 sums)."""
+    if not plan.mine:
+        return None
+    incoming = torch.zeros(len(plan.mine), plan.HV, plan.V, plan.K, dtype=torch.float32, device=plan.device)
+    for i, (n, _, _) in enumerate(plan.mine):
+        S = incoming[i].double()
         if initial_state is not None:
-            S.copy_(initial_state[n].float())
-        for r in range(rank):
-            for j, (m, _, _) in enumerate(pieces[r]):
-                if m == n:  # S <- S @ M + B, summed in float64
-                    S.copy_((S.double() @ M_list[r][j].double() + B_list[r][j].double()).float())
-    # Pieces partition the shard: their ends are increasing and the last is the shard's end.
+            S.copy_(initial_state[n].double())
+        for r in range(plan.rank):
+            for j, (m, _, _) in enumerate(plan.pieces[r]):
+                if m == n:  # S <- S @ M + B
+                    S = S @ M_list[r][j].double() + B_list[r][j].double()
+        incoming[i].copy_(S.float())
+    return incoming
+
+
+def _resume(plan, local, incoming, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, final_state,
+            backend):
+    """Step 3b: this rank's outputs and final states from the true incoming states."""
+    if not plan.mine:
+        return []
     fin = torch.empty_like(incoming)
-    fwd(q, k, v, g, beta, scale, out, initial_state=incoming, final_state=fin, **common)
+    fwd(q, k, v, g, beta, scale, out, initial_state=incoming, final_state=fin, resume_from_summaries=True,
+        **local.common)
     owned = []
-    for i, (n, b, e) in enumerate(mine):
+    cu = plan.cu
+    for i, (n, b, e) in enumerate(plan.mine):
         if e == cu[n + 1] and (b < e or cu[n] == cu[n + 1]):
             owned.append(n)
             if final_state is not None:

@@ -40,7 +40,7 @@ static_assert(std::is_same<std::underlying_type<DType>::type, int32_t>::value, "
 // Every int32 the C field can hold is then a PdlMode value the cast keeps, for validate_decode to judge.
 static_assert(std::is_same<std::underlying_type<PdlMode>::type, int32_t>::value, "");
 
-// ---- the documented layout (64-bit ABI): 12 pointers, 7 int64, 2 int32, 2 float
+// ---- the layouts documented in flashkda_c.h (64-bit ABI)
 static_assert(std::is_standard_layout<flashkda_forward_args>::value, "");
 static_assert(std::is_trivial<flashkda_forward_args>::value, "");
 #if UINTPTR_MAX == 0xffffffffffffffffu
@@ -63,7 +63,11 @@ static_assert(offsetof(flashkda_forward_args, slot_checkpoint_offsets) == 248, "
 static_assert(offsetof(flashkda_forward_args, cu_seqlens_int32) == 264, "");
 static_assert(offsetof(flashkda_forward_args, q_token_stride) == 272, "");
 static_assert(offsetof(flashkda_forward_args, beta_head_stride) == 344, "");
-static_assert(sizeof(flashkda_forward_args) == 352, "");
+static_assert(offsetof(flashkda_forward_args, summaries_M) == 352, "");
+static_assert(offsetof(flashkda_forward_args, summaries_B) == 360, "");
+static_assert(offsetof(flashkda_forward_args, resume_from_summaries) == 368, "");
+static_assert(offsetof(flashkda_forward_args, reserved) == 372, "");
+static_assert(sizeof(flashkda_forward_args) == 376, "");
 static_assert(offsetof(flashkda_decode_args, per_token_states) == 104, "");
 static_assert(offsetof(flashkda_decode_args, num_seqs) == 112, "");
 static_assert(offsetof(flashkda_decode_args, head_dim_v) == 184, "");
@@ -72,9 +76,9 @@ static_assert(offsetof(flashkda_decode_args, lower_bound) == 208, "");
 static_assert(offsetof(flashkda_decode_args, cu_seqlens_int32) == 216, "");
 static_assert(offsetof(flashkda_decode_args, verify_slots) == 224, "");
 static_assert(sizeof(flashkda_decode_args) == 240, "");
-static_assert(offsetof(flashkda_segment_summary_args, segments) == 352, "");
-static_assert(offsetof(flashkda_segment_summary_args, B) == 376, "");
-static_assert(sizeof(flashkda_segment_summary_args) == 384, "");
+static_assert(offsetof(flashkda_segment_summary_args, segments) == 376, "");
+static_assert(offsetof(flashkda_segment_summary_args, B) == 400, "");
+static_assert(sizeof(flashkda_segment_summary_args) == 408, "");
 static_assert(offsetof(flashkda_compose_summaries_args, M1) == 24, "");
 static_assert(sizeof(flashkda_compose_summaries_args) == 72, "");
 #endif
@@ -152,6 +156,9 @@ ForwardArgs to_cpp(const flashkda_forward_args& c) {
   a.g_head_stride = c.g_head_stride;
   a.beta_token_stride = c.beta_token_stride;
   a.beta_head_stride = c.beta_head_stride;
+  a.summaries_M = c.summaries_M;
+  a.summaries_B = c.summaries_B;
+  a.resume_from_summaries = c.resume_from_summaries != 0;
   return a;
 }
 

@@ -32,11 +32,29 @@ Status workspace_size(const ForwardArgs& args, Backend backend, size_t* bytes) {
 
 namespace {
 
+// A summaries call (ForwardArgs::summaries_M) on a CPU backend: the segment
+// summaries of the whole sequences. (A resume call is an ordinary forward there.)
+Status summaries_on_cpu(const ForwardArgs& args, Backend backend) {
+  std::vector<int64_t> segments;
+  for (const SequenceSpan& sp : sequence_spans(args, args.cu_seqlens)) {
+    segments.push_back(sp.token_begin);
+    segments.push_back(sp.token_begin + sp.length);
+  }
+  SegmentSummaryArgs s;
+  s.inputs = args;
+  s.segments = segments.data();
+  s.num_segments = static_cast<int64_t>(segments.size() / 2);
+  s.M = args.summaries_M;
+  s.B = args.summaries_B;
+  return backend == Backend::kCpuReference ? cpu::segment_summaries_f64(s) : cpu::segment_summaries_chunked_f32(s);
+}
+
 // A CPU backend's forward: int32 boundaries widened and strided inputs copied
 // densely (kCuda rejects both in validate), then on the pool or on dense states.
-Status run_on_cpu(const ForwardArgs& args_in, const std::function<Status(const ForwardArgs&)>& run) {
+Status run_on_cpu(const ForwardArgs& args_in, Backend backend, const std::function<Status(const ForwardArgs&)>& run) {
   HostInputs storage;
   const ForwardArgs args = as_host_inputs(args_in, storage);
+  if (args.summaries_M != nullptr) return summaries_on_cpu(args, backend);
   return args.state_pool != nullptr ? cpu::forward_on_pool(args, run) : run(args);
 }
 
@@ -44,9 +62,9 @@ Status run_on_cpu(const ForwardArgs& args_in, const std::function<Status(const F
 Status dispatch(const ForwardArgs& args, Backend backend, void* workspace, size_t workspace_bytes, void* stream) {
   switch (backend) {
     case Backend::kCpuReference:
-      return run_on_cpu(args, [](const ForwardArgs& a) { return cpu::reference_forward_f64(a); });
+      return run_on_cpu(args, backend, [](const ForwardArgs& a) { return cpu::reference_forward_f64(a); });
     case Backend::kCpuChunked:
-      return run_on_cpu(args, [](const ForwardArgs& a) { return cpu::chunked_forward_f32(a); });
+      return run_on_cpu(args, backend, [](const ForwardArgs& a) { return cpu::chunked_forward_f32(a); });
     case Backend::kCuda: {
       // No device check here: validate() ran sm90::check_supported, which starts
       // with sm90::device_supported (and answers "not built" in a build without

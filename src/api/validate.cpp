@@ -92,6 +92,8 @@ Status validate(const ForwardArgs& a, Backend backend) {
   if (!tensor_fits({B, T, HV}, 2, &n_beta)) return overflow("beta", "B*T*HV");
   if (!tensor_fits({HV, K}, 4, &n_state)) return overflow("dt_bias", "HV*K");
   if (!tensor_fits({N, HV, V, K}, 4, &n_state)) return overflow("initial_state", "N*HV*V*K");
+  int64_t n_summary_m = 0;
+  if (!tensor_fits({N, HV, K, K}, 4, &n_summary_m)) return overflow("summaries_M", "N*HV*K*K");
   if (varlen && !tensor_fits({N + 1}, 8, &n_cu)) return overflow("cu_seqlens", "num_seqs+1");
   // Token index arithmetic (b*T + t) also needs B*T*max(H,HV)*max(K,V) < 2^63: implied above.
 
@@ -135,6 +137,8 @@ Status validate(const ForwardArgs& a, Backend backend) {
   // ---- pointers: null --------------------------------------------------------
   // A tensor with zero elements (seqlen == 0) may come with a null pointer, as an
   // empty framework tensor does; it is never dereferenced.
+  // A summaries call writes no out (ForwardArgs::summaries_M).
+  const bool summaries_call = a.summaries_M != nullptr || a.summaries_B != nullptr;
   struct Req {
     const char* name;
     const void* ptr;
@@ -143,7 +147,7 @@ Status validate(const ForwardArgs& a, Backend backend) {
   const Req required[] = {
       {"q", a.q, n_qk},       {"k", a.k, n_qk},       {"v", a.v, n_v},
       {"g", a.g, n_g},        {"beta", a.beta, n_beta}, {"A_log", a.A_log, HV},
-      {"dt_bias", a.dt_bias, HV * K}, {"out", a.out, n_v},
+      {"dt_bias", a.dt_bias, HV * K}, {"out", a.out, summaries_call ? 0 : n_v},
   };
   for (const Req& r : required)
     if (r.ptr == nullptr && r.elems > 0) return Status::Invalid(cat(r.name, ": null pointer"));
@@ -247,6 +251,23 @@ Status validate(const ForwardArgs& a, Backend backend) {
     if (a.slot_checkpoint_slots == nullptr) return Status::Invalid("slot_checkpoint_slots: null pointer");
   }
 
+  // ---- the two calls of a split forward (context parallelism) ------------------------
+  if (summaries_call || a.resume_from_summaries) {
+    const char* which = summaries_call ? "summaries_M" : "resume_from_summaries";
+    if (summaries_call && (a.summaries_M == nullptr || a.summaries_B == nullptr))
+      return Status::Invalid(cat(a.summaries_M == nullptr ? "summaries_M" : "summaries_B",
+                                 ": null pointer (a summaries call takes both summaries_M and summaries_B)"));
+    if (summaries_call && a.resume_from_summaries)
+      return Status::Invalid("resume_from_summaries: set in a summaries call (summaries_M given); the resume is "
+                             "the second call, without summaries_M / summaries_B");
+    if (pool) return Status::Invalid(cat(which, ": not supported together with state_pool (pass initial_state / final_state)"));
+    if (checkpoints || slot_checkpoints)
+      return Status::Invalid(cat(which, ": not supported together with checkpoints or slot checkpoints"));
+    if (summaries_call && (a.initial_state != nullptr || a.final_state != nullptr))
+      return Status::Invalid("summaries_M: a summaries call reads no initial_state and writes no final_state "
+                             "(expected both null; they belong to the resume call)");
+  }
+
   // ---- pointers: alignment ---------------------------------------------------
   // kCuda loads bf16 tiles with 16-byte vector / TMA accesses; the CPU backends
   // need the natural alignment of the element type.
@@ -277,6 +298,8 @@ Status validate(const ForwardArgs& a, Backend backend) {
       {"checkpoints", a.checkpoints, cuda ? state_align : static_cast<uintptr_t>(dtype_bytes(a.checkpoints_dtype))},
       {"slot_checkpoint_offsets", a.slot_checkpoint_offsets, 8},
       {"slot_checkpoint_slots", a.slot_checkpoint_slots, a.state_index_type == IndexType::kInt64 ? 8u : 4u},
+      {"summaries_M", a.summaries_M, cuda ? state_align : 4u},
+      {"summaries_B", a.summaries_B, cuda ? state_align : 4u},
   };
   for (const Al& x : alignments)
     if (x.ptr != nullptr && !aligned(x.ptr, x.align))

@@ -483,7 +483,7 @@ flashkda::Backend parse_backend(const std::string& s, const Device& dev) {
 
 // Everything of one call, checked, with the ForwardArgs filled in.
 struct Call {
-  Arg q, k, v, g, beta, out, A_log, dt_bias, s0, s1, cu, cu_host, pool, idx, has, ck, ck_off, ck_slot;
+  Arg q, k, v, g, beta, out, A_log, dt_bias, s0, s1, cu, cu_host, pool, idx, has, ck, ck_off, ck_slot, sum_m, sum_b;
   flashkda::ForwardArgs args;
   flashkda::Backend backend = flashkda::Backend::kCpuChunked;
 };
@@ -493,15 +493,18 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
              nb::handle final_state, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle state_pool,
              nb::handle state_indices, nb::handle has_initial_state, nb::handle checkpoints,
              int64_t checkpoint_interval, bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
-             nb::handle slot_checkpoint_slots, const std::string& backend) {
+             nb::handle slot_checkpoint_slots, nb::handle summaries, bool resume_from_summaries,
+             const std::string& backend) {
   Call c;
+  // The summaries call of a split forward writes nothing but the summaries: out may be None.
+  const bool summaries_call = !summaries.is_none();
   // dtypes first (TypeError), in argument order.
   c.q = take("q", q, {DT::kBF16}, false);
   c.k = take("k", k, {DT::kBF16}, false);
   c.v = take("v", v, {DT::kBF16}, false);
   c.g = take("g", g, {DT::kBF16}, false);
   c.beta = take("beta", beta, {DT::kBF16}, false);
-  c.out = take("out", out, {DT::kBF16}, false);
+  c.out = take("out", out, {DT::kBF16}, summaries_call);
   c.A_log = take("A_log", A_log, {DT::kF32}, false);
   c.dt_bias = take("dt_bias", dt_bias, {DT::kF32}, false);
   c.s0 = take("initial_state", initial_state, {DT::kBF16, DT::kF32}, true);
@@ -515,6 +518,16 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   c.ck = take("checkpoints", checkpoints, {DT::kBF16, DT::kF32}, true);
   c.ck_off = take("slot_checkpoint_offsets", slot_checkpoint_offsets, {DT::kI64}, true);
   c.ck_slot = take("slot_checkpoint_slots", slot_checkpoint_slots, {DT::kI32, DT::kI64}, true);
+  if (summaries_call) {
+    const bool pair = nb::isinstance<nb::tuple>(summaries) || nb::isinstance<nb::list>(summaries);
+    if (!pair || nb::len(summaries) != 2) {
+      const std::string tname = nb::cast<std::string>(nb::str(summaries.type().attr("__name__")));
+      raise_type(cat("summaries: expected a pair (M, B) of fp32 tensors [N, HV, K, K] and [N, HV, V, K], got ",
+                     tname, pair ? cat(" of length ", nb::len(summaries)) : std::string()));
+    }
+    c.sum_m = take("summaries[0] (M)", nb::object(summaries[0]), {DT::kF32}, false);
+    c.sum_b = take("summaries[1] (B)", nb::object(summaries[1]), {DT::kF32}, false);
+  }
   if (c.s0.present && c.s1.present && dtype_of(c.s0.dtype) != dtype_of(c.s1.dtype))
     raise_type(cat("final_state: expected the same dtype as initial_state (", dtype_string(c.s0.dtype),
                    ") when both are given, got ", dtype_string(c.s1.dtype)));
@@ -529,7 +542,7 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   expect_shape(c.v, {B, T, HV, V}, "[B, T, HV, V] (B, T from q)");
   expect_shape(c.g, {B, T, HV, K}, "[B, T, HV, K]");
   expect_shape(c.beta, {B, T, HV}, "[B, T, HV]");
-  expect_shape(c.out, {B, T, HV, V}, "[B, T, HV, V] (the shape of v)");
+  if (c.out.present) expect_shape(c.out, {B, T, HV, V}, "[B, T, HV, V] (the shape of v)");
   expect_shape(c.A_log, {HV}, "[HV]");
   expect_shape(c.dt_bias, {HV, K}, "[HV, K]");
   int64_t N = B;
@@ -584,10 +597,26 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
                       checkpoint_interval));
   }
   if (c.has.present) expect_shape(c.has, {N}, "[N] (one flag per sequence)");
+  // The two calls of a split forward: (M, B) of each whole sequence, then the
+  // resume. The combinations the summaries call excludes are named here by this
+  // API's argument; flashkda::validate checks the rest (the resume call's).
+  if (summaries_call) {
+    expect_shape(c.sum_m, {N, HV, K, K}, "[N, HV, K, K]");
+    expect_shape(c.sum_b, {N, HV, V, K}, "[N, HV, V, K]");
+    if (resume_from_summaries)
+      raise_value("summaries: given together with resume_from_summaries=True (the summaries call comes first; "
+                  "the resume call takes no summaries)");
+    if (c.s0.present || c.s1.present)
+      raise_value("summaries: given together with initial_state / final_state (the summaries call reads and "
+                  "writes no states; they belong to the resume call)");
+    if (c.pool.present) raise_value("summaries: not supported together with state_pool");
+    if (c.ck.present || c.ck_off.present)
+      raise_value("summaries: not supported together with checkpoints or slot checkpoints");
+  }
 
   // Strides (ValueError).
   for (const Arg* a : {&c.out, &c.A_log, &c.dt_bias, &c.s0, &c.s1, &c.cu, &c.cu_host, &c.idx, &c.has, &c.ck,
-                       &c.ck_off, &c.ck_slot})
+                       &c.ck_off, &c.ck_slot, &c.sum_m, &c.sum_b})
     expect_contiguous(*a);
   // q, k, v, g, beta may be strided views (e.g. of one fused projection): the last
   // dimension contiguous, and the flattened B·T token axis evenly spaced.
@@ -615,7 +644,7 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
 
   // Devices (ValueError): everything where q is, except the host copy of cu_seqlens.
   for (const Arg* a : {&c.k, &c.v, &c.g, &c.beta, &c.out, &c.A_log, &c.dt_bias, &c.s0, &c.s1, &c.cu, &c.pool,
-                       &c.idx, &c.has, &c.ck, &c.ck_off, &c.ck_slot})
+                       &c.idx, &c.has, &c.ck, &c.ck_off, &c.ck_slot, &c.sum_m, &c.sum_b})
     expect_device(*a, c.q);
   if (c.cu_host.present && c.cu_host.dev.type != kDLCPU)
     raise_value(cat("cu_seqlens_host: expected a CPU tensor, got ", c.cu_host.dev.str()));
@@ -664,6 +693,9 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
     a.checkpoints_capacity = ck_capacity;
     a.checkpoints_value_major = checkpoints_value_major;
   }
+  a.summaries_M = static_cast<float*>(c.sum_m.data());
+  a.summaries_B = static_cast<float*>(c.sum_b.data());
+  a.resume_from_summaries = resume_from_summaries;
   return c;
 }
 
@@ -707,10 +739,12 @@ size_t workspace_size_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g,
                          nb::handle cu_seqlens_host, nb::handle state_pool, nb::handle state_indices,
                          nb::handle has_initial_state, nb::handle checkpoints, int64_t checkpoint_interval,
                          bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
-                         nb::handle slot_checkpoint_slots, const std::string& backend) {
+                         nb::handle slot_checkpoint_slots, nb::handle summaries, bool resume_from_summaries,
+                         const std::string& backend) {
   Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
                    cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
-                   checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, backend);
+                   checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
+                   resume_from_summaries, backend);
   return required_workspace(c);
 }
 
@@ -720,11 +754,12 @@ size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
               nb::handle final_state, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle state_pool,
               nb::handle state_indices, nb::handle has_initial_state, nb::handle checkpoints,
               int64_t checkpoint_interval, bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
-              nb::handle slot_checkpoint_slots, nb::handle workspace, nb::handle alloc, uintptr_t stream,
-              const std::string& backend) {
+              nb::handle slot_checkpoint_slots, nb::handle summaries, bool resume_from_summaries,
+              nb::handle workspace, nb::handle alloc, uintptr_t stream, const std::string& backend) {
   Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
                    cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
-                   checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, backend);
+                   checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
+                   resume_from_summaries, backend);
   const size_t need = required_workspace(c);  // validates c.args: forward_prevalidated below relies on it
 
   void* ws = nullptr;
@@ -734,6 +769,12 @@ size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
     nb::handle src = workspace;
     const char* what = "workspace";
     if (src.is_none()) {
+      // The resume call reads what the summaries call left in the workspace: one
+      // allocated per call would be gone (or reused) in between.
+      if (c.args.summaries_M != nullptr || c.args.resume_from_summaries)
+        raise_value(cat("workspace: the summaries call (summaries=) and its resume call (resume_from_summaries=True) "
+                        "need ", need, " bytes of scratch memory on ", c.q.dev.str(), ": pass the same workspace= "
+                        "(uint8, at least ", need + kWorkspaceAlign - 1, " bytes) to both, untouched in between"));
       if (alloc.is_none())
         raise_value(cat("workspace: this call needs ", need, " bytes of scratch memory on ", c.q.dev.str(),
                         "; pass workspace= (uint8, at least ", need + kWorkspaceAlign - 1,
@@ -929,7 +970,8 @@ void segment_summaries_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g
                           nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle cu_seqlens,
                           nb::handle segments, nb::handle M, nb::handle B, const std::string& backend) {
   Call c = prepare(q, k, v, g, beta, 1.0, v, A_log, dt_bias, lower_bound, nb::none(), nb::none(), cu_seqlens,
-                   nb::none(), nb::none(), nb::none(), nb::none(), nb::none(), 0, false, nb::none(), nb::none(), backend);
+                   nb::none(), nb::none(), nb::none(), nb::none(), nb::none(), 0, false, nb::none(), nb::none(),
+                   nb::none(), false, backend);
   Arg seg = take("segments", segments, {DT::kI64}, false);
   Arg m = take("M", M, {DT::kF32}, false);
   Arg b = take("B", B, {DT::kF32}, false);
@@ -1021,19 +1063,23 @@ NB_MODULE(_C, m) {
         "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "state_pool"_a = nb::none(),
         "state_indices"_a = nb::none(), "has_initial_state"_a = nb::none(), "checkpoints"_a = nb::none(),
         "checkpoint_interval"_a = 0, "checkpoints_value_major"_a = false, "slot_checkpoint_offsets"_a = nb::none(),
-        "slot_checkpoint_slots"_a = nb::none(), "workspace"_a = nb::none(),
+        "slot_checkpoint_slots"_a = nb::none(), "summaries"_a = nb::none(), "resume_from_summaries"_a = false,
+        "workspace"_a = nb::none(),
         "alloc"_a = nb::none(), "stream"_a = 0, "backend"_a = "auto",
         "Runs the KDA forward into `out` (and `final_state`), in place. Tensors: see flash_kda.fwd. "
         "`workspace`: uint8 scratch on the tensors' device, or `alloc(nbytes)` returning one. "
         "`stream`: cudaStream_t as an int (CUDA tensors). `backend`: 'auto' (CUDA tensors -> 'cuda', "
         "CPU tensors -> 'cpu'), 'cuda', 'cpu' (chunked fp32) or 'reference' (float64 oracle). "
+        "`summaries`: None or a pair (M, B) (the summaries call of a split forward; `out` may then be None); "
+        "`resume_from_summaries`: the second call. "
         "Returns the workspace bytes the call needed.");
   m.def("workspace_size", &workspace_size_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(),
         "beta"_a.none(), "scale"_a, "out"_a.none(), "A_log"_a.none(), "dt_bias"_a.none(), "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
         "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "state_pool"_a = nb::none(),
         "state_indices"_a = nb::none(), "has_initial_state"_a = nb::none(), "checkpoints"_a = nb::none(),
         "checkpoint_interval"_a = 0, "checkpoints_value_major"_a = false, "slot_checkpoint_offsets"_a = nb::none(),
-        "slot_checkpoint_slots"_a = nb::none(), "backend"_a = "auto",
+        "slot_checkpoint_slots"_a = nb::none(), "summaries"_a = nb::none(), "resume_from_summaries"_a = false,
+        "backend"_a = "auto",
         "Bytes of scratch memory fwd needs for these arguments (0 on the CPU backends). "
         "Checks the arguments exactly as fwd does.");
   m.def("decode", &decode_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),

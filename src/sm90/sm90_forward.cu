@@ -1,6 +1,7 @@
 // Host side of the sm_90a backend: support checks, the launch heuristic, dispatch.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 
@@ -124,6 +125,64 @@ Status check_supported(const ForwardArgs& args) {
 }
 
 namespace {
+
+// The segment scan (spec section 6) when the chains of chunk steps, not the
+// GPU's throughput, bound the call: few heads, long sequences. With G segments
+// a sequence's chain shrinks from C chunk steps to about 2·C/G (pass 1 and pass
+// 3 each walk one segment), for about 3x the state arithmetic: pass 1 runs four
+// 4-warp CTAs per segment and head (value rows B, key rows M), except two for
+// the first segment (it runs for real) and none for the last; pass 3 two per
+// segment but the first. G is the most segments whose pass 1 fills one wave of
+// kSegmentCtasPerSm CTAs on every SM: heads · (4·G_total − 6·N) <= that wave.
+// A sequence that would get fewer than 3 segments gains nothing (pass 3 of
+// segment 1 waits for all of segment 0), so then no sequence is cut.
+constexpr int64_t kSegmentCtasPerSm = 2;   // 4-warp recurrence CTAs resident on an SM (4 stages)
+constexpr int kSegmentStages = 4;
+// Shorter segments lose: at T = 1024 (64 chunks) H = 12 and 24 ran 2-35 %
+// slower split into segments of 6-22 chunks than as one chain (H200,
+// docs/perf-log.md): the prologue, the extra launches and the composition cost
+// more than the shorter chain saves.
+constexpr int64_t kMinSegmentChunks = 32;
+constexpr int64_t kMinSegmentsPerChain = 3;
+
+// The shortest segment (in chunks) that cuts the sequences into at most
+// `segments` in all. One sequence of C chunks: ceil(C / G) makes at most G.
+// Several: sequence n gets ceil(C_n / seg) <= C_n / seg + 1, so seg >=
+// total / (segments − N) keeps them within `segments` whatever the lengths.
+int64_t chunks_per_segment(const ProblemShape& shape, int64_t segments) {
+  const int64_t parts = shape.seqs == 1 ? segments : segments - shape.seqs;
+  return (shape.total_chunks + parts - 1) / parts;
+}
+
+int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
+  if (shape.seqs <= 0 || shape.heads <= 0 || shape.total_chunks <= 0) return 0;
+  const int64_t wave = kSegmentCtasPerSm * num_sms;
+  const int64_t segments = (wave + 6 * shape.seqs * shape.heads) / (4 * shape.heads);
+  if (segments <= shape.seqs) return 0;
+  const int64_t seg = std::max(kMinSegmentChunks, chunks_per_segment(shape, segments));
+  // Unknown lengths (varlen without cu_seqlens_host): assume equal ones.
+  const int64_t longest =
+      shape.longest_chunks >= 0 ? shape.longest_chunks : (shape.total_chunks + shape.seqs - 1) / shape.seqs;
+  if (longest < kMinSegmentsPerChain * seg - (seg - 1)) return 0;
+  return seg;
+}
+
+// The segments of a summaries call and its resume call (ForwardArgs::summaries_M).
+// Pass 1 summarises every segment (four 4-warp CTAs per segment and head, none
+// running for real) and the resume's pass 3 runs every segment, so a segment
+// count whose pass 1 overflows one wave runs it in two: heads · 4 · G_total <=
+// the wave. Any cut pays here (pass 1 and pass 3 are separate calls, each a
+// chain of one segment), so no minimum segments per chain.
+int64_t split_segment_chunks(const ProblemShape& shape, int num_sms) {
+  if (shape.seqs <= 0 || shape.heads <= 0 || shape.total_chunks <= 0) return 0;
+  const int64_t segments = kSegmentCtasPerSm * num_sms / (4 * shape.heads);
+  if (segments <= shape.seqs) return 0;
+  return std::max(kMinSegmentChunks, chunks_per_segment(shape, segments));
+}
+
+}  // namespace
+
+namespace {
 int64_t slots_for(const ForwardArgs& args) {
   return num_chunk_slots(num_sequences(args), args.batch * args.seqlen);
 }
@@ -144,13 +203,31 @@ Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device) {
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cached_attribute(&DeviceFacts::num_sms, cudaDevAttrMultiProcessorCount, dev, &num_sms);
   if (err != cudaSuccess) return cuda_status(err, "reading the device's SM count");
-  *plan = effective_launch_plan(problem_shape(args), num_sms);
+  const ProblemShape shape = problem_shape(args);
+  *plan = effective_launch_plan(shape, num_sms);
+  // The two calls of a context-parallel forward always run the segment scan's
+  // passes, with their own segment count (split_segment_chunks); where they do
+  // not cut, every sequence is one segment.
+  const bool split = args.summaries_M != nullptr || args.resume_from_summaries;
+  if (split) {
+    const int64_t forced = g_force_seg_chunks.load();
+    plan->seg_chunks = forced > 0 ? forced : forced < 0 ? 0 : split_segment_chunks(shape, num_sms);
+    if (plan->seg_chunks <= 0)
+      plan->seg_chunks = std::max<int64_t>(1, (args.batch * args.seqlen + kChunk - 1) / kChunk);
+    plan->v_split = 2;
+    plan->stages = kSegmentStages;
+  }
   // The segment scan's grids (pass 1: 4 CTAs per segment slot and head; pass 2:
-  // kComposeCtasPerSeqHead per sequence and head) must fit a launch.
+  // kComposeCtasPerSeqHead per sequence and head, twice in a summaries call)
+  // must fit a launch.
   if (plan->seg_chunks > 0 &&
       (segment_slots_for(args, plan->seg_chunks) * value_heads(args) * 4 > kMaxGridCtas ||
-       num_sequences(args) * value_heads(args) * kComposeCtasPerSeqHead > kMaxGridCtas))
+       num_sequences(args) * value_heads(args) * kComposeCtasPerSeqHead * 2 > kMaxGridCtas)) {
+    if (split)
+      return Status::NotSupported("num_seqs x num_v_heads: too many (sequence, head) pairs for the summaries and "
+                                  "resume calls of backend kCuda");
     plan->seg_chunks = 0;
+  }
   if (device != nullptr) *device = dev;
   return Status::Ok();
 }
@@ -199,44 +276,6 @@ ProblemShape problem_shape(const ForwardArgs& args) {
   return shape;
 }
 
-namespace {
-
-// The segment scan (spec section 6) when the chains of chunk steps, not the
-// GPU's throughput, bound the call: few heads, long sequences. With G segments
-// a sequence's chain shrinks from C chunk steps to about 2·C/G (pass 1 and pass
-// 3 each walk one segment), for about 3x the state arithmetic: pass 1 runs four
-// 4-warp CTAs per segment and head (value rows B, key rows M), except two for
-// the first segment (it runs for real) and none for the last; pass 3 two per
-// segment but the first. G is the most segments whose pass 1 fills one wave of
-// kSegmentCtasPerSm CTAs on every SM: heads · (4·G_total − 6·N) <= that wave.
-// A sequence that would get fewer than 3 segments gains nothing (pass 3 of
-// segment 1 waits for all of segment 0), so then no sequence is cut.
-constexpr int64_t kSegmentCtasPerSm = 2;   // 4-warp recurrence CTAs resident on an SM (4 stages)
-constexpr int kSegmentStages = 4;
-// Shorter segments lose: at T = 1024 (64 chunks) H = 12 and 24 ran 2-35 %
-// slower split into segments of 6-22 chunks than as one chain (H200,
-// docs/perf-log.md): the prologue, the extra launches and the composition cost
-// more than the shorter chain saves.
-constexpr int64_t kMinSegmentChunks = 32;
-constexpr int64_t kMinSegmentsPerChain = 3;
-
-int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
-  if (shape.seqs <= 0 || shape.heads <= 0 || shape.total_chunks <= 0) return 0;
-  const int64_t wave = kSegmentCtasPerSm * num_sms;
-  const int64_t segments = (wave + 6 * shape.seqs * shape.heads) / (4 * shape.heads);
-  if (segments <= shape.seqs) return 0;
-  // Sequence n gets ceil(C_n / seg) <= C_n / seg + 1 segments: with this seg
-  // all of them together stay within `segments` whatever the lengths.
-  const int64_t spare = segments - shape.seqs;
-  const int64_t seg = std::max(kMinSegmentChunks, (shape.total_chunks + spare - 1) / spare);
-  // Unknown lengths (varlen without cu_seqlens_host): assume equal ones.
-  const int64_t longest =
-      shape.longest_chunks >= 0 ? shape.longest_chunks : (shape.total_chunks + shape.seqs - 1) / shape.seqs;
-  if (longest < kMinSegmentsPerChain * seg - (seg - 1)) return 0;
-  return seg;
-}
-
-}  // namespace
 
 LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   LaunchPlan plan;
@@ -366,7 +405,13 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   const int64_t num_ctas = n * hv * p.v_split;
   auto s = static_cast<cudaStream_t>(stream);
   cudaError_t err = cudaSuccess;
-  if (p.num_slots > 0) {
+  p.split_mode = args.summaries_M != nullptr ? kSplitSummaries
+                 : args.resume_from_summaries ? kSplitResume
+                                              : kSplitNone;
+  p.summaries_M = args.summaries_M;
+  p.summaries_B = args.summaries_B;
+  // Resuming: the records and the segment summaries are in the workspace already.
+  if (p.num_slots > 0 && p.split_mode != kSplitResume) {
     err = launch_prologue(p, dev, s);
     if (err != cudaSuccess) return cuda_status(err, "launching the prologue kernel");
   }
@@ -382,10 +427,13 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       return plan.stages == 3 ? launch_recurrence<4, 3, false>(p, ctas, dev, s)
                               : launch_recurrence<4, 4, false>(p, ctas, dev, s);
     };
-    err = run_pass(kPassSummaries, p.num_seg_slots * hv * 2 * kRowParts);
-    if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
+    if (p.split_mode != kSplitResume) {
+      err = run_pass(kPassSummaries, p.num_seg_slots * hv * 2 * kRowParts);
+      if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
+    }
     err = launch_segment_compose(p, s);
     if (err != cudaSuccess) return cuda_status(err, "launching the segment composition kernel");
+    if (p.split_mode == kSplitSummaries) return Status::Ok();
     err = run_pass(kPassFromStates, p.num_seg_slots * hv * kRowParts);
     if (err != cudaSuccess) return cuda_status(err, "launching the segments from their states (recurrence kernel)");
     return Status::Ok();

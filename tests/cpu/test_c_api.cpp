@@ -46,6 +46,8 @@ flashkda_forward_args to_c(const flashkda::ForwardArgs& a) {
   c.v_token_stride = a.v_token_stride; c.v_head_stride = a.v_head_stride;
   c.g_token_stride = a.g_token_stride; c.g_head_stride = a.g_head_stride;
   c.beta_token_stride = a.beta_token_stride; c.beta_head_stride = a.beta_head_stride;
+  c.summaries_M = a.summaries_M; c.summaries_B = a.summaries_B;
+  c.resume_from_summaries = a.resume_from_summaries ? 1 : 0;
   return c;
 }
 
@@ -60,7 +62,7 @@ HostProblem small_problem(bool varlen) {
 }
 
 TEST(CApi, LayoutAndVersion) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_forward_args) == 352, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_forward_args) == 376, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || offsetof(flashkda_forward_args, lower_bound) == 164, "C struct layout changed");
   EXPECT_EQ(flashkda_abi_version(), FLASHKDA_C_ABI_VERSION);
   EXPECT_STREQ(flashkda_version(), "0.1.0");
@@ -70,6 +72,9 @@ TEST(CApi, LayoutAndVersion) {
   EXPECT_EQ(a.q, nullptr);
   EXPECT_EQ(a.batch, 0);
   EXPECT_EQ(a.lower_bound, -5.f);
+  EXPECT_EQ(a.summaries_M, nullptr);
+  EXPECT_EQ(a.resume_from_summaries, 0);
+  EXPECT_EQ(a.reserved, 0);
   EXPECT_STREQ(flashkda_status_string(FLASHKDA_STATUS_INVALID_ARGUMENT), "kInvalidArgument");
   EXPECT_STREQ(flashkda_status_string(99), "unknown status");
 }
@@ -150,6 +155,61 @@ void expect_same_as_cpp(bool varlen, int32_t backend) {
 TEST(CApi, ChunkedRunMatchesCppBitwise) { expect_same_as_cpp(false, FLASHKDA_BACKEND_CPU_CHUNKED); }
 TEST(CApi, ChunkedVarlenRunMatchesCppBitwise) { expect_same_as_cpp(true, FLASHKDA_BACKEND_CPU_CHUNKED); }
 TEST(CApi, ReferenceRunMatchesCppBitwise) { expect_same_as_cpp(true, FLASHKDA_BACKEND_CPU_REFERENCE); }
+
+// The summaries call of a split forward (summaries_M / summaries_B) through the C
+// ABI writes the C++ call's bits and leaves out alone; the resume call runs; a
+// bad combination is rejected by name.
+TEST(CApi, SummariesCallMatchesCppBitwise) {
+  const HostProblem p = small_problem(true);  // sequences of 19, 0 and 21 tokens
+  const size_t m_elems = static_cast<size_t>(p.N * p.HV * p.K * p.K);
+  const size_t b_elems = static_cast<size_t>(p.N * p.HV * p.V * p.K);
+  std::vector<float> M_cpp(m_elems, 1.f), B_cpp(b_elems, 1.f), M_c(m_elems, 2.f), B_c(b_elems, 2.f);
+  std::vector<uint16_t> out_c(p.out_elems(), 0x7fc1);
+  flashkda::ForwardArgs a = p.host_args(nullptr, nullptr);
+  a.initial_state = nullptr;
+  a.initial_state_dtype = DType::kNone;
+  a.final_state_dtype = DType::kNone;
+  a.summaries_M = M_cpp.data();
+  a.summaries_B = B_cpp.data();
+  const flashkda::Status s = flashkda::forward(a, flashkda::Backend::kCpuChunked, nullptr, 0, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message;
+  flashkda_forward_args c = to_c(a);
+  c.summaries_M = M_c.data();
+  c.summaries_B = B_c.data();
+  c.out = out_c.data();
+  uint64_t bytes = 77;
+  EXPECT_EQ(flashkda_workspace_size(&c, FLASHKDA_BACKEND_CPU_CHUNKED, &bytes), FLASHKDA_STATUS_OK)
+      << flashkda_last_error();
+  EXPECT_EQ(bytes, 0u);
+  ASSERT_EQ(flashkda_forward(&c, FLASHKDA_BACKEND_CPU_CHUNKED, nullptr, 0, nullptr), FLASHKDA_STATUS_OK)
+      << flashkda_last_error();
+  EXPECT_EQ(std::memcmp(M_cpp.data(), M_c.data(), m_elems * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(B_cpp.data(), B_c.data(), b_elems * sizeof(float)), 0);
+  EXPECT_EQ(std::count(out_c.begin(), out_c.end(), uint16_t{0x7fc1}), static_cast<std::ptrdiff_t>(out_c.size()));
+  EXPECT_NE(M_c, std::vector<float>(m_elems, 2.f));  // the call did write
+
+  // The resume call (the flag set, no summaries) is the ordinary forward on the CPU.
+  std::vector<uint16_t> out_plain(p.out_elems()), out_resume(p.out_elems());
+  std::vector<float> fin_plain(p.state_elems()), fin_resume(p.state_elems());
+  const flashkda_forward_args plain = to_c(p.host_args(out_plain.data(), fin_plain.data()));
+  flashkda_forward_args resume = to_c(p.host_args(out_resume.data(), fin_resume.data()));
+  resume.resume_from_summaries = 1;
+  ASSERT_EQ(flashkda_forward(&plain, FLASHKDA_BACKEND_CPU_CHUNKED, nullptr, 0, nullptr), FLASHKDA_STATUS_OK);
+  ASSERT_EQ(flashkda_forward(&resume, FLASHKDA_BACKEND_CPU_CHUNKED, nullptr, 0, nullptr), FLASHKDA_STATUS_OK)
+      << flashkda_last_error();
+  EXPECT_EQ(out_plain, out_resume);
+  EXPECT_EQ(fin_plain, fin_resume);
+
+  // Both at once, and half a pair, are argument errors naming the field.
+  c.resume_from_summaries = 1;
+  EXPECT_EQ(flashkda_forward(&c, FLASHKDA_BACKEND_CPU_CHUNKED, nullptr, 0, nullptr), FLASHKDA_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashkda_last_error()).find("resume_from_summaries"), std::string::npos)
+      << flashkda_last_error();
+  c.resume_from_summaries = 0;
+  c.summaries_B = nullptr;
+  EXPECT_EQ(flashkda_validate(&c, FLASHKDA_BACKEND_CPU_REFERENCE), FLASHKDA_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashkda_last_error()).find("summaries_B"), std::string::npos) << flashkda_last_error();
+}
 
 // ---- decode ---------------------------------------------------------------------
 
@@ -282,7 +342,7 @@ namespace {
 // Segment summaries and their composition through the C ABI: the same bits as
 // the C++ API, and errors with their message.
 TEST(CApi, SegmentSummariesMatchCppBitwise) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_segment_summary_args) == 384, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_segment_summary_args) == 408, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || sizeof(flashkda_compose_summaries_args) == 72, "C struct layout changed");
   const HostProblem p = small_problem(true);  // sequences [0, 19), [19, 19), [19, 40)
   const std::vector<int64_t> segments = {0, 7, 7, 19, 19, 19, 25, 40};

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -60,6 +61,29 @@ std::vector<Segment> random_segments(const HostProblem& p, int pieces, uint64_t 
   }
   std::shuffle(segs.begin(), segs.end(), rng);
   return segs;
+}
+
+// Tokens [begin, end) of p's flattened token axis as a problem of their own: one
+// sequence, p's initial-state dtype with an empty state (the caller's to set).
+HostProblem piece_of(const HostProblem& p, int64_t begin, int64_t end) {
+  HostProblem run = p;
+  run.spec.seqlens.clear();
+  run.cu_seqlens.clear();
+  run.B = 1;
+  run.N = 1;
+  run.T = end - begin;
+  run.spec.seqlen = run.T;
+  auto take = [&](const std::vector<uint16_t>& x, int64_t width) {
+    return std::vector<uint16_t>(x.begin() + begin * width, x.begin() + end * width);
+  };
+  run.q = take(p.q, p.H * p.K);
+  run.k = take(p.k, p.H * p.K);
+  run.v = take(p.v, p.HV * p.V);
+  run.g = take(p.g, p.HV * p.K);
+  run.beta = take(p.beta, p.HV);
+  run.init_f32.clear();
+  run.init_bf16.clear();
+  return run;
 }
 
 struct Summaries {
@@ -132,20 +156,7 @@ void check_composition(const HostProblem& p, Backend backend, double state_bar, 
         const std::vector<double> incoming = apply_all(p, PM.data(), PB.data(), S0);
         if (s.end > s.begin) {
           // The segment alone from its incoming state (the oracle, out unrounded).
-          HostProblem run = p;
-          run.spec.seqlens.clear();
-          run.cu_seqlens.clear();
-          run.N = 1;
-          run.T = s.end - s.begin;
-          run.spec.seqlen = run.T;
-          auto take = [&](const std::vector<uint16_t>& x, int64_t width) {
-            return std::vector<uint16_t>(x.begin() + s.begin * width, x.begin() + s.end * width);
-          };
-          run.q = take(p.q, p.H * K);
-          run.k = take(p.k, p.H * K);
-          run.v = take(p.v, HV * V);
-          run.g = take(p.g, HV * K);
-          run.beta = take(p.beta, HV);
+          HostProblem run = piece_of(p, s.begin, s.end);
           run.init_f32.assign(incoming.begin(), incoming.end());
           const RunResult part = run_backend(run, Which::kReference);
           std::vector<double> got, want;
@@ -332,6 +343,227 @@ TEST(SegmentSummariesApi, BadArgumentsAreNamed) {
   c.head_dim_k = p.K;
   st = compose_summaries(c, Backend::kCuda);
   EXPECT_EQ(st.code, StatusCode::kNotSupported) << st.message;
+}
+
+
+// ---- a forward in two calls (ForwardArgs::summaries_M, resume_from_summaries) ----
+
+std::vector<Segment> whole_sequences(const HostProblem& p) {
+  const std::vector<SequenceSpan> spans = sequence_spans(p.host_args(nullptr, nullptr), p.cu_seqlens.data());
+  std::vector<Segment> segs;
+  for (size_t n = 0; n < spans.size(); ++n)
+    segs.push_back({static_cast<int64_t>(n), spans[n].token_begin, spans[n].token_begin + spans[n].length});
+  return segs;
+}
+
+// The summaries call over p: no states; every sequence's (M, B) into `sum`,
+// poisoned with NaN first so that a summary left unwritten is caught.
+ForwardArgs summaries_call(const HostProblem& p, void* out, Summaries& sum) {
+  ForwardArgs a = p.host_args(out, nullptr);
+  a.initial_state = nullptr;
+  a.initial_state_dtype = DType::kNone;
+  a.final_state_dtype = DType::kNone;
+  sum.M.assign(static_cast<size_t>(p.N * p.HV * p.K * p.K), std::nanf(""));
+  sum.B.assign(static_cast<size_t>(p.N * p.HV * p.V * p.K), std::nanf(""));
+  a.summaries_M = sum.M.data();
+  a.summaries_B = sum.B.data();
+  return a;
+}
+
+bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+// On the CPU backends the summaries call is segment_summaries over the whole
+// sequences, to the bit; out is neither written nor needed.
+TEST(SplitForward, SummariesCallIsSegmentSummariesOfWholeSequences) {
+  ProblemSpec batched;
+  batched.batch = 2;
+  batched.seqlen = 45;
+  batched.heads = 1;
+  batched.v_heads = 2;
+  batched.head_dim = 32;
+  const HostProblem problems[] = {slow_decay(make_problem(varlen_gva_spec(), 105)),  // with an empty sequence
+                                  make_problem(varlen_gva_spec(), 106), make_problem(batched, 107)};
+  const uint16_t sentinel = float_to_bf16(std::nanf(""));
+  for (const HostProblem& p : problems) {
+    for (const Backend backend : {Backend::kCpuReference, Backend::kCpuChunked}) {
+      const Summaries want = summarise(p, whole_sequences(p), backend);
+      std::vector<uint16_t> out(p.out_elems(), sentinel);
+      Summaries got;
+      Status st = forward(summaries_call(p, out.data(), got), backend, nullptr, 0, nullptr);
+      ASSERT_TRUE(st.ok()) << to_string(backend) << ": " << st.message;
+      EXPECT_TRUE(same_bits(got.M, want.M)) << to_string(backend);
+      EXPECT_TRUE(same_bits(got.B, want.B)) << to_string(backend);
+      EXPECT_EQ(std::count(out.begin(), out.end(), sentinel), static_cast<std::ptrdiff_t>(out.size()))
+          << to_string(backend) << ": out was written";
+
+      Summaries bare;
+      st = forward(summaries_call(p, nullptr, bare), backend, nullptr, 0, nullptr);
+      ASSERT_TRUE(st.ok()) << to_string(backend) << ": " << st.message;
+      EXPECT_TRUE(same_bits(bare.M, want.M)) << to_string(backend) << ", out == nullptr";
+      EXPECT_TRUE(same_bits(bare.B, want.B)) << to_string(backend) << ", out == nullptr";
+    }
+  }
+}
+
+// Context parallelism on two ranks, simulated: one sequence's tokens cut at a
+// point that is not a multiple of 16, each rank's piece a problem of its own.
+// Every rank makes the summaries call on its piece; rank 1's incoming state is
+// rank 0's summary applied to the sequence's initial state (in double); every
+// rank then makes the resume call on its piece from its incoming state.
+// Together they give the straight run's out (bf16 roundings of values that agree
+// to fp32 rounding: equal or one ulp apart) and final state (within state_bar),
+// and rank 1's summary carries its incoming state to that final state.
+void check_two_ranks(const HostProblem& p, Backend backend, double state_bar, int64_t cut) {
+  const RunResult straight = run_backend(p, backend == Backend::kCpuReference ? Which::kReference : Which::kChunked);
+  HostProblem rank[2] = {piece_of(p, 0, cut), piece_of(p, cut, p.T)};
+  Summaries sum[2];
+  for (int r = 0; r < 2; ++r) {
+    const Status st = forward(summaries_call(rank[r], nullptr, sum[r]), backend, nullptr, 0, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message;
+  }
+  const std::vector<double> S0(p.init_f32.begin(), p.init_f32.end());
+  const std::vector<double> S1 = apply_all(p, sum[0].M.data(), sum[0].B.data(), S0);
+  rank[0].init_f32 = p.init_f32;
+  rank[1].init_f32.assign(S1.begin(), S1.end());
+
+  std::vector<uint16_t> out;  // both ranks' outputs, in token order
+  std::vector<float> fin[2];
+  for (int r = 0; r < 2; ++r) {
+    std::vector<uint16_t> o(rank[r].out_elems(), float_to_bf16(std::nanf("")));
+    fin[r].assign(rank[r].state_elems(), std::nanf(""));
+    ForwardArgs a = rank[r].host_args(o.data(), fin[r].data());
+    a.resume_from_summaries = true;
+    const Status st = forward(a, backend, nullptr, 0, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message;
+    out.insert(out.end(), o.begin(), o.end());
+  }
+
+  const std::vector<float> got = bf16_vector_to_float(out), want = straight.out_float();
+  ASSERT_EQ(got.size(), want.size());
+  double ss = 0;
+  for (float x : want) ss += double(x) * x;
+  const double floor_abs = 1e-6 * std::sqrt(ss / static_cast<double>(want.size()));
+  size_t beyond_one_ulp = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (!(std::abs(double(got[i]) - want[i]) <= std::abs(double(want[i])) / 128 + floor_abs)) ++beyond_one_ulp;
+  EXPECT_EQ(beyond_one_ulp, 0u) << to_string(backend) << ", cut at " << cut;
+
+  const double err = rel_rms(fin[1], straight.final_f32);
+  EXPECT_LE(err, state_bar) << to_string(backend) << ", cut at " << cut;
+  const std::vector<double> composed = apply_all(p, sum[1].M.data(), sum[1].B.data(), S1);
+  EXPECT_LE(rel_rms(composed, straight.final_f32), state_bar) << to_string(backend) << ", cut at " << cut;
+  std::printf("[ split ] %-13s cut at %3lld: final state %.3e, composed %.3e\n", to_string(backend),
+              static_cast<long long>(cut), err, rel_rms(composed, straight.final_f32));
+}
+
+TEST(SplitForward, TwoRanksGiveTheStraightRun) {
+  ProblemSpec spec;
+  spec.seqlen = 150;
+  spec.heads = 1;
+  spec.v_heads = 2;
+  spec.head_dim = 32;
+  const HostProblem problems[] = {slow_decay(make_problem(spec, 109)), make_problem(spec, 110)};
+  for (const HostProblem& p : problems) {
+    for (const int64_t cut : {67, 9}) {
+      check_two_ranks(p, Backend::kCpuReference, kReferenceBar, cut);
+      check_two_ranks(p, Backend::kCpuChunked, kChunkedBar, cut);
+    }
+  }
+}
+
+// Every rule of the split forward, on both calls where it applies, by name.
+TEST(SplitForward, BadCombinationsAreNamed) {
+  const HostProblem p = make_problem(varlen_gva_spec(), 111);
+  std::vector<uint16_t> out(p.out_elems());
+  std::vector<float> fin(p.state_elems());
+  Summaries sum;
+  const ForwardArgs call = summaries_call(p, out.data(), sum);
+  ForwardArgs resume = p.host_args(out.data(), fin.data());
+  resume.resume_from_summaries = true;
+
+  std::vector<float> pool(p.state_elems());
+  std::vector<int32_t> slots(static_cast<size_t>(p.N));
+  for (size_t n = 0; n < slots.size(); ++n) slots[n] = static_cast<int32_t>(n);
+  auto with_pool = [&](ForwardArgs a) {
+    a.initial_state = nullptr;
+    a.initial_state_dtype = DType::kNone;
+    a.final_state = nullptr;
+    a.final_state_dtype = DType::kNone;
+    a.state_pool = pool.data();
+    a.state_pool_dtype = DType::kFP32;
+    a.pool_size = p.N;
+    a.state_indices = slots.data();
+    return a;
+  };
+  std::vector<float> ck(static_cast<size_t>(16 * p.HV * p.K * p.V));
+  auto with_checkpoints = [&](ForwardArgs a) {
+    a.checkpoints = ck.data();
+    a.checkpoints_dtype = DType::kFP32;
+    a.checkpoint_interval = 32;
+    a.checkpoints_capacity = 16;
+    return a;
+  };
+  constexpr StatusCode kInvalid = StatusCode::kInvalidArgument;
+
+  for (const Backend backend : {Backend::kCpuReference, Backend::kCpuChunked}) {
+    EXPECT_TRUE(validate(call, backend).ok()) << validate(call, backend).message;
+    EXPECT_TRUE(validate(resume, backend).ok()) << validate(resume, backend).message;
+    // The summaries call needs no out; every other call does.
+    ForwardArgs a = call;
+    a.out = nullptr;
+    EXPECT_TRUE(validate(a, backend).ok()) << validate(a, backend).message;
+    a = resume;
+    a.out = nullptr;
+    expect_invalid(a, backend, kInvalid, "out: null pointer");
+
+    // Half a pair, with or without out.
+    a = call;
+    a.summaries_B = nullptr;
+    expect_invalid(a, backend, kInvalid, "summaries_B: null pointer");
+    a = call;
+    a.summaries_M = nullptr;
+    expect_invalid(a, backend, kInvalid, "summaries_M: null pointer");
+    a.out = nullptr;
+    expect_invalid(a, backend, kInvalid, "summaries_M: null pointer");
+
+    // Both calls in one.
+    a = call;
+    a.resume_from_summaries = true;
+    expect_invalid(a, backend, kInvalid, "resume_from_summaries: set in a summaries call");
+
+    // States belong to the resume call.
+    a = call;
+    a.initial_state = p.init_f32.data();
+    a.initial_state_dtype = DType::kFP32;
+    expect_invalid(a, backend, kInvalid, "summaries_M: a summaries call reads no initial_state");
+    a = call;
+    a.final_state = fin.data();
+    a.final_state_dtype = DType::kFP32;
+    expect_invalid(a, backend, kInvalid,
+                   "summaries_M: a summaries call reads no initial_state and writes no final_state");
+
+    // Neither call with a state pool or checkpoints.
+    expect_invalid(with_pool(call), backend, kInvalid, "summaries_M: not supported together with state_pool");
+    expect_invalid(with_pool(resume), backend, kInvalid,
+                   "resume_from_summaries: not supported together with state_pool");
+    expect_invalid(with_checkpoints(call), backend, kInvalid, "summaries_M: not supported together with checkpoints");
+    expect_invalid(with_checkpoints(resume), backend, kInvalid,
+                   "resume_from_summaries: not supported together with checkpoints");
+
+    // The summaries are fp32: 4-byte aligned on the CPU.
+    a = call;
+    a.summaries_B = reinterpret_cast<float*>(reinterpret_cast<char*>(sum.B.data()) + 2);
+    expect_invalid(a, backend, kInvalid, "summaries_B: expected a 4-byte aligned pointer");
+
+    // forward() checks the same, and writes nothing.
+    std::fill(sum.M.begin(), sum.M.end(), 7.f);
+    const Status st = forward(with_pool(call), backend, nullptr, 0, nullptr);
+    EXPECT_EQ(st.code, kInvalid) << st.message;
+    EXPECT_NE(st.message.find("summaries_M"), std::string::npos) << st.message;
+    EXPECT_EQ(std::count(sum.M.begin(), sum.M.end(), 7.f), static_cast<std::ptrdiff_t>(sum.M.size()));
+  }
 }
 
 }  // namespace

@@ -113,7 +113,14 @@ inline std::vector<float> state_to_float(const std::vector<uint8_t>& bytes, DTyp
 // graph_replays > 0: the forward is captured into a CUDA graph on a new stream
 // and the graph replayed that many times, the outputs poisoned before each
 // replay (so the result is the last replay's, on a reused workspace).
-inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int graph_replays = 0) {
+// split: the forward as the two calls of a context-parallel one (ForwardArgs::
+// summaries_M, then resume_from_summaries on the same workspace); the summaries
+// call's (M, B) come back in *split.
+struct SplitSummaries {
+  std::vector<float> M, B;  // [N, HV, K, K], [N, HV, V, K]
+};
+inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int graph_replays = 0,
+                          SplitSummaries* split = nullptr) {
   DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
   DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
   DeviceBuffer<int64_t> cu(p.cu_seqlens);
@@ -136,6 +143,7 @@ inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int grap
   }
   RunResult r;
   size_t ws_bytes = 0;
+  a.resume_from_summaries = split != nullptr;  // the split calls plan (and size) their own workspace
   r.status = workspace_size(a, Backend::kCuda, &ws_bytes);
   if (!r.status.ok()) return r;
   DeviceBuffer<uint8_t> ws(ws_bytes);
@@ -159,6 +167,27 @@ inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int grap
     }
     FKDA_CUDA_CHECK(cudaGraphDestroy(graph));
     FKDA_CUDA_CHECK(cudaStreamDestroy(s));
+  } else if (split != nullptr) {
+    DeviceBuffer<float> M(static_cast<size_t>(p.N * p.HV * p.K * p.K)), B(p.state_elems());
+    FKDA_CUDA_CHECK(cudaMemset(M.ptr, 0xFF, M.n * 4));
+    FKDA_CUDA_CHECK(cudaMemset(B.ptr, 0xFF, B.n * 4));
+    ForwardArgs sa = a;
+    sa.resume_from_summaries = false;
+    sa.out = nullptr;
+    sa.initial_state = sa.final_state = nullptr;
+    sa.initial_state_dtype = sa.final_state_dtype = DType::kNone;
+    sa.summaries_M = M.ptr;
+    sa.summaries_B = B.ptr;
+    size_t sa_bytes = 0;
+    r.status = workspace_size(sa, Backend::kCuda, &sa_bytes);
+    if (r.status.ok() && sa_bytes != ws_bytes)
+      r.status = Status::Invalid("workspace_size: the summaries call needs " + std::to_string(sa_bytes) +
+                                 " bytes, the resume call " + std::to_string(ws_bytes));
+    if (r.status.ok()) r.status = forward(sa, Backend::kCuda, ws.ptr, ws_bytes, stream);
+    if (r.status.ok()) r.status = forward(a, Backend::kCuda, ws.ptr, ws_bytes, stream);
+    if (!r.status.ok()) return r;
+    split->M = M.to_host();
+    split->B = B.to_host();
   } else {
     r.status = forward(a, Backend::kCuda, ws.ptr, ws_bytes, stream);
   }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <tuple>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -209,6 +210,68 @@ TEST_F(GpuSegmentScan, LongSingleHead) {
   const HostProblem p = make_problem(spec, 14);
   expect_within_bars(p, errors_of(p, run_cuda(p), "heuristic H=1 T=131072"));
   expect_split(p);
+}
+
+// The two calls of a context-parallel forward (ForwardArgs::summaries_M, then
+// resume_from_summaries), with one segment per sequence and with many: the
+// summaries against the CPU oracle's segment_summaries of the whole sequences
+// (slow decay, so that M carries the state through and a wrong M shows), and
+// the resumed forward against the float64 oracle.
+class GpuSplitCalls : public GpuSegmentScan, public ::testing::WithParamInterface<int64_t> {};
+
+TEST_P(GpuSplitCalls, SummariesAndResumeMatchTheOracle) {
+  ProblemSpec spec;
+  spec.seqlens = {0, 1, 17, 300, 1000, 45};
+  spec.heads = 2;
+  spec.v_heads = 4;
+  spec.initial_state = DType::kFP32;
+  spec.final_state = DType::kFP32;
+  HostProblem p = make_problem(spec, 40 + GetParam());
+  for (auto& g : p.g) g = float_to_bf16(kSlowGate);
+  for (auto& x : p.A_log) x = 0.f;
+  for (auto& x : p.dt_bias) x = 0.f;
+  force_segments(GetParam());
+  SplitSummaries sum;
+  const RunResult gpu = run_cuda(p, nullptr, 0, &sum);
+  const std::string label = "split calls seg_chunks=" + std::to_string(GetParam());
+  expect_within_bars(p, errors_of(p, gpu, label.c_str()));
+  ASSERT_TRUE(gpu.status.ok());
+
+  std::vector<int64_t> segs;
+  for (int64_t n = 0; n < p.N; ++n) {
+    segs.push_back(p.cu_seqlens[n]);
+    segs.push_back(p.cu_seqlens[n + 1]);
+  }
+  std::vector<float> M(sum.M.size()), B(sum.B.size());
+  SegmentSummaryArgs a;
+  a.inputs = p.host_args(nullptr, nullptr);
+  a.segments = segs.data();
+  a.num_segments = p.N;
+  a.M = M.data();
+  a.B = B.data();
+  const Status st = segment_summaries(a, Backend::kCpuReference);
+  ASSERT_TRUE(st.ok()) << st.message;
+  const double m_err = rel_rms(sum.M.data(), M.data(), M.size());
+  const double b_err = rel_rms(sum.B.data(), B.data(), B.size());
+  std::printf("[ errors ] %-40s summaries: M %.3e  B %.3e\n", label.c_str(), m_err, b_err);
+  EXPECT_LE(m_err, kStateBar);
+  EXPECT_LE(b_err, kStateBar);
+}
+INSTANTIATE_TEST_SUITE_P(SegChunks, GpuSplitCalls, ::testing::Values(-1, 1, 3, 8));
+
+// bf16 states and no initial state through the resume call.
+TEST_F(GpuSegmentScan, SplitCallsOtherStates) {
+  for (const auto& [in, out] : {std::pair<DType, DType>{DType::kBF16, DType::kBF16}, {DType::kNone, DType::kFP32}}) {
+    ProblemSpec spec;
+    spec.seqlens = {700, 90};
+    spec.heads = 2;
+    spec.initial_state = in;
+    spec.final_state = out;
+    const HostProblem p = make_problem(spec, 50);
+    force_segments(4);
+    SplitSummaries sum;
+    expect_within_bars(p, errors_of(p, run_cuda(p, nullptr, 0, &sum), "split calls, other states"));
+  }
 }
 
 #endif  // FLASHKDA_WITH_CUDA

@@ -1,8 +1,13 @@
 """flash_kda.distributed.cp_fwd on CUDA tensors over NCCL, two processes on two GPUs
-of one host, against the single-GPU forward of the whole batch: out within one bf16
-ulp, final states within 1e-4 relative RMS (the CUDA forward's own state error
-against float64 is up to ~5e-5, spec section 2, and a split changes where its chunks
-start). The cases of test_distributed.py at K = V = 128.
+of one host, against the single-GPU forward of the whole batch: each rank's out and
+the final states it owns within the single-GPU forward's own bars (spec section 2),
+printed. Not to fp32 rounding: the CUDA kernels round the state to bf16 as a
+tensor-core operand inside each chunk, so pieces that start elsewhere (and their
+summaries) round elsewhere and the two results differ at up to the level of the
+kernel's own error, as two segment plans of one GPU do. (On the CPU backends,
+test_distributed.py, they agree to fp32 rounding; the split calls on CUDA are held
+to the float64 recurrence in test_engine_gpu.py and test_segment_scan_gpu.cpp.) The
+cases of test_distributed.py at K = V = 128.
 
 Skipped, with the reason, without two CUDA devices, NCCL or a usable CUDA backend."""
 from __future__ import annotations
@@ -15,7 +20,8 @@ import pytest
 import torch
 
 import flash_kda
-from kda_reference import make_problem
+import flash_kda.distributed
+from kda_reference import make_problem, rel_rms
 
 dist = pytest.importorskip("torch.distributed")
 if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
@@ -31,13 +37,9 @@ CASES = [
     ("no initial state", [700, 0, 330, 1280, 50], [710, 1650], None),
     ("bf16 states", [700, 0, 330, 1280, 50], [1000, 1360], torch.bfloat16),
 ]
-STATE_BAR = 1e-4
-
-
-def bf16_ulps(a, b):
-    a, b = a.float(), b.float()
-    mag = torch.maximum(a.abs(), b.abs()).clamp_min(2.0 ** -126)
-    return ((a - b).abs() / torch.exp2(torch.floor(torch.log2(mag)) - 7)).max().item()
+OUT_BAR = 3.5e-3
+STATE_BAR = 2.5e-3
+BF16_STATE_BAR = 6e-3
 
 
 def _run(rank, world, init_file, result_dir):
@@ -65,19 +67,14 @@ def _run(rank, world, init_file, result_dir):
                 lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"], initial_state=p["initial_state"],
                 final_state=fin)
             torch.cuda.synchronize()
-            u = bf16_ulps(out, out_ref[:, sl])
-            if not u <= 1:
-                errors.append(f"{name}, rank {rank}: out differs by {u:.1f} bf16 ulps")
-            for n in owned:
-                if fin_dtype == torch.bfloat16:
-                    e = bf16_ulps(fin[n], fin_ref[n])
-                    ok = e <= 1
-                else:
-                    e = ((fin[n] - fin_ref[n]).norm() / fin_ref[n].norm().clamp_min(1e-30)).item()
-                    ok = e <= STATE_BAR
-                print(f"{name}, rank {rank}, sequence {n}: final state {e:.2e}", flush=True)
-                if not ok:
-                    errors.append(f"{name}, rank {rank}: final state {n}: {e:.2e}")
+            checks = [("out", out, out_ref[:, sl], OUT_BAR)]
+            state_bar = BF16_STATE_BAR if fin_dtype == torch.bfloat16 else STATE_BAR
+            checks += [(f"final state {n}", fin[n], fin_ref[n], state_bar) for n in owned]
+            for what, got, one_gpu, bar in checks:
+                d = rel_rms(got, one_gpu)
+                print(f"{name}, rank {rank}, {what}: {d:.2e} from one GPU", flush=True)
+                if not d <= bar:
+                    errors.append(f"{name}, rank {rank}, {what}: {d:.2e} from one GPU (bar {bar:.1e})")
     except Exception as e:
         errors.append(f"rank {rank}: {type(e).__name__}: {e}")
     finally:

@@ -216,3 +216,66 @@ def test_chunk_kda_intermediate_states_agree_with_fla(monkeypatch):
     print(f"intermediate states, ours vs fla: {e:.3e}")
     # Both are bf16 roundings of states each within the fp32 bar of the truth.
     assert e <= 2 ** 0.5 * 6e-3
+
+
+@pytest.mark.parametrize("offset", [128, 133])
+def test_split_forward_two_pieces_match_the_straight_run(offset):
+    """The two calls of a context-parallel forward (summaries=, then resume_from_summaries=)
+    on CUDA, as two ranks would make them on one device: sequence 2 cut `offset` tokens
+    in (on and off the 16-token chunk grid); the first piece's summary applied to its
+    initial state in float64 gives the second piece's incoming state; each workspace
+    carries its summaries call into its resume call.
+
+    Against the float64 recurrence the pieces meet the forward's own bars. Against the
+    straight CUDA run they differ at the level of the kernel's own rounding, not of
+    fp32: the kernel rounds the state to bf16 as a tensor-core operand inside each
+    chunk, and the pieces' summaries and chunks round at other places."""
+    clear_fault_record()
+    p = problem(seed=61)
+    cu = p["cu_seqlens"].tolist()
+    straight = torch.full_like(p["v"], float("nan"))
+    straight_final = torch.full_like(p["initial_state"], float("nan"))
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], straight, initial_state=p["initial_state"],
+                  final_state=straight_final, **common(p))
+    cut = cu[2] + offset  # inside sequence 2 (300 tokens)
+    HV, V, K = p["v"].shape[2], p["v"].shape[3], p["q"].shape[3]
+    pieces = [(0, cut, [0] + cu[1:3] + [cut]), (cut, cu[-1], [cut] + cu[3:])]
+    ranks = []
+    for begin, end, bounds in pieces:
+        r = {key: p[key][:, begin:end] for key in ("q", "k", "v", "g", "beta")}
+        r["cu"] = torch.tensor([b - begin for b in bounds], dtype=torch.int64)
+        N = len(bounds) - 1
+        r["M"] = torch.full((N, HV, K, K), float("nan"), device="cuda")
+        r["B"] = torch.full((N, HV, V, K), float("nan"), device="cuda")
+        r["kw"] = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=p["lower_bound"],
+                       cu_seqlens=r["cu"].cuda(), cu_seqlens_host=r["cu"])
+        nbytes = flash_kda.workspace_size(r["q"], r["k"], r["v"], r["g"], r["beta"], p["scale"], None,
+                                          summaries=(r["M"], r["B"]), **r["kw"])
+        r["kw"]["workspace"] = torch.empty(nbytes + 255, dtype=torch.uint8, device="cuda")
+        flash_kda.fwd(r["q"], r["k"], r["v"], r["g"], r["beta"], p["scale"], None, summaries=(r["M"], r["B"]),
+                      **r["kw"])
+        ranks.append(r)
+    S0 = p["initial_state"].double()
+    # Rank 0 holds sequences 0, 1 and the head of 2; rank 1 the tail of 2, then 3 and 4.
+    ranks[0]["init"] = p["initial_state"][:3].clone()
+    tail = S0[2] @ ranks[0]["M"][2].double() + ranks[0]["B"][2].double()
+    ranks[1]["init"] = torch.cat([tail[None], S0[3:]]).float()
+    outs, finals = [], []
+    for r in ranks:
+        out = torch.full_like(r["v"], float("nan"))
+        fin = torch.full_like(r["init"], float("nan"))
+        flash_kda.fwd(r["q"], r["k"], r["v"], r["g"], r["beta"], p["scale"], out, initial_state=r["init"],
+                      final_state=fin, resume_from_summaries=True, **r["kw"])
+        outs.append(out)
+        finals.append(fin)
+    torch.cuda.synchronize()
+    out = torch.cat(outs, dim=1)
+    final = torch.cat([finals[0][:2], finals[1]])  # sequence 2 ends on rank 1
+    ref_out, ref_final = reference({key: (x.cpu() if isinstance(x, torch.Tensor) else x) for key, x in p.items()})
+    e_out, e_state = rel_rms(out.cpu(), ref_out), rel_rms(final.cpu(), ref_final)
+    d_out, d_state = rel_rms(out, straight), rel_rms(final, straight_final)
+    print(f"split forward on CUDA, cut {offset} tokens in: against float64 out {e_out:.2e} state {e_state:.2e}; "
+          f"against the straight run out {d_out:.2e} state {d_state:.2e}")
+    assert e_out <= OUT_BAR and e_state <= STATE_BAR_FP32
+    assert d_out <= OUT_BAR and d_state <= STATE_BAR_FP32
+    flash_kda.check_device_faults()

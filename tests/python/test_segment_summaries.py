@@ -3,13 +3,16 @@ backends: the summaries of any split of varlen GVA sequences, composed along eac
 sequence and applied to its initial state, give the straight run's final state
 (against this package's own float64 torch reference, kda_reference.py), and each
 piece's forward from its composed incoming state gives the straight run's outputs.
-Arguments are checked by name."""
+fwd's summaries call (summaries=) writes the summaries of the whole sequences, and
+the two calls of a split forward, rank by rank, give the straight run. Arguments are
+checked by name."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import flash_kda
+from dlpack_fake import DL_CUDA, FakeDeviceTensor
 from kda_reference import fwd_kwargs, make_problem, new_outputs, reference, rel_rms
 
 SEQLENS = [150, 37, 90]
@@ -122,3 +125,144 @@ def test_bad_arguments_are_named():
         flash_kda.compose_summaries(M, torch.zeros(2, 6, 8), torch.zeros(3, 8, 8), torch.zeros(2, 6, 8))
     with pytest.raises(TypeError, match="M1"):
         flash_kda.compose_summaries(M.double(), torch.zeros(2, 6, 8), M, torch.zeros(2, 6, 8))
+
+
+# ---- fwd's two calls of a split forward (summaries=, resume_from_summaries=) ------
+
+def slow(p):
+    p["g"] = torch.full_like(p["g"], -12.0)
+    p["A_log"] = torch.zeros_like(p["A_log"])
+    p["dt_bias"] = torch.zeros_like(p["dt_bias"])
+    return p
+
+
+def token_args(p):
+    return (p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"])
+
+
+def new_summaries(p):
+    N, HV, V, K = p["N"], p["v"].shape[2], p["v"].shape[3], p["q"].shape[3]
+    return (torch.full((N, HV, K, K), float("nan")), torch.full((N, HV, V, K), float("nan")))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("K,V", [(32, 32), (32, 16)])
+def test_summaries_call_is_segment_summaries_of_whole_sequences(backend, K, V):
+    p = slow(make_problem(H=1, HV=2, K=K, V=V, seqlens=[60, 0, 37, 90], seed=31))
+    cu = p["cu_seqlens"]
+    segments = torch.stack([cu[:-1], cu[1:]], dim=1)
+    want_M, want_B = flash_kda.segment_summaries(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"],
+                                                 p["dt_bias"], segments, lower_bound=p["lower_bound"],
+                                                 cu_seqlens=cu, backend=backend)
+    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], cu_seqlens=cu, backend=backend)
+    M, B = new_summaries(p)
+    flash_kda.fwd(*token_args(p), None, summaries=(M, B), **kw)
+    assert torch.equal(M, want_M) and torch.equal(B, want_B)
+    # With an out given: not written.
+    out = torch.full_like(p["v"], 7.0)
+    M, B = new_summaries(p)
+    flash_kda.fwd(*token_args(p), out, summaries=[M, B], **kw)
+    assert torch.equal(M, want_M) and torch.equal(B, want_B)
+    assert torch.equal(out, torch.full_like(p["v"], 7.0))
+    assert flash_kda.workspace_size(*token_args(p), None, summaries=(M, B), **kw) == 0
+
+
+@pytest.mark.parametrize("backend,bar", [("reference", 5e-7), ("cpu", 5e-6)])
+@pytest.mark.parametrize("cut", [67, 9])
+def test_two_ranks_give_the_straight_run(backend, bar, cut):
+    """Rank 0 holds the first `cut` tokens of sequence 0 (not a multiple of 16); rank 1 the
+    rest of it and sequences 1 and 2. Every rank makes the summaries call on its tokens;
+    rank 1's incoming state of sequence 0 is rank 0's summary applied to its initial state
+    (float64); every rank then makes the resume call from its incoming states."""
+    p = slow_decay_problem(seed=40 + cut)
+    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], backend=backend)
+    straight, straight_final = new_outputs(p)
+    flash_kda.fwd(*token_args(p), straight, final_state=straight_final, cu_seqlens=p["cu_seqlens"],
+                  initial_state=p["initial_state"], **kw)
+
+    L0 = SEQLENS[0]
+    ranks = []
+    for begin, end, lengths in ((0, cut, [cut]), (cut, sum(SEQLENS), [L0 - cut] + SEQLENS[1:])):
+        r = {key: p[key][:, begin:end] for key in ("q", "k", "v", "g", "beta")}
+        r["scale"], r["N"] = p["scale"], len(lengths)
+        r["cu_seqlens"] = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
+        r["summaries"] = new_summaries(r)
+        flash_kda.fwd(*token_args(r), None, cu_seqlens=r["cu_seqlens"], summaries=r["summaries"], **kw)
+        ranks.append(r)
+
+    # The exchange: rank 1's sequence 0 starts where rank 0's summary takes the initial state.
+    S0 = p["initial_state"].double()
+    M0, B0 = (x.double() for x in ranks[0]["summaries"])
+    ranks[0]["initial_state"] = p["initial_state"][:1].clone()
+    ranks[1]["initial_state"] = torch.cat([(S0[0] @ M0[0] + B0[0])[None], S0[1:]]).float()
+
+    outs = []
+    for r in ranks:
+        r["out"] = torch.full_like(r["v"], float("nan"))
+        r["final"] = torch.full_like(r["initial_state"], float("nan"))
+        flash_kda.fwd(*token_args(r), r["out"], initial_state=r["initial_state"], final_state=r["final"],
+                      cu_seqlens=r["cu_seqlens"], resume_from_summaries=True, **kw)
+        outs.append(r["out"])
+    out = torch.cat(outs, dim=1)
+
+    # bf16 roundings of values that agree to fp32 rounding: equal or one ulp apart.
+    want = straight.double()
+    floor = 1e-6 * want.square().mean().sqrt()
+    assert bool(((out.double() - want).abs() <= want.abs() / 128 + floor).all())
+    assert rel_rms(out.double(), want) <= 3e-3
+    err = rel_rms(ranks[1]["final"], straight_final)
+    print(f"{backend:9s} cut at {cut}: final state {err:.3e}")
+    assert err <= bar
+    # Rank 1's own summaries carry its incoming states to the final states.
+    M1, B1 = (x.double() for x in ranks[1]["summaries"])
+    composed = ranks[1]["initial_state"].double() @ M1 + B1
+    assert rel_rms(composed, straight_final) <= bar
+
+
+def test_summaries_arguments_are_named():
+    p = make_problem(H=1, HV=2, K=32, seqlens=[40, 25], seed=50)
+    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"])
+    out = torch.empty_like(p["v"])
+    fin = torch.empty(2, 2, 32, 32)
+    M, B = new_summaries(p)
+    with pytest.raises(TypeError, match=r"^summaries: expected a pair \(M, B\)"):
+        flash_kda.fwd(*token_args(p), None, summaries=M, **kw)
+    with pytest.raises(TypeError, match=r"^summaries: expected a pair .* of length 3"):
+        flash_kda.fwd(*token_args(p), None, summaries=(M, B, B), **kw)
+    with pytest.raises(TypeError, match=r"^summaries\[0\] \(M\): expected dtype float32"):
+        flash_kda.fwd(*token_args(p), None, summaries=(M.double(), B), **kw)
+    with pytest.raises(TypeError, match=r"^summaries\[1\] \(B\): expected a tensor"):
+        flash_kda.fwd(*token_args(p), None, summaries=(M, None), **kw)
+    with pytest.raises(ValueError, match=r"^summaries\[0\] \(M\): expected shape \[N, HV, K, K\]"):
+        flash_kda.fwd(*token_args(p), None, summaries=(M[:1], B), **kw)
+    with pytest.raises(ValueError, match=r"^summaries\[1\] \(B\): expected shape \[N, HV, V, K\]"):
+        flash_kda.fwd(*token_args(p), None, summaries=(M, B[..., :16]), **kw)
+    with pytest.raises(ValueError, match=r"^summaries\[1\] \(B\): expected a C-contiguous"):
+        flash_kda.fwd(*token_args(p), None, summaries=(M, B.transpose(-1, -2)), **kw)
+    fake = FakeDeviceTensor(tuple(M.shape), "float32", DL_CUDA, 0)
+    with pytest.raises(ValueError, match=r"^summaries\[0\] \(M\): expected a tensor on the same device as q"):
+        flash_kda.fwd(*token_args(p), None, summaries=(fake, B), **kw)
+    with pytest.raises(ValueError, match="^summaries: given together with resume_from_summaries"):
+        flash_kda.fwd(*token_args(p), None, summaries=(M, B), resume_from_summaries=True, **kw)
+    with pytest.raises(ValueError, match="^summaries: given together with initial_state / final_state"):
+        flash_kda.fwd(*token_args(p), None, summaries=(M, B), initial_state=p["initial_state"], **kw)
+    with pytest.raises(ValueError, match="^summaries: given together with initial_state / final_state"):
+        flash_kda.fwd(*token_args(p), out, summaries=(M, B), final_state=fin, **kw)
+    pool = dict(state_pool=torch.zeros(2, 2, 32, 32), state_indices=torch.tensor([0, 1], dtype=torch.int32))
+    with pytest.raises(ValueError, match="^summaries: not supported together with state_pool"):
+        flash_kda.fwd(*token_args(p), None, summaries=(M, B), **pool, **kw)
+    ck = dict(checkpoints=torch.zeros(4, 2, 32, 32), checkpoint_interval=32)
+    with pytest.raises(ValueError, match="^summaries: not supported together with checkpoints"):
+        flash_kda.fwd(*token_args(p), None, summaries=(M, B), **ck, **kw)
+    # The resume call's own rules come from the library, by the same name.
+    with pytest.raises(ValueError, match="^resume_from_summaries: not supported together with state_pool"):
+        flash_kda.fwd(*token_args(p), out, resume_from_summaries=True, **pool, **kw)
+    with pytest.raises(ValueError, match="^resume_from_summaries: not supported together with checkpoints"):
+        flash_kda.fwd(*token_args(p), out, resume_from_summaries=True, **ck, **kw)
+    # Without summaries, out is required as ever; workspace_size checks as fwd does.
+    with pytest.raises(TypeError, match="^out: expected a tensor, got None"):
+        flash_kda.fwd(*token_args(p), None, **kw)
+    with pytest.raises(ValueError, match="^summaries: given together with resume_from_summaries"):
+        flash_kda.workspace_size(*token_args(p), None, summaries=(M, B), resume_from_summaries=True, **kw)
+    # Nothing was written by the rejected calls.
+    assert bool(M.isnan().all()) and bool(B.isnan().all())

@@ -16,6 +16,14 @@ enum RecurrencePass : int32_t {
   kPassFromStates = 3, // segment scan pass 3: segments 1.. from their incoming states
 };
 
+// The two calls of a context-parallel forward (ForwardArgs::summaries_M,
+// resume_from_summaries), on top of the segment scan's passes:
+//   kSplitSummaries  prologue, pass 1 with every segment summarised (none runs
+//                    for real), pass 2 composing each sequence's summary
+//   kSplitResume     pass 2 from the given initial states, pass 3 with every
+//                    segment (segment 0 from its initial state)
+enum SplitMode : int32_t { kSplitNone = 0, kSplitSummaries = 1, kSplitResume = 2 };
+
 struct FwdParams {
   // bf16 tensors as raw 16-bit patterns; shapes as in flashkda::ForwardArgs.
   const uint16_t* q;     // [B*T, H,  K]
@@ -81,6 +89,9 @@ struct FwdParams {
   int64_t num_seg_slots;
   float* seg_states;
   int32_t pass;  // RecurrencePass: what the recurrence kernel's CTAs do
+  int32_t split_mode;  // SplitMode
+  float* summaries_M;  // kSplitSummaries: fp32 [N, HV, K, K]
+  float* summaries_B;  // kSplitSummaries: fp32 [N, HV, V, K]
 
   float scale;
   float lower_bound_log2e;  // lower_bound · log2(e): the gate works in base 2

@@ -1,8 +1,15 @@
-// Kernel 3 of the segment scan (pass 2): the true incoming state of every
-// segment, composed along each (sequence, value head) in fp32:
+// Kernel 3 of the segment scan (pass 2): the summaries of pass 1 composed along
+// each (sequence, value head) in fp32. A forward (kSplitNone):
 //   S_in(1)     = b of segment 0            (its final state, from pass 1)
 //   S_in(j + 1) = S_in(j) · M_j + B_j       j = 1 .. G − 2, written over b of segment j
-// Rows of S are independent, so a CTA owns kComposeRows rows of one (sequence,
+// Resuming a context-parallel forward (kSplitResume), from the initial state:
+//   S_in(0)     = the sequence's initial state (zero without one)
+//   S_in(j + 1) = S_in(j) · M_j + B_j       j = 0 .. G − 2, written over b of segment j
+// A summaries call (kSplitSummaries), the whole sequence's (M, B), whose rows
+// compose like rows of S: a row of B as S_in above, a row of M without the B_j term:
+//   X(0) = (M_0, B_0),  X(j + 1) = (X_M(j) · M_j,  X_B(j) · M_j + B_j)   j = 1 .. G − 1
+// into summaries_M / summaries_B.
+// Rows are independent, so a CTA owns kComposeRows rows of one (sequence,
 // head) and a thread one key column of them. The chain of segments is
 // sequential, so a step's latency is what counts: a thread first issues all
 // 128 loads of its column of M_j at once (one L2 round trip per step, not one
@@ -12,6 +19,7 @@
 #pragma once
 #include "sm90/fwd_launch.h"
 #include "sm90/kernel/params.h"
+#include "sm90/kernel/state_location.cuh"
 #include "sm90/kernel/tile_scheduler.cuh"
 
 namespace flashkda::sm90 {
@@ -21,22 +29,52 @@ constexpr int kComposeCtasPerHead = static_cast<int>(kComposeCtasPerSeqHead);  /
 constexpr int kComposeRows = kHeadDim / kComposeCtasPerHead;                  // rows of S per CTA
 static_assert(kComposeRows * kComposeCtasPerHead == kHeadDim, "the CTAs of a head cover its rows");
 
+// Element (row, col) of an initial state, as fp32 (0 without one).
+__device__ __forceinline__ float initial_state_at(const StateLocation& l, int row, int col) {
+  const int64_t i = l.offset + static_cast<int64_t>(row) * kHeadDim + col;
+  if (l.in_type == kStateFP32) return static_cast<const float*>(l.in)[i];
+  if (l.in_type == kStateBF16) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(l.in)[i]) << 16);
+  return 0.f;
+}
+
+// Grid: kComposeCtasPerHead CTAs per (sequence, value head) and per kind of
+// rows; a summaries call has two kinds (B rows, then M rows), the others one.
 __global__ void __launch_bounds__(kComposeThreads) kda_segment_compose_kernel(const __grid_constant__ FwdParams p) {
   __shared__ __align__(16) float s_in[kComposeRows][kHeadDim];
+  const int kinds = p.split_mode == kSplitSummaries ? 2 : 1;
   const int64_t idx = blockIdx.x;
   const int row0 = static_cast<int>(idx % kComposeCtasPerHead) * kComposeRows;
-  const int64_t sh = idx / kComposeCtasPerHead;
+  const int64_t rest = idx / kComposeCtasPerHead;
+  const bool key_rows = rest % kinds == 1;  // rows of M: no B_j term
+  const int64_t sh = rest / kinds;
   const int v_head = static_cast<int>(sh % p.num_v_heads);
   const int64_t n = sh / p.num_v_heads;
   const SegmentTile first = segment_of_sequence(p, n, 0);
-  if (first.count < 3) return;  // S_in(1) is segment 0's own final state
   const int col = threadIdx.x;
 
+  // The chain: its start and the segments it composes.
   float s[kComposeRows];
-  const float* b0 = segment_state(p, first.slot, v_head)->b;
+  int64_t j_begin = 1, j_end = first.count - 1;  // a forward: S_in(1) .. S_in(G − 1)
+  if (p.split_mode == kSplitSummaries) {
+    const SegmentState* st0 = segment_state(p, first.slot, v_head);
+    const float* x0 = key_rows ? st0->m : st0->b;
 #pragma unroll
-  for (int r = 0; r < kComposeRows; ++r) s[r] = b0[(row0 + r) * kHeadDim + col];
-  for (int64_t j = 1; j + 1 < first.count; ++j) {
+    for (int r = 0; r < kComposeRows; ++r) s[r] = x0[(row0 + r) * kHeadDim + col];
+    j_end = first.count;
+  } else if (p.split_mode == kSplitResume) {
+    const StateLocation l = state_location(p, static_cast<int>(n), v_head);
+#pragma unroll
+    for (int r = 0; r < kComposeRows; ++r) s[r] = initial_state_at(l, row0 + r, col);
+    j_begin = 0;
+  } else {
+    if (first.count < 3) return;  // S_in(1) is segment 0's own final state
+    const float* b0 = segment_state(p, first.slot, v_head)->b;
+#pragma unroll
+    for (int r = 0; r < kComposeRows; ++r) s[r] = b0[(row0 + r) * kHeadDim + col];
+  }
+  const bool write_back = p.split_mode != kSplitSummaries;  // S_in(j + 1) over b of segment j
+
+  for (int64_t j = j_begin; j < j_end; ++j) {
     SegmentState* st = segment_state(p, first.slot + j, v_head);
     float m[kHeadDim];  // column col of M_j: 128 loads in flight together
 #pragma unroll
@@ -46,7 +84,7 @@ __global__ void __launch_bounds__(kComposeThreads) kda_segment_compose_kernel(co
     for (int r = 0; r < kComposeRows; ++r) s_in[r][col] = s[r];
     __syncthreads();
 #pragma unroll
-    for (int r = 0; r < kComposeRows; ++r) s[r] = st->b[(row0 + r) * kHeadDim + col];
+    for (int r = 0; r < kComposeRows; ++r) s[r] = key_rows ? 0.f : st->b[(row0 + r) * kHeadDim + col];
 #pragma unroll
     for (int k = 0; k < kHeadDim; k += 4) {
 #pragma unroll
@@ -58,8 +96,15 @@ __global__ void __launch_bounds__(kComposeThreads) kda_segment_compose_kernel(co
         s[r] = fmaf(x.w, m[k + 3], s[r]);
       }
     }
+    if (write_back) {
 #pragma unroll
-    for (int r = 0; r < kComposeRows; ++r) st->b[(row0 + r) * kHeadDim + col] = s[r];
+      for (int r = 0; r < kComposeRows; ++r) st->b[(row0 + r) * kHeadDim + col] = s[r];
+    }
+  }
+  if (p.split_mode == kSplitSummaries) {
+    float* out = (key_rows ? p.summaries_M : p.summaries_B) + (n * p.num_v_heads + v_head) * kHeadDim * kHeadDim;
+#pragma unroll
+    for (int r = 0; r < kComposeRows; ++r) out[(row0 + r) * kHeadDim + col] = s[r];
   }
 }
 

@@ -188,6 +188,9 @@ struct RecurrenceWork {
 //                     (identity in, v = 0); the last needs no summary.
 //   kPassFromStates   parts = 128 / kRows: segments 1 .. G−1 from the state
 //                     that pass 2 left in the previous segment's b.
+// A context-parallel forward's two calls (SplitMode, params.h) change two
+// things: kSplitSummaries summarises every segment in pass 1 (segment 0 and
+// the last too), kSplitResume runs segment 0 in pass 3 from its initial state.
 template <int kRows>
 __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p) {
   RecurrenceWork w{};
@@ -221,7 +224,14 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
   const bool first = t.index == 0, last = t.index == t.count - 1;
   if (!t.valid) return w;
   if (p.pass == kPassSummaries) {
-    if (first) {
+    if (p.split_mode == kSplitSummaries) {
+      // Every segment, the first and the last too, is summarised.
+      w.active = true;
+      w.from = w.value_rows ? StateFrom::kZero : StateFrom::kIdentity;
+      w.to = StateTo::kBuffer;
+      SegmentState* st = segment_state(p, t.slot, w.v_head);
+      w.out_rows = w.value_rows ? st->b : st->m;
+    } else if (first) {
       w.active = w.true_state = w.value_rows;
       w.write_out = true;
       w.from = StateFrom::kInitial;
@@ -235,10 +245,12 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
       w.out_rows = w.value_rows ? st->b : st->m;
     }
   } else {
-    w.active = !first;
+    // Resuming, segment 0 runs here too, from its initial state.
+    const bool from_initial = first && p.split_mode == kSplitResume;
+    w.active = !first || from_initial;
     w.write_out = w.true_state = true;
-    w.from = StateFrom::kBuffer;
-    w.in_rows = segment_state(p, t.slot - 1, w.v_head)->b;
+    w.from = from_initial ? StateFrom::kInitial : StateFrom::kBuffer;
+    if (!from_initial) w.in_rows = segment_state(p, t.slot - 1, w.v_head)->b;
     w.to = last ? StateTo::kFinal : StateTo::kNone;
   }
   return w;
