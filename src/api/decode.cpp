@@ -207,7 +207,7 @@ Status decode(const DecodeArgs& args, Backend backend, void* stream) {
     if (!s.ok()) return s;
     if (args.num_seqs == 0) return Status::Ok();
     if (backend == Backend::kCuda) return sm90::decode(args, stream);
-    std::vector<int64_t> wide;  // int32 boundaries widened (kCuda rejects them in validate_decode)
+    std::vector<int64_t> wide;  // int32 boundaries widened for the CPU backends
     return cpu::decode_f64(with_int64_cu_seqlens(args, wide));  // the token recurrence is the decode algorithm
   });
 }
