@@ -173,8 +173,9 @@ struct ForwardArgs {
   //    arguments (out, final_state from initial_state). On kCuda it runs only the
   //    part that depends on the initial states, reusing what the summaries call
   //    left in the workspace: the two calls must have the same token tensors,
-  //    A_log, dt_bias, scale, lower_bound, shapes, cu_seqlens (and
-  //    cu_seqlens_host), on the same device, and the workspace must be passed
+  //    A_log, dt_bias, scale, lower_bound, shapes and cu_seqlens (the segments
+  //    are planned from the shapes alone), on the same device, and the
+  //    workspace must be passed
   //    untouched from the first to the second (otherwise the results are
   //    unspecified, though no access leaves the given tensors); it
   //    serves one resume. The CPU backends need no workspace and run the whole

@@ -207,7 +207,7 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
       2. The resume call, ``resume_from_summaries=True``: the ordinary forward (``out``, and
          ``final_state`` from ``initial_state``, the incoming states composed from the
          exchanged summaries). It must get the same token tensors, A_log, dt_bias, scale,
-         lower_bound and cu_seqlens (and cu_seqlens_host) on the same device, and the same ``workspace`` tensor, untouched
+         lower_bound and cu_seqlens on the same device, and the same ``workspace`` tensor, untouched
          since the summaries call: on CUDA it runs only the part that depends on the initial
          states, from what the summaries call left there. Both calls therefore take an
          explicit ``workspace`` (``workspace_size(..., summaries=(M, B))`` bytes, + 255
@@ -268,8 +268,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
         state_indices: int32 or int64 ``[N]``, each < P (negative: padding).
         out: bf16 ``[T, HV, V]`` written in place, or None to allocate one (torch only).
         scale: float, or None for ``K ** -0.5``.  lower_bound: float in ``[-5, 0)``, or None for -5.0.
-        cu_seqlens: int64 ``[N+1]`` token offsets of the sequences, or None: then every
-            sequence has T / N tokens (T must be a multiple of N).
+        cu_seqlens: int64 or int32 (vLLM's offsets) ``[N+1]`` token offsets of the
+            sequences, or None: then every sequence has T / N tokens (T must be a multiple of N).
         state_out_pool: like state_pool (same shape and dtype, own slot stride), or None.
         per_token_states: ``[T, HV, V, K]`` in the state dtype, or None: also the state
             after every token (speculative verify).

@@ -6,19 +6,22 @@ starts from, ``S_out = S_in @ M + B`` (spec section 6), so:
 
 1. every rank computes the summaries ``(M, B)`` of the sequence pieces it holds (the
    summaries call of :func:`flash_kda.fwd`, ``summaries=``);
-2. one all-gather over the process group gives every rank all the pieces' summaries;
-3. every rank composes, for each of its pieces, the summaries of the same sequence's
-   pieces on earlier ranks onto the sequence's initial state (zero without one), and
-   runs its shard's forward from those incoming states (the resume call,
-   ``resume_from_summaries=True``). On CUDA the resume reuses what the summaries call
-   left in the workspace (the token-parallel prologue and the segment scan's first
-   pass), so a rank does about the work of one forward over its shard.
+2. one all-gather over the process group shares, from every rank, the summary of its
+   last piece (the only one that can continue on a later rank);
+3. every rank takes the initial state of the sequence its first piece continues (zero
+   without one) through those summaries of the earlier ranks, and runs its shard's
+   forward from the incoming states (the resume call, ``resume_from_summaries=True``).
+   On CUDA the resume reuses what the summaries call left in the workspace (the
+   token-parallel prologue and the segment scan's first pass): where the launch plan
+   cuts the pieces into segments (few heads, long pieces, the regime context
+   parallelism is for) a rank does about the work of one forward over its shard; where
+   it does not (many heads or short pieces) the summaries call runs every piece's chain
+   once more.
 
 The final state of a sequence comes out on the rank that holds its last token. Only
-step 2 communicates: one all-gather of fp32 ``M [K, K]`` and ``B [V, K]`` per sequence
-piece and value head, ``(K*K + V*K) * 4`` bytes each (128 KiB at K = V = 128), padded
-to the largest piece count of any rank. The communication is torch.distributed's
-(gloo on CPU tensors, NCCL on CUDA tensors).
+step 2 communicates: one all-gather each of fp32 ``M [K, K]`` and ``B [V, K]`` per rank
+and value head, ``(K*K + V*K) * 4`` bytes (128 KiB at K = V = 128). The communication is
+torch.distributed's (gloo on CPU tensors, NCCL on CUDA tensors).
 """
 from __future__ import annotations
 
@@ -108,7 +111,10 @@ class _Plan:
         self.mine = self.pieces[rank]
         start = starts[rank]
         self.local_cu = [0] + [e - start for _, _, e in self.mine]
-        self.max_pieces = max(1, max(len(p) for p in self.pieces))
+        # Only a rank's last piece can continue on a later rank, and only its first
+        # can have begun on an earlier one: each rank shares one summary, that of
+        # its last piece (the sequence, or -1 for a rank without pieces).
+        self.last_seq = [p[-1][0] if p else -1 for p in self.pieces]
 
 
 def _plan(q, v, cu_seqlens, group):
@@ -139,59 +145,65 @@ def _plan(q, v, cu_seqlens, group):
 
 
 class _Local:
-    """This rank's summaries (padded to every rank's piece count) and the forward's
-    arguments shared by the summaries and the resume call, workspace included."""
+    """This rank's summaries (one per piece; the identity without pieces) and the
+    forward's arguments shared by the summaries and the resume call, workspace
+    included."""
 
     def __init__(self, M, B, common):
         self.M, self.B, self.common = M, B, common
 
 
 def _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backend):
-    """Step 1: the summaries of this rank's pieces (empty ones are the identity)."""
-    P, HV, V, K, dev = plan.max_pieces, plan.HV, plan.V, plan.K, plan.device
-    M = torch.zeros(P, HV, K, K, dtype=torch.float32, device=dev)
-    B = torch.zeros(P, HV, V, K, dtype=torch.float32, device=dev)
+    """Step 1: the summaries of this rank's pieces."""
+    HV, V, K, dev = plan.HV, plan.V, plan.K, plan.device
+    n_mine = len(plan.mine)
+    M = torch.zeros(max(n_mine, 1), HV, K, K, dtype=torch.float32, device=dev)
+    B = torch.zeros(max(n_mine, 1), HV, V, K, dtype=torch.float32, device=dev)
     if not plan.mine:
         return _Local(M, B, None)
-    n_mine = len(plan.mine)
     common = dict(A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
                   cu_seqlens=torch.tensor(plan.local_cu, dtype=torch.int64, device=dev), backend=backend)
     if dev.type == "cuda":
-        # The host copy lets both calls plan the same segments; the workspace carries
-        # the summaries call's work into the resume call.
+        # The workspace carries the summaries call's work into the resume call; the
+        # host copy of the boundaries is validated (and spares the launch plan a guess).
         common["cu_seqlens_host"] = torch.tensor(plan.local_cu, dtype=torch.int64)
-        nbytes = workspace_size(q, k, v, g, beta, scale, None, summaries=(M[:n_mine], B[:n_mine]), **common)
+        nbytes = workspace_size(q, k, v, g, beta, scale, None, summaries=(M, B), **common)
         common["workspace"] = torch.empty(nbytes + 255, dtype=torch.uint8, device=dev)
-    fwd(q, k, v, g, beta, scale, None, summaries=(M[:n_mine], B[:n_mine]), **common)
+    fwd(q, k, v, g, beta, scale, None, summaries=(M, B), **common)
     return _Local(M, B, common)
 
 
 def _exchange(plan, local, group):
-    """Step 2: every rank's summaries, one all-gather each of M and B."""
+    """Step 2: every rank's last-piece summary, one all-gather each of M and B:
+    (K·K + V·K) · 4 bytes per value head and rank."""
     import torch.distributed as dist
 
-    M_list = [torch.empty_like(local.M) for _ in range(plan.world)]
-    B_list = [torch.empty_like(local.B) for _ in range(plan.world)]
-    dist.all_gather(M_list, local.M, group=group)
-    dist.all_gather(B_list, local.B, group=group)
+    M_list = [torch.empty_like(local.M[-1]) for _ in range(plan.world)]
+    B_list = [torch.empty_like(local.B[-1]) for _ in range(plan.world)]
+    dist.all_gather(M_list, local.M[-1].contiguous(), group=group)
+    dist.all_gather(B_list, local.B[-1].contiguous(), group=group)
     return M_list, B_list
 
 
 def _incoming_states(plan, M_list, B_list, initial_state):
-    """Step 3a: each piece's incoming state, the sequence's initial state taken
-    through its pieces on the ranks before this one, in order (float64 sums)."""
+    """Step 3a: each piece's incoming state. A piece that starts its sequence starts
+    from the sequence's initial state (zero without one); the first piece may instead
+    continue a sequence from earlier ranks, whose last pieces take that initial state
+    through, in rank order (float64 sums)."""
     if not plan.mine:
         return None
-    incoming = torch.zeros(len(plan.mine), plan.HV, plan.V, plan.K, dtype=torch.float32, device=plan.device)
-    for i, (n, _, _) in enumerate(plan.mine):
-        S = incoming[i].double()
-        if initial_state is not None:
-            S.copy_(initial_state[n].double())
-        for r in range(plan.rank):
-            for j, (m, _, _) in enumerate(plan.pieces[r]):
-                if m == n:  # S <- S @ M + B
-                    S = S @ M_list[r][j].double() + B_list[r][j].double()
-        incoming[i].copy_(S.float())
+    seqs = [n for n, _, _ in plan.mine]
+    if initial_state is not None:
+        incoming = initial_state[torch.tensor(seqs, device=initial_state.device)].to(plan.device, torch.float32)
+    else:
+        incoming = torch.zeros(len(seqs), plan.HV, plan.V, plan.K, dtype=torch.float32, device=plan.device)
+    n0 = seqs[0]
+    earlier = [r for r in range(plan.rank) if plan.last_seq[r] == n0]
+    if earlier:
+        S = incoming[0].double()
+        for r in earlier:  # S <- S @ M + B
+            S = S @ M_list[r].double() + B_list[r].double()
+        incoming[0].copy_(S.float())
     return incoming
 
 

@@ -50,7 +50,8 @@ Status summaries_on_cpu(const ForwardArgs& args, Backend backend) {
 }
 
 // A CPU backend's forward: int32 boundaries widened and strided inputs copied
-// densely (kCuda rejects both in validate), then on the pool or on dense states.
+// densely once per call (kCuda reads both as given), then on the pool or on
+// dense states.
 Status run_on_cpu(const ForwardArgs& args_in, Backend backend, const std::function<Status(const ForwardArgs&)>& run) {
   HostInputs storage;
   const ForwardArgs args = as_host_inputs(args_in, storage);

@@ -1,5 +1,6 @@
 // flashkda::segment_summaries / compose_summaries: validation, then dispatch to a
-// CPU backend (kCuda: kNotSupported until the segment scan has its kernels).
+// CPU backend (kCuda: kNotSupported for given token ranges; the summaries of
+// whole sequences come from a forward's summaries call, ForwardArgs::summaries_M).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -18,8 +19,9 @@ using namespace validation;
 namespace {
 
 Status cuda_not_yet(const char* what) {
-  return Status::NotSupported(cat(what, ": backend kCuda has no segment-scan kernels yet; "
-                                        "use kCpuReference or kCpuChunked (host memory)"));
+  return Status::NotSupported(cat(what, ": backend kCuda takes no given token ranges; use kCpuReference or "
+                                        "kCpuChunked (host memory), or, for whole sequences, a forward's summaries "
+                                        "call (ForwardArgs::summaries_M / summaries_B)"));
 }
 
 // The token inputs as validate() checks them: the summary reads no out and no
@@ -41,6 +43,9 @@ Status validate_inputs(const ForwardArgs& in, Backend backend) {
   f.checkpoints_capacity = 0;
   f.slot_checkpoint_offsets = nullptr;
   f.slot_checkpoint_slots = nullptr;
+  f.summaries_M = nullptr;
+  f.summaries_B = nullptr;
+  f.resume_from_summaries = false;
   f.scale = 1.f;
   return validate(f, backend);
 }

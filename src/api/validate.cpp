@@ -93,7 +93,8 @@ Status validate(const ForwardArgs& a, Backend backend) {
   if (!tensor_fits({HV, K}, 4, &n_state)) return overflow("dt_bias", "HV*K");
   if (!tensor_fits({N, HV, V, K}, 4, &n_state)) return overflow("initial_state", "N*HV*V*K");
   int64_t n_summary_m = 0;
-  if (!tensor_fits({N, HV, K, K}, 4, &n_summary_m)) return overflow("summaries_M", "N*HV*K*K");
+  if ((a.summaries_M != nullptr || a.summaries_B != nullptr) && !tensor_fits({N, HV, K, K}, 4, &n_summary_m))
+    return overflow("summaries_M", "N*HV*K*K");
   if (varlen && !tensor_fits({N + 1}, 8, &n_cu)) return overflow("cu_seqlens", "num_seqs+1");
   // Token index arithmetic (b*T + t) also needs B*T*max(H,HV)*max(K,V) < 2^63: implied above.
 
@@ -260,7 +261,9 @@ Status validate(const ForwardArgs& a, Backend backend) {
     if (summaries_call && a.resume_from_summaries)
       return Status::Invalid("resume_from_summaries: set in a summaries call (summaries_M given); the resume is "
                              "the second call, without summaries_M / summaries_B");
-    if (pool) return Status::Invalid(cat(which, ": not supported together with state_pool (pass initial_state / final_state)"));
+    if (pool)
+      return Status::Invalid(cat(which, ": not supported together with state_pool",
+                                 summaries_call ? "" : " (pass the incoming states as initial_state, final_state)"));
     if (checkpoints || slot_checkpoints)
       return Status::Invalid(cat(which, ": not supported together with checkpoints or slot checkpoints"));
     if (summaries_call && (a.initial_state != nullptr || a.final_state != nullptr))

@@ -173,6 +173,20 @@ int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
 // count whose pass 1 overflows one wave runs it in two: heads · 4 · G_total <=
 // the wave. Any cut pays here (pass 1 and pass 3 are separate calls, each a
 // chain of one segment), so no minimum segments per chain.
+// The shape the split calls plan from: shapes only, never the lengths of
+// cu_seqlens_host, so that a summaries call and its resume plan the same
+// segments (and size the same workspace) whether or not each got the host copy.
+// Varlen: ceil(T/16) + N − 1 chunks bound Σ ceil(L_n/16) for any lengths.
+ProblemShape split_shape(const ForwardArgs& args) {
+  ProblemShape shape;
+  shape.seqs = num_sequences(args);
+  shape.heads = value_heads(args);
+  const bool varlen = args.cu_seqlens != nullptr || args.cu_seqlens_int32 != nullptr;
+  shape.total_chunks = varlen ? (args.batch * args.seqlen + kChunk - 1) / kChunk + shape.seqs - 1
+                              : shape.seqs * ((args.seqlen + kChunk - 1) / kChunk);
+  return shape;
+}
+
 int64_t split_segment_chunks(const ProblemShape& shape, int num_sms) {
   if (shape.seqs <= 0 || shape.heads <= 0 || shape.total_chunks <= 0) return 0;
   const int64_t segments = kSegmentCtasPerSm * num_sms / (4 * shape.heads);
@@ -211,7 +225,7 @@ Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device) {
   const bool split = args.summaries_M != nullptr || args.resume_from_summaries;
   if (split) {
     const int64_t forced = g_force_seg_chunks.load();
-    plan->seg_chunks = forced > 0 ? forced : forced < 0 ? 0 : split_segment_chunks(shape, num_sms);
+    plan->seg_chunks = forced > 0 ? forced : forced < 0 ? 0 : split_segment_chunks(split_shape(args), num_sms);
     if (plan->seg_chunks <= 0)
       plan->seg_chunks = std::max<int64_t>(1, (args.batch * args.seqlen + kChunk - 1) / kChunk);
     plan->v_split = 2;

@@ -474,6 +474,37 @@ TEST(SplitForward, TwoRanksGiveTheStraightRun) {
 }
 
 // Every rule of the split forward, on both calls where it applies, by name.
+// The split fields belong to the forward: segment_summaries ignores them in its
+// inputs (a copy of a forward's arguments), and an ordinary forward is never
+// judged by the summaries' sizes.
+TEST(SplitForward, OtherCallsIgnoreTheSplitFields) {
+  const HostProblem p = make_problem(varlen_gva_spec(), 112);
+  std::vector<float> M(static_cast<size_t>(p.HV * p.K * p.K)), B(static_cast<size_t>(p.HV * p.V * p.K));
+  std::vector<int64_t> seg = {0, 10};
+  SegmentSummaryArgs a;
+  a.inputs = p.host_args(nullptr, nullptr);
+  a.inputs.summaries_B = B.data();  // half a pair: an error for a forward, nothing here
+  a.inputs.resume_from_summaries = true;
+  a.segments = seg.data();
+  a.num_segments = 1;
+  a.M = M.data();
+  a.B = B.data();
+  const Status st = segment_summaries(a, Backend::kCpuChunked);
+  EXPECT_TRUE(st.ok()) << st.message;
+
+  // N·HV·K·K past int64 while every tensor of an ordinary call fits.
+  ForwardArgs f;
+  f.batch = int64_t{1} << 50;
+  f.seqlen = 0;
+  f.num_heads = 1;
+  f.head_dim_k = 256;
+  f.head_dim_v = 1;
+  f.A_log = M.data();
+  f.dt_bias = M.data();
+  const Status v = validate(f, Backend::kCpuReference);
+  EXPECT_EQ(v.message.find("summaries_M"), std::string::npos) << v.message;
+}
+
 TEST(SplitForward, BadCombinationsAreNamed) {
   const HostProblem p = make_problem(varlen_gva_spec(), 111);
   std::vector<uint16_t> out(p.out_elems());

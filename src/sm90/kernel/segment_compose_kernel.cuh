@@ -7,8 +7,9 @@
 //   S_in(j + 1) = S_in(j) · M_j + B_j       j = 0 .. G − 2, written over b of segment j
 // A summaries call (kSplitSummaries), the whole sequence's (M, B), whose rows
 // compose like rows of S: a row of B as S_in above, a row of M without the B_j term:
-//   X(0) = (M_0, B_0),  X(j + 1) = (X_M(j) · M_j,  X_B(j) · M_j + B_j)   j = 1 .. G − 1
-// into summaries_M / summaries_B.
+//   X(1)     = (M_0, B_0)                                     the first segment's
+//   X(j + 1) = (X_M(j) · M_j,  X_B(j) · M_j + B_j)            j = 1 .. G − 1
+// and X(G) into summaries_M / summaries_B.
 // Rows are independent, so a CTA owns kComposeRows rows of one (sequence,
 // head) and a thread one key column of them. The chain of segments is
 // sequential, so a step's latency is what counts: a thread first issues all

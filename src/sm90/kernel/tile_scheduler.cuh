@@ -147,8 +147,9 @@ __device__ __forceinline__ SegmentTile locate_segment(const FwdParams& p, int64_
 
 // A segment's fp32 states in the workspace, one pair per (segment slot, value
 // head), row-major [row][key]:
-//   b  pass 1: B_j (segment 0: its final state S_in(1)); pass 2 overwrites it
-//      with S_in(j + 1); pass 3 of segment j + 1 starts from it
+//   b  pass 1: B_j (segment 0 of a forward: its final state S_in(1), as it runs
+//      for real; of a summaries call: B_0); pass 2 of a forward or a resume
+//      overwrites it with S_in(j + 1); pass 3 of segment j + 1 starts from it
 //   m  pass 1: M_j
 struct SegmentState {
   float b[kHeadDim * kHeadDim];
