@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package on a Hopper GPU machine without network access, from the
 # repository root:
-#   bash scripts/gpu_python.sh [STEP...]     STEP: tests overhead forward decode (default: all four)
+#   bash scripts/gpu_python.sh [STEP...]     STEP: tests overhead forward decode engine cp
+#                                            (default: the first four)
 # Expects prebuilt wheels: WHEELS_DIR/flash_kda-*.whl (default .devbuild/wheels;
 # build it with CUDA on: python3.12 -m pip wheel . -w .devbuild/wheels --no-deps)
 # and EXTRA_WHEELS_DIR (default .whl: fla-core, plus pytest / matplotlib pieces
@@ -17,6 +18,11 @@
 #             fla autotunes once per shape) -> $OUT/compare_fla.md, $OUT/compare_fla.png
 #   decode    bench/compare_fla.py --no-forward: decode steps against fla's
 #             fused_recurrent_kda under CUDA graphs (90 s) -> $OUT/compare_fla_decode.md
+#   engine    bench/engine_calls.py: each engine call with its glue against the native
+#             arguments (60 s) -> $OUT/engine_calls.md
+#   cp        two GPUs: tests/python/test_distributed_gpu.py (NCCL), then
+#             torchrun --nproc-per-node 2 bench/cp_bench.py --fla (H = 8, 12 at T = 1M,
+#             fla's context-parallel chunk_kda beside it; 300 s) -> $OUT/cp_bench.md
 # and the log of the benchmarks in $OUT/bench.txt; $OUT is RESULTS_DIR (default
 # ./gpu-results). All four take under 10 minutes.
 # FORWARD_ARGS="--heads 64 --cases varlen6,8x1024" narrows the forward step;
@@ -64,7 +70,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | h
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(tests overhead forward decode)
 for s in "${steps[@]}"; do
-  case "$s" in tests|overhead|forward|decode) ;; *) echo "gpu_python: unknown step $s" >&2; exit 2 ;; esac
+  case "$s" in tests|overhead|forward|decode|engine|cp) ;; *) echo "gpu_python: unknown step $s" >&2; exit 2 ;; esac
 done
 export PYTHONUNBUFFERED=1
 # fla's Triton kernels compile and autotune on first use, for minutes per forward
@@ -97,6 +103,22 @@ for s in "${steps[@]}"; do
       step "bench/compare_fla.py --no-forward (decode against fla, CUDA graphs)"
       timeout 90 python3 bench/compare_fla.py --no-forward --md "$OUT/compare_fla_decode.md" 2>&1 | tee -a "$OUT/bench.txt"
       rc=${PIPESTATUS[0]} ;;
+    engine)
+      step "bench/engine_calls.py (engine calls: glue against native arguments)"
+      timeout 60 python3 bench/engine_calls.py --md "$OUT/engine_calls.md" 2>&1 | tee -a "$OUT/bench.txt"
+      rc=${PIPESTATUS[0]} ;;
+    cp)
+      step "context parallelism on two GPUs (NCCL test, then bench/cp_bench.py)"
+      # No NVLink multicast (NCCL's NVLS, torch's symmetric memory): the all-gathers
+      # here are a few MB, and the machines this runs on keep it switched off.
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      timeout 120 python3 -m pytest tests/python/test_distributed_gpu.py -q -rs -s -p no:cacheprovider 2>&1 |
+        tee -a "$OUT/bench.txt"
+      rc=${PIPESTATUS[0]}
+      timeout 300 torchrun --nproc-per-node 2 bench/cp_bench.py --fla > "$OUT/cp_bench.md" 2> >(tee -a "$OUT/bench.txt" >&2)
+      rc2=$?
+      cat "$OUT/cp_bench.md"
+      [ "$rc" -eq 0 ] && rc=$rc2 ;;
   esac
   echo "gpu_python: $s exit code $rc"
   summary="$summary $s=$rc"
