@@ -34,6 +34,9 @@ CASES = [
     ("varlen, bf16 states", [70, 0, 33, 128, 5], {2: [100, 136], 3: [50, 100, 86]}, torch.bfloat16, 32),
     ("empty shard", [90, 40], {2: [0, 130], 3: [65, 0, 65]}, torch.float32, 32),
     ("K != V", [70, 0, 33, 128, 5], {2: [100, 136], 3: [50, 100, 86]}, torch.float32, 16),
+    # Many pieces a rank: only each rank's last piece crosses to the next.
+    ("many short sequences", [7, 19, 0, 33, 16, 5, 40, 2, 11, 29, 3, 23], {2: [90, 98], 3: [60, 64, 64]},
+     torch.float32, 32),
 ]
 OUT_ULPS = 1
 STATE_BAR = 1e-5
