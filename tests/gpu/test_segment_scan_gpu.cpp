@@ -274,6 +274,43 @@ TEST_F(GpuSegmentScan, SplitCallsOtherStates) {
   }
 }
 
+// The two calls plan their segments from the shapes alone: a summaries call and a
+// resume call size the same workspace whether or not each has cu_seqlens_host,
+// and the heuristic's plan (nothing forced) gives the oracle's results.
+TEST_F(GpuSegmentScan, SplitCallsPlanAloneFromShapes) {
+  ProblemSpec spec;
+  spec.seqlens = {5000, 37, 2963};
+  spec.heads = 2;
+  spec.initial_state = DType::kFP32;
+  spec.final_state = DType::kFP32;
+  const HostProblem p = make_problem(spec, 51);
+  void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 30);  // sizes only: never dereferenced
+  ForwardArgs a = p.host_args(fake, fake);
+  a.q = a.k = a.v = a.g = a.beta = fake;
+  a.A_log = a.dt_bias = static_cast<const float*>(fake);
+  a.initial_state = fake;
+  a.cu_seqlens = static_cast<const int64_t*>(fake);
+  a.resume_from_summaries = true;
+  ForwardArgs summaries = a;
+  summaries.resume_from_summaries = false;
+  summaries.out = nullptr;
+  summaries.initial_state = summaries.final_state = nullptr;
+  summaries.initial_state_dtype = summaries.final_state_dtype = DType::kNone;
+  summaries.summaries_M = summaries.summaries_B = static_cast<float*>(fake);
+  size_t sizes[4] = {};
+  for (int i = 0; i < 4; ++i) {
+    ForwardArgs b = i < 2 ? a : summaries;
+    b.cu_seqlens_host = i % 2 == 0 ? p.cu_seqlens.data() : nullptr;
+    const Status st = workspace_size(b, Backend::kCuda, &sizes[i]);
+    ASSERT_TRUE(st.ok()) << st.message;
+  }
+  EXPECT_EQ(sizes[0], sizes[1]);
+  EXPECT_EQ(sizes[0], sizes[2]);
+  EXPECT_EQ(sizes[0], sizes[3]);
+  SplitSummaries sum;
+  expect_within_bars(p, errors_of(p, run_cuda(p, nullptr, 0, &sum), "split calls, heuristic plan"));
+}
+
 #endif  // FLASHKDA_WITH_CUDA
 
 // The heuristic (host code, no device needed): one chain per sequence where the
