@@ -110,7 +110,7 @@ for s in "${steps[@]}"; do
     cp)
       step "context parallelism on two GPUs (NCCL test, then bench/cp_bench.py)"
       # No NVLink multicast (NCCL's NVLS, torch's symmetric memory): the all-gathers
-      # here are a few MB, and the machines this runs on keep it switched off.
+      # here are a few MB and need none of it.
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       timeout 120 python3 -m pytest tests/python/test_distributed_gpu.py -q -rs -s -p no:cacheprovider 2>&1 |
         tee -a "$OUT/bench.txt"

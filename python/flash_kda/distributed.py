@@ -164,7 +164,7 @@ def _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backe
     common = dict(A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
                   cu_seqlens=torch.tensor(plan.local_cu, dtype=torch.int64, device=dev), backend=backend)
     if dev.type == "cuda":
-        # The workspace carries the summaries call's work into the resume call; the
+        # The workspace keeps the summaries call's work for the resume call; the
         # host copy of the boundaries is validated (and spares the launch plan a guess).
         common["cu_seqlens_host"] = torch.tensor(plan.local_cu, dtype=torch.int64)
         nbytes = workspace_size(q, k, v, g, beta, scale, None, summaries=(M, B), **common)

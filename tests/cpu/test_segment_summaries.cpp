@@ -414,7 +414,7 @@ TEST(SplitForward, SummariesCallIsSegmentSummariesOfWholeSequences) {
 // rank then makes the resume call on its piece from its incoming state.
 // Together they give the straight run's out (bf16 roundings of values that agree
 // to fp32 rounding: equal or one ulp apart) and final state (within state_bar),
-// and rank 1's summary carries its incoming state to that final state.
+// and rank 1's summary takes its incoming state to that final state.
 void check_two_ranks(const HostProblem& p, Backend backend, double state_bar, int64_t cut) {
   const RunResult straight = run_backend(p, backend == Backend::kCpuReference ? Which::kReference : Which::kChunked);
   HostProblem rank[2] = {piece_of(p, 0, cut), piece_of(p, cut, p.T)};

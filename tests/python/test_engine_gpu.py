@@ -224,7 +224,7 @@ def test_split_forward_two_pieces_match_the_straight_run(offset):
     on CUDA, as two ranks would make them on one device: sequence 2 cut `offset` tokens
     in (on and off the 16-token chunk grid); the first piece's summary applied to its
     initial state in float64 gives the second piece's incoming state; each workspace
-    carries its summaries call into its resume call.
+    keeps its summaries call's work for its resume call.
 
     Against the float64 recurrence the pieces meet the forward's own bars. Against the
     straight CUDA run they differ at the level of the kernel's own rounding, not of

@@ -213,7 +213,7 @@ def test_two_ranks_give_the_straight_run(backend, bar, cut):
     err = rel_rms(ranks[1]["final"], straight_final)
     print(f"{backend:9s} cut at {cut}: final state {err:.3e}")
     assert err <= bar
-    # Rank 1's own summaries carry its incoming states to the final states.
+    # Rank 1's own summaries take its incoming states to the final states.
     M1, B1 = (x.double() for x in ranks[1]["summaries"])
     composed = ranks[1]["initial_state"].double() @ M1 + B1
     assert rel_rms(composed, straight_final) <= bar
