@@ -33,16 +33,7 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
       return Status::Invalid("cu_seqlens_int32: given together with cu_seqlens (expected one of the two)");
     if (a.num_seqs < 0) return Status::Invalid(cat("num_seqs: expected a value >= 0, got ", a.num_seqs));
     if (!aligned(a.cu_seqlens_int32, 4)) return Status::Invalid("cu_seqlens_int32: expected a 4-byte aligned pointer");
-    if (cuda) {
-      // Device memory: the values are the kernels' to clamp and record (as for
-      // int64 ones). Validated as int64 boundaries at a stand-in address never read here.
-      DecodeArgs b = a;
-      b.cu_seqlens_int32 = nullptr;
-      b.cu_seqlens = reinterpret_cast<const int64_t*>(uintptr_t{8});
-      return validate_decode(b, backend);
-    }
-    std::vector<int64_t> wide;
-    return validate_decode(with_int64_cu_seqlens(a, wide), backend);
+    return validate_as_int64_boundaries(a, cuda, [&](const DecodeArgs& b) { return validate_decode(b, backend); });
   }
 
   // ---- shapes --------------------------------------------------------------

@@ -35,17 +35,7 @@ Status validate(const ForwardArgs& a, Backend backend) {
     if (a.num_seqs < 1)
       return Status::Invalid(cat("num_seqs: expected a value >= 1 with cu_seqlens_int32, got ", a.num_seqs));
     if (!aligned(a.cu_seqlens_int32, 4)) return Status::Invalid("cu_seqlens_int32: expected a 4-byte aligned pointer");
-    if (cuda) {
-      // Device memory: the values are the kernels' to clamp and record (as for
-      // int64 ones without a host copy); cu_seqlens_host, if given, is checked.
-      // Validated as int64 boundaries at a stand-in address never read here.
-      ForwardArgs b = a;
-      b.cu_seqlens_int32 = nullptr;
-      b.cu_seqlens = reinterpret_cast<const int64_t*>(uintptr_t{8});
-      return validate(b, backend);
-    }
-    std::vector<int64_t> wide;
-    return validate(with_int64_cu_seqlens(a, wide), backend);
+    return validate_as_int64_boundaries(a, cuda, [&](const ForwardArgs& b) { return validate(b, backend); });
   }
 
   // ---- shapes --------------------------------------------------------------

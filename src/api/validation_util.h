@@ -5,7 +5,9 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "common/sequences.h"
 #include "flashkda/flashkda.h"
 
 namespace flashkda::validation {
@@ -32,6 +34,23 @@ inline bool mul_ok(int64_t a, int64_t b, int64_t* r) {
   if (a != 0 && b > kInt64Max / a) return false;
   *r = a * b;
   return true;
+}
+
+// int32 boundaries (cu_seqlens_int32, forward or decode) validated as the int64
+// ones they stand for, by `validate_args`. kCuda reads them on the device, where
+// the kernels clamp and record their values as for int64 ones: they are checked
+// through a stand-in int64 pointer that is never read here (a cu_seqlens_host
+// copy, if given, is checked). The CPU backends widen them on the host.
+template <class Args, class Validate>
+Status validate_as_int64_boundaries(const Args& a, bool cuda, Validate&& validate_args) {
+  if (cuda) {
+    Args b = a;
+    b.cu_seqlens_int32 = nullptr;
+    b.cu_seqlens = reinterpret_cast<const int64_t*>(uintptr_t{8});
+    return validate_args(b);
+  }
+  std::vector<int64_t> wide;
+  return validate_args(with_int64_cu_seqlens(a, wide));
 }
 
 // Element count and byte count of one tensor; false when either overflows int64.
