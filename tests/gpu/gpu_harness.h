@@ -108,6 +108,17 @@ inline std::vector<float> state_to_float(const std::vector<uint8_t>& bytes, DTyp
   return f;
 }
 
+// forward(a) on kCuda with a fresh workspace of its size, synchronised.
+inline Status run_forward(const ForwardArgs& a) {
+  size_t ws_bytes = 0;
+  Status s = workspace_size(a, Backend::kCuda, &ws_bytes);
+  if (!s.ok()) return s;
+  DeviceBuffer<uint8_t> ws(ws_bytes);
+  s = forward(a, Backend::kCuda, ws.ptr, ws_bytes, nullptr);
+  if (s.ok()) FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+  return s;
+}
+
 // Runs the problem on the GPU. Outputs are poisoned with NaN first (0xFF bytes),
 // so an element the kernel never wrote stays NaN and fails every error bar.
 // graph_replays > 0: the forward is captured into a CUDA graph on a new stream

@@ -104,12 +104,8 @@ TEST_P(GpuCheckpoints, MatchTheOracleAndLeaveTheResultAlone) {
   a.checkpoint_interval = c.interval;
   a.checkpoints_capacity = entries;
   a.checkpoints_value_major = c.value_major;
-  size_t ws_bytes = 0;
-  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &ws_bytes).ok());
-  DeviceBuffer<uint8_t> ws(ws_bytes);
-  const Status s = forward(a, Backend::kCuda, ws.ptr, ws_bytes, nullptr);
+  const Status s = run_forward(a);
   ASSERT_TRUE(s.ok()) << s.message;
-  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(ck.damaged(), 0u) << "checkpoints' guard bands were written";
   EXPECT_EQ(out.to_host(), plain.out_bits) << "checkpoints changed out";
   const std::vector<float> f = fin.to_host();
@@ -135,6 +131,31 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuCheckpoints,
                                            CkCase{DType::kBF16, false, 64, 3}, CkCase{DType::kFP32, true, 16, 2},
                                            CkCase{DType::kFP32, false, 48, 5}),
                          [](const auto& info) { return info.param.name(); });
+
+// The forward of `p` on the fp32 device pool `pool` (P slots, sequence n on
+// slots[n]) with slot checkpoints (offsets, ck_slots: [N, 2]), everything
+// uploaded here; cu_host: the host copy of the boundaries, or null.
+Status run_with_slot_checkpoints(const HostProblem& p, void* pool, int64_t P, const std::vector<int32_t>& slots,
+                                 const std::vector<int64_t>& offsets, const std::vector<int32_t>& ck_slots,
+                                 const int64_t* cu_host) {
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
+  DeviceBuffer<int64_t> cu(p.cu_seqlens), d_off(offsets);
+  DeviceBuffer<int32_t> d_slots(slots), d_ck_slots(ck_slots);
+  ForwardArgs a = p.host_args(out.ptr, nullptr);
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
+  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
+  a.cu_seqlens = cu.ptr;
+  a.cu_seqlens_host = cu_host;
+  a.state_pool = pool;
+  a.state_pool_dtype = DType::kFP32;
+  a.pool_size = P;
+  a.state_indices = d_slots.ptr;
+  a.state_index_type = IndexType::kInt32;
+  a.slot_checkpoint_offsets = d_off.ptr;
+  a.slot_checkpoint_slots = d_ck_slots.ptr;
+  return run_forward(a);
+}
 
 // vLLM's align mode: up to two 16-aligned offsets per sequence into pool slots,
 // against the CPU oracle on the same pool; unused slots keep their bytes.
@@ -175,28 +196,9 @@ TEST_P(GpuSlotCheckpoints, MatchTheOracle) {
     ASSERT_TRUE(s.ok()) << s.message;
   }
   sm90::set_launch_override({0, 0, GetParam()});
-  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
-  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), d_pool(pool);
-  DeviceBuffer<int64_t> cu(p.cu_seqlens), d_off(offsets);
-  DeviceBuffer<int32_t> d_slots(slots), d_ck_slots(ck_slots);
-  ForwardArgs a = p.host_args(out.ptr, nullptr);
-  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
-  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
-  a.cu_seqlens = cu.ptr;
-  a.cu_seqlens_host = p.cu_seqlens.data();
-  a.state_pool = d_pool.ptr;
-  a.state_pool_dtype = DType::kFP32;
-  a.pool_size = P;
-  a.state_indices = d_slots.ptr;
-  a.state_index_type = IndexType::kInt32;
-  a.slot_checkpoint_offsets = d_off.ptr;
-  a.slot_checkpoint_slots = d_ck_slots.ptr;
-  size_t ws_bytes = 0;
-  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &ws_bytes).ok());
-  DeviceBuffer<uint8_t> ws(ws_bytes);
-  const Status s = forward(a, Backend::kCuda, ws.ptr, ws_bytes, nullptr);
+  DeviceBuffer<float> d_pool(pool);
+  const Status s = run_with_slot_checkpoints(p, d_pool.ptr, P, slots, offsets, ck_slots, p.cu_seqlens.data());
   ASSERT_TRUE(s.ok()) << s.message;
-  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got = d_pool.to_host();
   for (int64_t slot = 0; slot < P; ++slot) {
     const float* g0 = got.data() + slot * per_slot;
@@ -227,29 +229,11 @@ TEST_P(GpuSlotCheckpoints, InvalidEntriesAreSkippedAndReported) {
   const std::vector<int64_t> offsets = {17, 48, 64, 16};    // seq 0: not aligned, past L = 37; seq 1: fine
   const std::vector<int32_t> ck_slots = {2, 3, 1 << 20, 2};  // seq 1: entry 0 past the pool
   sm90::set_launch_override({0, 0, GetParam()});
-  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
-  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
   std::vector<uint8_t> pool_bytes(static_cast<size_t>(P * per_slot) * 4, 0);
   GuardedDeviceBuffer d_pool(pool_bytes);
-  DeviceBuffer<int64_t> cu(p.cu_seqlens), d_off(offsets);
-  DeviceBuffer<int32_t> d_slots(slots), d_ck_slots(ck_slots);
-  ForwardArgs a = p.host_args(out.ptr, nullptr);
-  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
-  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
-  a.cu_seqlens = cu.ptr;
-  a.state_pool = d_pool.data();
-  a.state_pool_dtype = DType::kFP32;
-  a.pool_size = P;
-  a.state_indices = d_slots.ptr;
-  a.state_index_type = IndexType::kInt32;
-  a.slot_checkpoint_offsets = d_off.ptr;
-  a.slot_checkpoint_slots = d_ck_slots.ptr;
-  size_t ws_bytes = 0;
-  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &ws_bytes).ok());
-  DeviceBuffer<uint8_t> ws(ws_bytes);
-  const Status s = forward(a, Backend::kCuda, ws.ptr, ws_bytes, nullptr);
+  // Device values only: nothing about the offsets is checked on the host.
+  const Status s = run_with_slot_checkpoints(p, d_pool.data(), P, slots, offsets, ck_slots, nullptr);
   ASSERT_TRUE(s.ok()) << s.message;
-  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(d_pool.damaged(), 0u);
   std::vector<float> got(static_cast<size_t>(P * per_slot));
   FKDA_CUDA_CHECK(cudaMemcpy(got.data(), d_pool.data(), got.size() * 4, cudaMemcpyDeviceToHost));

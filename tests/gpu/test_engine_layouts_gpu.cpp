@@ -45,15 +45,19 @@ struct DeviceInputs {
   }
 };
 
-// forward(a) on a fresh workspace, synchronised.
-Status run_args(const ForwardArgs& a) {
-  size_t ws_bytes = 0;
-  Status s = workspace_size(a, Backend::kCuda, &ws_bytes);
-  if (!s.ok()) return s;
-  DeviceBuffer<uint8_t> ws(ws_bytes);
-  s = forward(a, Backend::kCuda, ws.ptr, ws_bytes, nullptr);
-  if (s.ok()) FKDA_CUDA_CHECK(cudaDeviceSynchronize());
-  return s;
+// `a` (writing `out`) run from the problem's fp32 initial state: out and the
+// final state bitwise those of the dense run.
+void expect_bitwise_dense(ForwardArgs a, const HostProblem& p, const DeviceBuffer<uint16_t>& out,
+                          const RunResult& dense) {
+  DeviceBuffer<float> init(p.init_f32), fin(p.state_elems());
+  a.initial_state = init.ptr;
+  a.final_state = fin.ptr;
+  a.initial_state_dtype = a.final_state_dtype = DType::kFP32;
+  const Status s = run_forward(a);
+  ASSERT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(out.to_host(), dense.out_bits);
+  const std::vector<float> f = fin.to_host();
+  EXPECT_EQ(0, std::memcmp(f.data(), dense.state_bytes.data(), dense.state_bytes.size()));
 }
 
 class GpuEngineLayouts : public ::testing::TestWithParam<int64_t> {  // param: forced segment chunks (-1: none)
@@ -82,20 +86,12 @@ TEST_P(GpuEngineLayouts, Int32CuSeqlensAreBitwiseTheInt64Run) {
   DeviceInputs in(p);
   std::vector<int32_t> cu32(p.cu_seqlens.begin(), p.cu_seqlens.end());
   DeviceBuffer<int32_t> d_cu32(cu32);
-  DeviceBuffer<float> init(p.init_f32), fin(p.state_elems());
   DeviceBuffer<uint16_t> out(p.out_elems());
   ForwardArgs a = in.args(p, out.ptr);
   a.cu_seqlens = nullptr;
   a.cu_seqlens_host = nullptr;  // engines pass none: nothing about the lengths is known on the host
   a.cu_seqlens_int32 = d_cu32.ptr;
-  a.initial_state = init.ptr;
-  a.final_state = fin.ptr;
-  a.initial_state_dtype = a.final_state_dtype = DType::kFP32;
-  const Status s = run_args(a);
-  ASSERT_TRUE(s.ok()) << s.message;
-  EXPECT_EQ(out.to_host(), dense.out_bits);
-  const std::vector<float> f = fin.to_host();
-  EXPECT_EQ(0, std::memcmp(f.data(), dense.state_bytes.data(), dense.state_bytes.size()));
+  expect_bitwise_dense(a, p, out, dense);
   EXPECT_TRUE(check_device_faults(nullptr).ok());
 }
 
@@ -119,7 +115,6 @@ TEST_P(GpuEngineLayouts, FusedProjectionViewsAreBitwiseTheDenseRun) {
   }
   DeviceInputs in(p);
   DeviceBuffer<uint16_t> d_fused(fused), out(p.out_elems());
-  DeviceBuffer<float> init(p.init_f32), fin(p.state_elems());
   ForwardArgs a = in.args(p, out.ptr);
   a.q = d_fused.ptr + q0;
   a.k = d_fused.ptr + k0;
@@ -131,14 +126,7 @@ TEST_P(GpuEngineLayouts, FusedProjectionViewsAreBitwiseTheDenseRun) {
   a.v_head_stride = V;
   a.g_head_stride = K;
   a.beta_head_stride = 1;
-  a.initial_state = init.ptr;
-  a.final_state = fin.ptr;
-  a.initial_state_dtype = a.final_state_dtype = DType::kFP32;
-  const Status s = run_args(a);
-  ASSERT_TRUE(s.ok()) << s.message;
-  EXPECT_EQ(out.to_host(), dense.out_bits);
-  const std::vector<float> f = fin.to_host();
-  EXPECT_EQ(0, std::memcmp(f.data(), dense.state_bytes.data(), dense.state_bytes.size()));
+  expect_bitwise_dense(a, p, out, dense);
 }
 
 // The pool run against the dense run whose initial states are what the pool
@@ -192,7 +180,7 @@ void check_pool(DType dtype, IndexType index_type) {
   a.state_indices = d_idx.ptr;
   a.state_index_type = index_type;
   a.has_initial_state = d_has.ptr;
-  const Status s = run_args(a);
+  const Status s = run_forward(a);
   ASSERT_TRUE(s.ok()) << s.message;
   EXPECT_EQ(out.to_host(), dense.out_bits);
   EXPECT_EQ(d_pool.damaged(), 0u);
@@ -232,7 +220,7 @@ TEST_P(GpuEngineLayouts, PoolIndexPastThePoolIsSkippedAndReported) {
   a.pool_size = P;
   a.state_indices = d_idx.ptr;
   a.state_index_type = IndexType::kInt32;
-  const Status s = run_args(a);
+  const Status s = run_forward(a);
   ASSERT_TRUE(s.ok()) << s.message;
   EXPECT_EQ(d_pool.damaged(), 0u);
   std::vector<float> after(pool.size());
