@@ -167,12 +167,6 @@ int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
   return seg;
 }
 
-// The segments of a summaries call and its resume call (ForwardArgs::summaries_M).
-// Pass 1 summarises every segment (four 4-warp CTAs per segment and head, none
-// running for real) and the resume's pass 3 runs every segment, so a segment
-// count whose pass 1 overflows one wave runs it in two: heads · 4 · G_total <=
-// the wave. Any cut pays here (pass 1 and pass 3 are separate calls, each a
-// chain of one segment), so no minimum segments per chain.
 // The shape the split calls plan from: shapes only, never the lengths of
 // cu_seqlens_host, so that a summaries call and its resume plan the same
 // segments (and size the same workspace) whether or not each got the host copy.
@@ -187,6 +181,12 @@ ProblemShape split_shape(const ForwardArgs& args) {
   return shape;
 }
 
+// The segments of a summaries call and its resume call (ForwardArgs::summaries_M).
+// Pass 1 summarises every segment (four 4-warp CTAs per segment and head, none
+// running for real) and the resume's pass 3 runs every segment, so a segment
+// count whose pass 1 overflows one wave runs it in two: heads · 4 · G_total <=
+// the wave. Any cut pays here (pass 1 and pass 3 are separate calls, each a
+// chain of one segment), so no minimum segments per chain.
 int64_t split_segment_chunks(const ProblemShape& shape, int num_sms) {
   if (shape.seqs <= 0 || shape.heads <= 0 || shape.total_chunks <= 0) return 0;
   const int64_t segments = kSegmentCtasPerSm * num_sms / (4 * shape.heads);
@@ -194,9 +194,6 @@ int64_t split_segment_chunks(const ProblemShape& shape, int num_sms) {
   return std::max(kMinSegmentChunks, chunks_per_segment(shape, segments));
 }
 
-}  // namespace
-
-namespace {
 int64_t slots_for(const ForwardArgs& args) {
   return num_chunk_slots(num_sequences(args), args.batch * args.seqlen);
 }
@@ -217,13 +214,13 @@ Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device) {
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cached_attribute(&DeviceFacts::num_sms, cudaDevAttrMultiProcessorCount, dev, &num_sms);
   if (err != cudaSuccess) return cuda_status(err, "reading the device's SM count");
-  const ProblemShape shape = problem_shape(args);
-  *plan = effective_launch_plan(shape, num_sms);
   // The two calls of a context-parallel forward always run the segment scan's
   // passes, with their own segment count (split_segment_chunks); where they do
   // not cut, every sequence is one segment.
   const bool split = args.summaries_M != nullptr || args.resume_from_summaries;
-  if (split) {
+  if (!split) {
+    *plan = effective_launch_plan(problem_shape(args), num_sms);
+  } else {
     const int64_t forced = g_force_seg_chunks.load();
     plan->seg_chunks = forced > 0 ? forced : forced < 0 ? 0 : split_segment_chunks(split_shape(args), num_sms);
     if (plan->seg_chunks <= 0)

@@ -11,7 +11,7 @@ enum StateType : int32_t { kStateNone = 0, kStateBF16 = 1, kStateFP32 = 2 };
 
 // The launches of the recurrence kernel (tile_scheduler.cuh maps CTAs to work).
 enum RecurrencePass : int32_t {
-  kPassWhole = 0,      // one chain per (sequence, head): today's single pass
+  kPassWhole = 0,      // one chain per (sequence, head), one pass
   kPassSummaries = 1,  // segment scan pass 1: segment 0 runs, the others' (M, B)
   kPassFromStates = 3, // segment scan pass 3: segments 1.. from their incoming states
 };
