@@ -165,7 +165,7 @@ def _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backe
                   cu_seqlens=torch.tensor(plan.local_cu, dtype=torch.int64, device=dev), backend=backend)
     if dev.type == "cuda":
         # The workspace keeps the summaries call's work for the resume call; the
-        # host copy of the boundaries is validated (and spares the launch plan a guess).
+        # host copy of the boundaries lets both calls validate them.
         common["cu_seqlens_host"] = torch.tensor(plan.local_cu, dtype=torch.int64)
         nbytes = workspace_size(q, k, v, g, beta, scale, None, summaries=(M, B), **common)
         common["workspace"] = torch.empty(nbytes + 255, dtype=torch.uint8, device=dev)
