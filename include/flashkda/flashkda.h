@@ -270,8 +270,10 @@ struct DecodeArgs {
   // index_type, values in [1, C]); the state after its token t goes to slot
   // state_indices[n, t] in place. A negative starting slot makes the sequence a
   // padding entry (nothing read or written); a negative slot for token t skips
-  // that write. Not with state_out_pool or per_token_states. CPU backends for
-  // now; kCuda answers kNotSupported.
+  // that write. Not with state_out_pool or per_token_states. Every backend; on
+  // kCuda the indices and counts live on the device: a count outside [1, C], a
+  // slot past the pool and the tokens of a sequence longer than C (without
+  // cu_seqlens_host) are skipped and reported by check_device_faults.
   int64_t verify_slots = 0;                   // 0 or 1: [N] indices, the final state to the one slot
   const void* num_accepted_tokens = nullptr;  // [N], index_type, or null
 

@@ -160,7 +160,7 @@ typedef struct flashkda_decode_args {
   float lower_bound;              /* in [-5, 0) */
   int32_t reserved;               /* 0 */
   const int32_t* cu_seqlens_int32; /* int32 [N+1] instead of cu_seqlens, or NULL (every backend) */
-  int64_t verify_slots;            /* >= 2: speculative verify, state_indices [N, verify_slots] (CPU for now) */
+  int64_t verify_slots;            /* >= 2: speculative verify, state_indices [N, verify_slots] */
   const void* num_accepted_tokens; /* [N] of index_type, or NULL */
 } flashkda_decode_args;
 

@@ -169,13 +169,21 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
                                         verify ? N * a.verify_slots : N, a.pool_size, "a padding entry");
     if (!s.ok()) return s;
   }
-  if (!cuda && verify) {
+  // The lengths where they are on the host (kCuda: cu_seqlens_host or uniform
+  // tokens; otherwise the kernel skips the tokens past a row's slots and records
+  // it), num_accepted_tokens on the CPU backends (kCuda: device memory, clamped
+  // and recorded by the kernel).
+  if (verify && (cu_host != nullptr || a.cu_seqlens == nullptr)) {
     for (int64_t n = 0; n < N; ++n) {
       const int64_t t0 = cu_host != nullptr ? cu_host[n] : n * a.tokens_per_seq;
       const int64_t t1 = cu_host != nullptr ? cu_host[n + 1] : t0 + a.tokens_per_seq;
       if (t1 - t0 > a.verify_slots)
         return Status::Invalid(cat("verify_slots: sequence ", n, " has ", t1 - t0, " tokens, more than its ",
                                    a.verify_slots, " slots"));
+    }
+  }
+  if (!cuda && verify) {
+    for (int64_t n = 0; n < N; ++n) {
       if (a.num_accepted_tokens != nullptr) {
         const int64_t acc = a.index_type == IndexType::kInt64 ? static_cast<const int64_t*>(a.num_accepted_tokens)[n]
                                                               : static_cast<const int32_t*>(a.num_accepted_tokens)[n];
@@ -185,9 +193,6 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
       }
     }
   }
-  if (cuda && verify)
-    return Status::NotSupported("verify_slots: backend kCuda has no speculative verify on pool slots yet; run it "
-                                "on kCpuReference");
   if (cuda) return sm90::check_decode_supported(a);
   return Status::Ok();
 }

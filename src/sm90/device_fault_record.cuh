@@ -10,7 +10,9 @@ namespace flashkda::sm90 {
 
 namespace {  // one record (and one take kernel) per translation unit that includes this
 
-__device__ DeviceFaults g_faults = {0u, 0u, {kNoFaultIndex, kNoFaultIndex, kNoFaultIndex, kNoFaultIndex, kNoFaultIndex}};
+static_assert(kNumDeviceFaultKinds == 7, "every kind's first index starts at kNoFaultIndex below");
+__device__ DeviceFaults g_faults = {0u, 0u, {kNoFaultIndex, kNoFaultIndex, kNoFaultIndex, kNoFaultIndex, kNoFaultIndex,
+                                             kNoFaultIndex, kNoFaultIndex}};
 __device__ DeviceFaults g_faults_taken;
 
 // Called by one thread per faulty sequence.

@@ -31,6 +31,9 @@ std::string describe(const DeviceFaults& f) {
       "slot_checkpoint_offsets / slot_checkpoint_slots (forward): device values out of range (expected an offset "
       "that is a positive multiple of 16 at most the sequence's length and a slot < pool_size, or negative for "
       "none), first at sequence ",
+      "num_accepted_tokens (decode): device values outside [1, verify_slots], first at sequence ",
+      "cu_seqlens (decode, verify): a sequence with more tokens than verify_slots (its state_indices row has a "
+      "slot per token), first at sequence ",
   };
   std::string msg;
   for (int k = 0; k < kNumDeviceFaultKinds; ++k) {
@@ -52,7 +55,8 @@ Status check_device_faults(void* stream) {
   // Without a usable sm_90 device no kernel of ours ran, so nothing was recorded.
   if (!device_supported(nullptr)) return Status::Ok();
   auto s = static_cast<cudaStream_t>(stream);
-  DeviceFaults all{0u, 0u, {kNoFaultIndex, kNoFaultIndex, kNoFaultIndex, kNoFaultIndex, kNoFaultIndex}};
+  DeviceFaults all{};
+  for (auto& i : all.first_index) i = kNoFaultIndex;
   for (auto take : {&take_forward_faults, &take_decode_faults}) {
     DeviceFaults f{};
     const cudaError_t err = take(s, &f);

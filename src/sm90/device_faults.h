@@ -29,7 +29,9 @@ enum DeviceFaultKind : int {
   kFaultDecodeStateIndex = 2,  // decode: state_indices[n] >= the pool size
   kFaultForwardStateIndex = 3, // forward on a pool: state_indices[n] >= the pool size
   kFaultForwardSlotCheckpoint = 4,  // forward: a slot checkpoint's offset or slot out of range
-  kNumDeviceFaultKinds = 5,
+  kFaultDecodeAcceptedTokens = 5,   // decode, verify: num_accepted_tokens[n] outside [1, verify_slots]
+  kFaultDecodeVerifyLength = 6,     // decode, verify: sequence n has more tokens than verify_slots
+  kNumDeviceFaultKinds = 7,
 };
 
 // The record: which kinds happened, and the lowest offending position of each

@@ -162,6 +162,9 @@ Status decode(const DecodeArgs& a, void* stream) {
   p.num_v_heads = static_cast<int32_t>(HV);
   p.scale = a.scale;
   p.lower_bound = a.lower_bound;
+  const bool verify = a.verify_slots >= 2;
+  p.verify_slots = verify ? a.verify_slots : 0;
+  p.num_accepted = a.num_accepted_tokens;
 
   const int64_t pairs = a.num_seqs * HV;
   const bool fp32 = a.state_dtype == DType::kFP32;
@@ -169,7 +172,12 @@ Status decode(const DecodeArgs& a, void* stream) {
   int variant = forced >= 0 ? forced : production_variant(pairs, fp32);
   if (!fp32 && kDecodeVariants[variant].bf16_one_token_only && (a.cu_seqlens != nullptr || a.cu_seqlens_int32 != nullptr || a.tokens_per_seq != 1))
     variant = kBandwidthDecodeVariantBf16;
-  const DecodeKernel kernel = fp32 ? kDecodeVariants[variant].fp32 : kDecodeVariants[variant].bf16;
+  // Speculative verify runs its own build of the latency kernel (a variant
+  // override does not apply).
+  const DecodeKernel kernel = verify ? (fp32 ? &kda_decode_latency_kernel<true, 4, true>
+                                             : &kda_decode_latency_kernel<false, 4, true>)
+                              : fp32 ? kDecodeVariants[variant].fp32
+                                     : kDecodeVariants[variant].bf16;
   const int64_t ctas = pairs * kDecodeSlices;  // below 2^31: check_decode_supported
   if (ctas == 0) return Status::Ok();
 

@@ -288,7 +288,9 @@ TEST(DecodeVerify, EachTokensStateGoesToItsSlot) {
   v = validate_decode(a, Backend::kCpuReference);
   EXPECT_NE(v.message.find("verify_slots: sequence 0 has 3 tokens"), std::string::npos) << v.message;
   a.verify_slots = C;
-  EXPECT_EQ(validate_decode(a, Backend::kCuda).code, StatusCode::kNotSupported);
+  // kCuda runs it (without a usable GPU it answers for the device, never for verify).
+  const Status cuda = validate_decode(a, Backend::kCuda);
+  EXPECT_EQ(cuda.message.find("verify"), std::string::npos) << cuda.message;
 }
 
 }  // namespace

@@ -425,6 +425,143 @@ TEST(GpuDecodeGuardBand, EveryVariantBadIndicesAndCuSeqlens) {
   }
 }
 
+// Speculative verify on pool slots (DecodeArgs::verify_slots, num_accepted_tokens)
+// on the GPU: the same pool and out as the float64 CPU verify on the same inputs
+// (pool to the decode state bars, out within one bf16 ulp), for both pool dtypes
+// and index types. Row n of state_indices holds C = 4 slots; sequence 1 is a
+// padding row (its start column is -1), sequence 2 skips its second token's
+// write (-1), sequence 3 starts from its last column.
+struct VerifyCase {
+  std::vector<int64_t> idx, accepted;
+  int64_t C;
+};
+VerifyCase verify_case() { return {{0, 1, 2, 3, -1, 4, 5, 6, 7, -1, 8, 9, 10, 11, 12, 13}, {2, 1, 1, 4}, 4}; }
+
+DecodeResult run_verify(const DecodeProblem& p, const VerifyCase& vc, Backend backend) {
+  const bool i64 = p.spec.int64_indices;
+  std::vector<int32_t> idx32(vc.idx.begin(), vc.idx.end()), acc32(vc.accepted.begin(), vc.accepted.end());
+  DecodeResult r;
+  r.out.assign(static_cast<size_t>(p.T * p.HV * p.V), 0xFFFF);
+  r.pool = p.pool_bytes();
+  if (backend != Backend::kCuda) {
+    DecodeArgs a = p.args(r.out.data(), r.pool.data(), nullptr);
+    a.state_indices = i64 ? static_cast<const void*>(vc.idx.data()) : idx32.data();
+    a.num_accepted_tokens = i64 ? static_cast<const void*>(vc.accepted.data()) : acc32.data();
+    a.verify_slots = vc.C;
+    r.status = decode(a, backend, nullptr);
+    return r;
+  }
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(r.out);
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
+  DeviceBuffer<int64_t> cu(p.cu_seqlens), idx64(vc.idx), acc64(vc.accepted);
+  DeviceBuffer<int32_t> didx32(idx32), dacc32(acc32);
+  DeviceBuffer<uint8_t> pool(r.pool);
+  DecodeArgs a = p.args(out.ptr, pool.ptr, nullptr);
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr; a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
+  if (!p.cu_seqlens.empty()) a.cu_seqlens = cu.ptr;
+  a.state_indices = i64 ? static_cast<const void*>(idx64.ptr) : didx32.ptr;
+  a.num_accepted_tokens = i64 ? static_cast<const void*>(acc64.ptr) : dacc32.ptr;
+  a.verify_slots = vc.C;
+  r.status = decode(a, Backend::kCuda, nullptr);
+  if (!r.status.ok()) return r;
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+  r.out = out.to_host();
+  r.pool = pool.to_host();
+  return r;
+}
+
+class GpuDecodeVerify : public ::testing::TestWithParam<std::tuple<DType, bool>> {
+ protected:
+  void SetUp() override { skip_without_gpu(); }
+};
+
+TEST_P(GpuDecodeVerify, MatchesTheCpuVerify) {
+  DecodeSpec spec;
+  spec.seq_tokens = {3, 2, 4, 1};
+  spec.heads = 2;
+  spec.v_heads = 4;
+  spec.extra_slots = 14;  // 18 slots: 0..13 named by the rows, 14..17 by none
+  spec.state_dtype = std::get<0>(GetParam());
+  spec.int64_indices = std::get<1>(GetParam());
+  const DecodeProblem p = make_decode_problem(spec, 21);
+  ASSERT_GE(p.pool_size, 14);
+  const VerifyCase vc = verify_case();
+  const DecodeResult gpu = run_verify(p, vc, Backend::kCuda), cpu = run_verify(p, vc, Backend::kCpuReference);
+  ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
+  ASSERT_TRUE(cpu.status.ok()) << cpu.status.message;
+  const auto gs = state_bytes_to_float(gpu.pool, spec.state_dtype), cs = state_bytes_to_float(cpu.pool, spec.state_dtype);
+  const double es = rel_rms(gs.data(), cs.data(), cs.size());
+  size_t beyond_ulp = 0, written_mismatch = 0;
+  for (size_t i = 0; i < cpu.out.size(); ++i) {
+    if ((cpu.out[i] == 0xFFFF) != (gpu.out[i] == 0xFFFF)) ++written_mismatch;
+    if (cpu.out[i] == 0xFFFF) continue;
+    const float a = bf16_to_float(gpu.out[i]), b = bf16_to_float(cpu.out[i]);
+    if (!(std::abs(a - b) <= std::abs(b) / 128 + 1e-6f)) ++beyond_ulp;
+  }
+  const std::vector<uint8_t> initial = p.pool_bytes();
+  const size_t slot_bytes = static_cast<size_t>(p.per_slot) * state_elem_bytes(p);
+  for (int64_t s = 14; s < p.pool_size; ++s)
+    EXPECT_EQ(0, std::memcmp(gpu.pool.data() + s * slot_bytes, initial.data() + s * slot_bytes, slot_bytes))
+        << "slot " << s << " is in no row, but was written";
+  std::printf("[ errors ] decode verify %s %s: pool %.2e\n", to_string(spec.state_dtype),
+              spec.int64_indices ? "int64" : "int32", es);
+  EXPECT_LE(es, spec.state_dtype == DType::kFP32 ? 1e-5 : 2e-3);
+  EXPECT_EQ(beyond_ulp, 0u) << "outputs more than one bf16 ulp apart";
+  EXPECT_EQ(written_mismatch, 0u) << "padding outputs written, or real ones not";
+}
+INSTANTIATE_TEST_SUITE_P(Pools, GpuDecodeVerify,
+                         ::testing::Combine(::testing::Values(DType::kFP32, DType::kBF16), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(to_string(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_int64" : "_int32");
+                         });
+
+// Device-resident verify arguments out of range: a count outside [1, C], a
+// token's slot past the pool, and a sequence with more tokens than C (device
+// cu_seqlens, no host copy). Nothing outside the pool and out is written, and
+// check_device_faults names each argument.
+TEST(GpuDecodeVerifyGuard, BadCountsSlotsAndLengthsAreSkippedAndReported) {
+  skip_without_gpu();
+  if (IsSkipped()) return;
+  ASSERT_TRUE(check_device_faults(nullptr).ok()) << "a fault was recorded before this test";
+  DecodeSpec spec;
+  spec.seq_tokens = {3, 2, 4, 1};
+  spec.heads = 2;
+  spec.extra_slots = 14;
+  const DecodeProblem p = make_decode_problem(spec, 22);
+  VerifyCase vc = verify_case();
+  vc.accepted[0] = 0;                      // sequence 0: no start column
+  vc.idx[3 * vc.C + 1] = p.pool_size + 5;  // sequence 3, token 1: past the pool
+  // Sequence 3 gets 5 tokens (one past its row's 4 slots): sequence 2 ends where it starts.
+  std::vector<int64_t> cu = p.cu_seqlens;  // {0, 3, 5, 9, 10}
+  cu[3] = cu[4] - 5;
+  std::vector<int32_t> idx32(vc.idx.begin(), vc.idx.end()), acc32(vc.accepted.begin(), vc.accepted.end());
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
+  DeviceBuffer<int64_t> dcu(cu);
+  DeviceBuffer<int32_t> didx(idx32), dacc(acc32);
+  GuardedDeviceBuffer pool(p.pool_bytes());
+  GuardedDeviceBuffer out(std::vector<uint8_t>(static_cast<size_t>(p.T * p.HV * p.V) * 2, 0xFF));
+  DecodeArgs a = p.args(out.data(), pool.data(), nullptr);
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr; a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
+  a.cu_seqlens = dcu.ptr;
+  a.cu_seqlens_host = nullptr;
+  a.state_indices = didx.ptr;
+  a.num_accepted_tokens = dacc.ptr;
+  a.verify_slots = vc.C;
+  const Status st = decode(a, Backend::kCuda, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message;
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(pool.damaged(), 0u) << "the pool's guard bands were written";
+  EXPECT_EQ(out.damaged(), 0u) << "out's guard bands were written";
+  const Status f = check_device_faults(nullptr);
+  EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << f.message;
+  for (const char* arg : {"num_accepted_tokens (decode)", "state_indices (decode)", "cu_seqlens (decode, verify)"})
+    EXPECT_NE(f.message.find(arg), std::string::npos) << arg << " not named: " << f.message;
+  std::printf("[ guard ] decode verify: guard bytes intact; check_device_faults: %s\n", f.message.c_str());
+  EXPECT_TRUE(check_device_faults(nullptr).ok()) << "the record is cleared by a check";
+}
+
 TEST(GpuDecode, UnsupportedHeadDimIsRejectedWithMessage) {
   skip_without_gpu();
   if (::testing::Test::IsSkipped()) return;

@@ -36,10 +36,15 @@ struct DecodeParams {
   void* out_pool;          // where the final states go (== pool in place)
   void* per_token_states;  // [T, HV, V, K] or null
   int64_t pool_stride, out_stride, pool_size;
-  const void* indices;  // [N]
+  const void* indices;  // [N], or [N, verify_slots] with speculative verify
   int32_t index_is_64;
   int32_t num_heads, num_v_heads;
   float scale, lower_bound;
+  // Speculative verify (DecodeArgs::verify_slots >= 2; the verify kernel only):
+  // sequence n starts from slot indices[n, num_accepted[n] − 1] (column 0
+  // without num_accepted) and token t's state goes to slot indices[n, t − t0].
+  int64_t verify_slots;
+  const void* num_accepted;  // [N] or null, the index type
 };
 
 constexpr int kDecodeDim = 128;                                // K = V
@@ -132,10 +137,22 @@ struct DecodeSequence {
   int64_t slot, t0, t1;
   uint32_t faults;
 };
+__device__ __forceinline__ int64_t index_at(const DecodeParams& p, const void* base, int64_t i) {
+  return p.index_is_64 ? static_cast<const int64_t*>(base)[i] : static_cast<const int32_t*>(base)[i];
+}
+// kVerify (speculative verify, DecodeParams::verify_slots): the slot comes from
+// column num_accepted[n] − 1 of row n (a count outside [1, verify_slots] skips
+// the sequence, recorded), and tokens past the row's verify_slots columns have
+// no slot: they are not run (recorded).
+template <bool kVerify = false>
 __device__ __forceinline__ DecodeSequence decode_sequence(const DecodeParams& p, int64_t n) {
   DecodeSequence seq;
-  seq.slot = p.index_is_64 ? static_cast<const int64_t*>(p.indices)[n] : static_cast<const int32_t*>(p.indices)[n];
-  seq.faults = seq.slot >= p.pool_size ? 1u << kFaultDecodeStateIndex : 0u;
+  if constexpr (!kVerify) {
+    seq.slot = index_at(p, p.indices, n);
+    seq.faults = seq.slot >= p.pool_size ? 1u << kFaultDecodeStateIndex : 0u;
+  } else {
+    seq.faults = 0u;
+  }
   if (p.cu_seqlens != nullptr || p.cu_seqlens32 != nullptr) {
     // The two boundaries loaded by width first, then one clamp: two clamps were
     // 8 more bytes of spills in the register-capped fused kernels (4 -> 12).
@@ -155,15 +172,34 @@ __device__ __forceinline__ DecodeSequence decode_sequence(const DecodeParams& p,
     seq.t0 = n * p.tokens_per_seq;
     seq.t1 = seq.t0 + p.tokens_per_seq;
   }
+  if constexpr (kVerify) {
+    if (seq.t1 - seq.t0 > p.verify_slots) {
+      seq.t1 = seq.t0 + p.verify_slots;
+      seq.faults |= 1u << kFaultDecodeVerifyLength;
+    }
+    int64_t column = 0;
+    if (p.num_accepted != nullptr) {
+      const int64_t accepted = index_at(p, p.num_accepted, n);
+      column = accepted >= 1 && accepted <= p.verify_slots ? accepted - 1 : -1;
+      if (column < 0) seq.faults |= 1u << kFaultDecodeAcceptedTokens;
+    }
+    seq.slot = column < 0 ? -1 : index_at(p, p.indices, n * p.verify_slots + column);
+    if (seq.slot >= p.pool_size) seq.faults |= 1u << kFaultDecodeStateIndex;
+  }
   return seq;
 }
 
 // Thread 0 of the item's first CTA (value head 0, slice 0) records the faults
 // of its sequence: one record per sequence, not one per CTA.
+template <bool kVerify = false>
 __device__ __forceinline__ void report_decode_faults(const DecodeParams& p, const DecodeTile& tile, uint32_t faults) {
   if (faults == 0 || threadIdx.x != 0 || tile.hv != 0 || tile.slice != 0) return;
   if (faults & (1u << kFaultDecodeCuSeqlens)) record_fault(kFaultDecodeCuSeqlens, tile.n);
   if (faults & (1u << kFaultDecodeStateIndex)) record_fault(kFaultDecodeStateIndex, tile.n);
+  if constexpr (kVerify) {
+    if (faults & (1u << kFaultDecodeAcceptedTokens)) record_fault(kFaultDecodeAcceptedTokens, tile.n);
+    if (faults & (1u << kFaultDecodeVerifyLength)) record_fault(kFaultDecodeVerifyLength, tile.n);
+  }
 }
 
 // Four state columns c .. c+3 of a row: S ← S·diag(decay) + coef·k̂ᵀ, from the

@@ -65,7 +65,11 @@ __device__ __forceinline__ WarpTokenInputs load_warp_token_inputs(const DecodePa
 // kMinBlocks: four CTAs an SM (128 registers) for both pool dtypes; the kernel
 // serves the steps with fewer than 256 (sequence, head) pairs, at most two
 // waves of 4 x 132 CTAs.
-template <bool kFp32, int kMinBlocks>
+// kVerify: speculative verify (DecodeParams::verify_slots): the state after
+// each token goes to that token's slot of the sequence's row of indices, and
+// there is no final store (the last token's slot has it). Verify steps are a
+// few tokens for few sequences, the latency regime this kernel is built for.
+template <bool kFp32, int kMinBlocks, bool kVerify = false>
 __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     kda_decode_latency_kernel(const __grid_constant__ DecodeParams p) {
   using IO = StateIO<kFp32>;
@@ -81,7 +85,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
 
   // Everything that does not depend on the pool slot is requested before the
   // slot is known (as in d2).
-  const DecodeSequence seq = decode_sequence(p, tile.n);
+  const DecodeSequence seq = decode_sequence<kVerify>(p, tile.n);
+  uint32_t faults = seq.faults;
   const int64_t t0 = seq.t0, t1 = seq.t1;
   const float exp_a = __expf(p.A_log[hv]);
   float dt_bias[kLatColsPerLane];
@@ -92,7 +97,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
   if (t0 < t1) next = load_warp_token_inputs(p, t0, h, hv, lane, row);
   const int64_t slot = seq.slot;
   if (slot < 0 || slot >= p.pool_size) {  // padding entry or index past the pool: no access
-    report_decode_faults(p, tile, seq.faults);
+    report_decode_faults<kVerify>(p, tile, faults);
     return;
   }
 
@@ -107,6 +112,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     }
   }
   for (int64_t t = t0; t < t1; ++t) {
+    // Verify: this token's slot, requested before the math that precedes its store.
+    const int64_t token_slot = kVerify ? index_at(p, p.indices, tile.n * p.verify_slots + (t - t0)) : -1;
     const WarpTokenInputs in = next;
     if (t + 1 < t1) next = load_warp_token_inputs(p, t + 1, h, hv, lane, row);
     const int64_t vh = t * p.num_v_heads + hv;
@@ -179,14 +186,28 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
         IO::store4(p.per_token_states, base + 4 * (part + 4 * jj),
                    make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
     }
+    if constexpr (kVerify) {
+      if (token_slot >= 0 && token_slot < p.pool_size) {  // negative: none; past the pool: skipped, recorded
+        const int64_t base = token_slot * p.pool_stride + head_off;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj)
+          IO::store4(p.pool, base + 4 * (part + 4 * jj),
+                     make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
+      } else if (token_slot >= p.pool_size) {
+        faults |= 1u << kFaultDecodeStateIndex;
+      }
+    }
     if (t + 1 < t1) __syncwarp();  // the next token rewrites this warp's vectors
   }
 
-  const int64_t base = slot * p.out_stride + head_off;
+  if constexpr (!kVerify) {
+    const int64_t base = slot * p.out_stride + head_off;
 #pragma unroll
-  for (int jj = 0; jj < 8; ++jj)
-    IO::store4(p.out_pool, base + 4 * (part + 4 * jj), make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
-  report_decode_faults(p, tile, seq.faults);
+    for (int jj = 0; jj < 8; ++jj)
+      IO::store4(p.out_pool, base + 4 * (part + 4 * jj),
+                 make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
+  }
+  report_decode_faults<kVerify>(p, tile, faults);
 }
 
 }  // namespace flashkda::sm90
