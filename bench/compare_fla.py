@@ -16,7 +16,7 @@ varlen6,8x1024). --table tp replaces them by the tensor-parallel (few heads per
 GPU) table of spec section 5: H in {12, 24, 48} x one sequence of 1024, 8192,
 32768 tokens; H = 12 with 4 x 8192 and with the varlen-6 lengths; H = 1 with one
 sequence of 2^20 tokens (cases 1024, 32768, 4x8192, 1M are also accepted by
---cases).
+--cases). --head-dim 64 runs every row at K = V = 64 (FlashKDA has none; fla does).
 
 Decode (--decode; --no-forward for decode only): one decode step, one token per
 sequence, N in --seqs (1, 8, 64, 256, 1024), H = 32, K = V = 128, fp32 and bf16
@@ -159,14 +159,14 @@ def rel(a, b):
     return (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)).item()
 
 
-def io_floor_ms(T, H, K=128, bw=4.25e12):
+def io_floor_ms(T, H, K, bw=4.25e12):
     # Spec section 5: q, k, v, g read and out written (bf16), at the measured copy bandwidth.
     return 5 * T * H * K * 2 / bw * 1e3
 
 
-def markdown(rows, state):
+def markdown(rows, state, K):
     lines = [
-        f"KDA forward, {torch.cuda.get_device_name()}, K = V = 128, {state} state, median ms "
+        f"KDA forward, {torch.cuda.get_device_name()}, K = V = {K}, {state} state, median ms "
         f"(flash_kda {flash_kda.__version__}; fla Triton with FLA_FLASH_KDA=0)",
         "",
         "| H | case | flash_kda | fla chunk_kda | ratio (ours / fla) | IO floor | rel diff out | rel diff state |",
@@ -178,7 +178,7 @@ def markdown(rows, state):
     return "\n".join(lines)
 
 
-def plot(rows, path):
+def plot(rows, path, K):
     try:
         import matplotlib
 
@@ -199,7 +199,7 @@ def plot(rows, path):
     ax.set_xticks(list(xs))
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("median ms")
-    ax.set_title(f"KDA forward, K=V=128, T=8192 total, {rows[0]['state']} state ({torch.cuda.get_device_name()})",
+    ax.set_title(f"KDA forward, K=V={K}, T=8192 total, {rows[0]['state']} state ({torch.cuda.get_device_name()})",
                  fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -298,9 +298,9 @@ def graph_us_per_step(step, iters):
     return statistics.median(times) * 1e3 / STEPS_PER_GRAPH
 
 
-def decode_row(N, H, pool_name, fla_entry, fla_form, iters):
+def decode_row(N, H, pool_name, fla_entry, fla_form, iters, K):
     pool_dtype = STATES[pool_name]
-    x = make_decode_inputs(N, H, pool_dtype)
+    x = make_decode_inputs(N, H, pool_dtype, K)
     state_bytes = 2 * x["pool"].numel() * x["pool"].element_size()  # read + write
     row = dict(N=N, H=H, pool=pool_name, ours=float("nan"), ours_nopdl=float("nan"), fla=float("nan"), d_out=float("nan"),
                d_pool=float("nan"), floor=state_bytes / COPY_BANDWIDTH * 1e6, state_bytes=state_bytes)
@@ -326,11 +326,11 @@ def decode_row(N, H, pool_name, fla_entry, fla_form, iters):
     return row
 
 
-def decode_markdown(rows, fla_form):
+def decode_markdown(rows, fla_form, K):
     fla_name = ("fused_recurrent_kda_fwd (serving form: pool + ssm_state_indices, in place)" if fla_form == "serving"
                 else "fused_recurrent_kda (per-batch initial_state, final state allocated)")
     lines = [
-        f"KDA decode, one token per sequence, {torch.cuda.get_device_name()}, K = V = 128, µs per step "
+        f"KDA decode, one token per sequence, {torch.cuda.get_device_name()}, K = V = {K}, µs per step "
         f"(median, {STEPS_PER_GRAPH} steps per CUDA graph; flash_kda {flash_kda.__version__}; fla {fla_name})",
         "",
         "| N | H | pool | flash_kda (default) | flash_kda, pdl=False | fla | ratio (ours / fla) | state floor | "
@@ -356,6 +356,7 @@ def main():
     ap.add_argument("--table", default="standard", choices=["standard", "tp"],
                     help="tp: the tensor-parallel rows of spec section 5 instead of --heads x --cases")
     ap.add_argument("--state", default="fp32", choices=list(STATES))
+    ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128], help="K = V of every row")
     ap.add_argument("--iters", type=int, default=100, help="CUDA-event iterations (without triton)")
     ap.add_argument("--png", default=None, help="write a bar chart of the forward rows here (needs matplotlib)")
     ap.add_argument("--md", default=None, help="also write the markdown table(s) here")
@@ -409,9 +410,9 @@ def main():
     def tables():
         parts = []
         if fwd_rows:
-            parts.append(markdown(fwd_rows, args.state))
+            parts.append(markdown(fwd_rows, args.state, args.head_dim))
         if dec_rows:
-            parts.append(decode_markdown(dec_rows, args.fla_decode))
+            parts.append(decode_markdown(dec_rows, args.fla_decode, args.head_dim))
         return "\n\n".join(parts)
 
     def write_md():
@@ -433,13 +434,14 @@ def main():
         if run_forward:
             for H, case in rows:
                 seqlens = CASES[case]
-                x = make_inputs(seqlens, H, state_dtype)
+                x = make_inputs(seqlens, H, state_dtype, args.head_dim)
                 log(f"forward H={H} {case}: flash_kda ...")
                 f_ours = ours(x, state_dtype)
                 o_ours, s_ours = f_ours()
                 t_ours = median_ms(f_ours, args.iters)
                 row = dict(H=H, case=case, state=args.state, ours=t_ours, fla=float("nan"),
-                           d_out=float("nan"), d_state=float("nan"), floor=io_floor_ms(sum(seqlens), H))
+                           d_out=float("nan"), d_state=float("nan"),
+                           floor=io_floor_ms(sum(seqlens), H, args.head_dim))
                 if chunk_kda is not None:
                     log(f"forward H={H} {case}: fla (first call autotunes this shape) ...")
                     f_fla = fla_fn(chunk_kda, x, state_dtype)
@@ -455,19 +457,19 @@ def main():
                     f"state {row['d_state']:.2e}")
                 write_md()  # after every row: a partial table survives a time limit
                 if args.png:
-                    plot(fwd_rows, args.png)
+                    plot(fwd_rows, args.png, args.head_dim)
                 del x
         if run_decode:
             for pool_name in pools:
                 for N in seqs:
                     dec_rows.append(decode_row(N, args.decode_heads, pool_name, fla_entry, args.fla_decode,
-                                               args.graph_iters))
+                                               args.graph_iters, args.head_dim))
                     write_md()
 
     print(tables(), flush=True)
     write_md()
     if args.png and fwd_rows:
-        plot(fwd_rows, args.png)
+        plot(fwd_rows, args.png, args.head_dim)
 
 
 if __name__ == "__main__":

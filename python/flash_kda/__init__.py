@@ -216,7 +216,7 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
 
     Raises TypeError (wrong dtype / not a tensor) or ValueError (shape, device, strides,
     invalid values) naming the argument; NotImplementedError for valid input the backend
-    cannot run (e.g. K != 128 on CUDA); RuntimeError for CUDA errors.
+    cannot run (e.g. K = V other than 64 or 128 on CUDA); RuntimeError for CUDA errors.
     """
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     alloc, stream = _runtime(q, stream)
@@ -288,7 +288,7 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
             TypeError. Ignored on the CPU.
 
     Returns ``out``. CPU tensors run the float64 CPU decode; CUDA tensors the sm_90a
-    kernel (K = V = 128), asynchronously, capturable in a CUDA graph. Errors as for
+    kernels (K = V = 128 or 64), asynchronously, capturable in a CUDA graph. Errors as for
     :func:`fwd`: TypeError / ValueError naming the argument, NotImplementedError for what
     the backend cannot run, RuntimeError for CUDA errors.
     """

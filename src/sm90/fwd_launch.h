@@ -21,7 +21,8 @@ cudaError_t launch_prologue(const FwdParams& p, int device, cudaStream_t stream)
 // kStateWarps = 8 / v_split warps (whole warpgroups: V split 1 or 2), 16 rows of
 // V each; kStages chunks in flight.
 // kCheckpoints: the variant that writes checkpoints (4 stages only).
-template <int kStateWarps, int kStages, bool kCheckpoints>
+// kDim: the caller's K = V; 64 runs one 4-warp CTA per (sequence, head).
+template <int kStateWarps, int kStages, bool kCheckpoints, int kDim = 128>
 cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream);
 
 extern template cudaError_t launch_recurrence<8, 4, false>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 1
@@ -29,11 +30,14 @@ extern template cudaError_t launch_recurrence<4, 4, false>(const FwdParams&, int
 extern template cudaError_t launch_recurrence<4, 3, false>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2, 3 stages
 extern template cudaError_t launch_recurrence<8, 4, true>(const FwdParams&, int64_t, int, cudaStream_t);
 extern template cudaError_t launch_recurrence<4, 4, true>(const FwdParams&, int64_t, int, cudaStream_t);
+extern template cudaError_t launch_recurrence<4, 4, false, 64>(const FwdParams&, int64_t, int, cudaStream_t);  // K = V = 64
+extern template cudaError_t launch_recurrence<4, 4, true, 64>(const FwdParams&, int64_t, int, cudaStream_t);
 
 // Kernel 3, pass 2 of the segment scan (p.seg_chunks > 0): composes the segment
-// summaries of pass 1 into every segment's incoming state.
+// summaries of pass 1 into every segment's incoming state (the instantiation of
+// p.head_dim).
 cudaError_t launch_segment_compose(const FwdParams& p, cudaStream_t stream);
-// The compose kernel's CTAs per (sequence, value head), 4 rows of S each: a
+// The compose kernel's CTAs per (sequence, value head) at K = 128 (half at 64), 4 rows of S each: a
 // step's latency is its loads of M, the same for any row count, and more CTAs
 // spread the FMAs (segment_compose_kernel.cuh).
 constexpr int64_t kComposeCtasPerSeqHead = 32;

@@ -120,8 +120,8 @@ void set_decode_variant_override(int v) { g_decode_variant_override.store(v >= 0
 Status check_decode_supported(const DecodeArgs& args) {
   std::string why;
   if (!device_supported(&why)) return Status::NotSupported(why);
-  if (args.head_dim_k != kDecodeDim || args.head_dim_v != kDecodeDim)
-    return Status::NotSupported("head_dim_k/head_dim_v: the CUDA decode supports K = V = 128 (got K=" +
+  if (args.head_dim_k != args.head_dim_v || (args.head_dim_k != 64 && args.head_dim_k != kDecodeDim))
+    return Status::NotSupported("head_dim_k/head_dim_v: the CUDA decode supports K = V = 64 or 128 (got K=" +
                                 std::to_string(args.head_dim_k) + ", V=" + std::to_string(args.head_dim_v) +
                                 "); the CPU backends run any head dim");
   const int64_t hv = args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;
@@ -135,7 +135,8 @@ cudaError_t take_decode_faults(cudaStream_t stream, DeviceFaults* taken) { retur
 
 Status decode(const DecodeArgs& a, void* stream) {
   const int64_t HV = a.num_v_heads > 0 ? a.num_v_heads : a.num_heads;
-  const int64_t per_slot = HV * kDecodeDim * kDecodeDim;
+  const int64_t K = a.head_dim_k;  // = V, 64 or 128: check_decode_supported
+  const int64_t per_slot = HV * K * K;
   DecodeParams p{};
   p.q = static_cast<const uint16_t*>(a.q);
   p.k = static_cast<const uint16_t*>(a.k);
@@ -173,12 +174,18 @@ Status decode(const DecodeArgs& a, void* stream) {
   if (!fp32 && kDecodeVariants[variant].bf16_one_token_only && (a.cu_seqlens != nullptr || a.cu_seqlens_int32 != nullptr || a.tokens_per_seq != 1))
     variant = kBandwidthDecodeVariantBf16;
   // Speculative verify runs its own build of the latency kernel (a variant
-  // override does not apply).
-  const DecodeKernel kernel = verify ? (fp32 ? &kda_decode_latency_kernel<true, 4, true>
-                                             : &kda_decode_latency_kernel<false, 4, true>)
-                              : fp32 ? kDecodeVariants[variant].fp32
-                                     : kDecodeVariants[variant].bf16;
-  const int64_t ctas = pairs * kDecodeSlices;  // below 2^31: check_decode_supported
+  // override does not apply), and so does K = V = 64 (the latency kernel is the
+  // only one built for it: decode_latency_kernel.cuh).
+  DecodeKernel kernel = verify ? (fp32 ? &kda_decode_latency_kernel<true, 4, true>
+                                       : &kda_decode_latency_kernel<false, 4, true>)
+                        : fp32 ? kDecodeVariants[variant].fp32
+                               : kDecodeVariants[variant].bf16;
+  if (K == 64)
+    kernel = verify ? (fp32 ? &kda_decode_latency_kernel<true, 4, true, 64>
+                            : &kda_decode_latency_kernel<false, 4, true, 64>)
+                    : (fp32 ? &kda_decode_latency_kernel<true, 4, false, 64>
+                            : &kda_decode_latency_kernel<false, 4, false, 64>);
+  const int64_t ctas = pairs * (K / kDecodeRows);  // below 2^31: check_decode_supported
   if (ctas == 0) return Status::Ok();
 
   cudaLaunchConfig_t cfg{};

@@ -84,8 +84,8 @@ bool device_supported(std::string* why) {
 Status check_supported(const ForwardArgs& args) {
   std::string why;
   if (!device_supported(&why)) return Status::NotSupported(why);
-  if (args.head_dim_k != 128 || args.head_dim_v != 128)
-    return Status::NotSupported("head_dim_k/head_dim_v: the CUDA backend supports K = V = 128 (got K=" +
+  if (args.head_dim_k != args.head_dim_v || (args.head_dim_k != 64 && args.head_dim_k != 128))
+    return Status::NotSupported("head_dim_k/head_dim_v: the CUDA backend supports K = V = 64 or 128 (got K=" +
                                 std::to_string(args.head_dim_k) + ", V=" + std::to_string(args.head_dim_v) +
                                 "); Backend::kCpuChunked runs any head dim");
   const int64_t hv = value_heads(args);
@@ -95,7 +95,7 @@ Status check_supported(const ForwardArgs& args) {
     return Status::NotSupported("num_heads/num_v_heads: the CUDA backend supports at most 65535 q/k heads and "
                                 "65535 value heads per q/k head (got H=" + std::to_string(args.num_heads) +
                                 ", HV=" + std::to_string(hv) + ")");
-  // The kernels step through v and out a chunk at a time by 16 · HV · 128
+  // The kernels step through v and out a chunk at a time by 16 · HV · K
   // elements, a 32-bit product.
   constexpr int64_t kMaxValueHeads = int64_t{1} << 20;
   if (hv >= kMaxValueHeads)
@@ -104,7 +104,7 @@ Status check_supported(const ForwardArgs& args) {
   if (num_chunk_slots(n, args.batch * args.seqlen) > int64_t{0x7fffffff})
     return Status::NotSupported("seqlen: too many 16-token chunks for one launch");
   {
-    const int64_t H = args.num_heads, K = kHeadDim;
+    const int64_t H = args.num_heads, K = args.head_dim_k;
     const struct {
       const char* name;
       int64_t given, dense;
@@ -366,7 +366,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   p.cu_seqlens32 = args.cu_seqlens_int32;
   p.seqlen = args.seqlen;
   // Strides: 0 means dense.
-  const int64_t H = args.num_heads, K = kHeadDim;
+  const int64_t H = args.num_heads, K = args.head_dim_k;  // = V: check_supported
   // Below 2^31: check_supported.
   auto stride = [](int64_t given, int64_t dense) { return static_cast<int32_t>(given != 0 ? given : dense); };
   p.q_tok = stride(args.q_token_stride, H * K);
@@ -399,6 +399,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   }
   p.total_tokens = args.batch * args.seqlen;
   p.num_seqs = static_cast<int32_t>(n);
+  p.head_dim = static_cast<int32_t>(K);
   p.num_heads = static_cast<int32_t>(args.num_heads);
   p.num_v_heads = static_cast<int32_t>(hv);
   p.scale = args.scale;
@@ -412,7 +413,10 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   int dev = 0;
   Status planned = plan_for(args, &plan, &dev);
   if (!planned.ok()) return planned;
-  p.v_split = plan.v_split;
+  // K = V = 64: one 4-warp CTA per (sequence, head) holds the whole state (the
+  // 64-wide instantiations, 4 stages); the plan's segment count still applies.
+  const bool dim64 = K == 64;
+  p.v_split = dim64 ? 1 : plan.v_split;
   const int64_t num_ctas = n * hv * p.v_split;
   auto s = static_cast<cudaStream_t>(stream);
   cudaError_t err = cudaSuccess;
@@ -431,25 +435,34 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     p.seg_chunks = plan.seg_chunks;
     p.num_seg_slots = segment_slots_for(args, plan.seg_chunks);
     p.seg_states = reinterpret_cast<float*>(static_cast<char*>(workspace) + records_bytes(args));
-    constexpr int64_t kRowParts = kHeadDim / 64;  // 4-warp CTAs own 64 rows
+    const int64_t row_parts = K / 64;  // 4-warp CTAs own 64 rows
     auto run_pass = [&](RecurrencePass pass, int64_t ctas) {
       p.pass = pass;
+      if (dim64)
+        return checkpoints ? launch_recurrence<4, 4, true, 64>(p, ctas, dev, s)
+                           : launch_recurrence<4, 4, false, 64>(p, ctas, dev, s);
       if (checkpoints) return launch_recurrence<4, 4, true>(p, ctas, dev, s);
       return plan.stages == 3 ? launch_recurrence<4, 3, false>(p, ctas, dev, s)
                               : launch_recurrence<4, 4, false>(p, ctas, dev, s);
     };
     if (p.split_mode != kSplitResume) {
-      err = run_pass(kPassSummaries, p.num_seg_slots * hv * 2 * kRowParts);
+      err = run_pass(kPassSummaries, p.num_seg_slots * hv * 2 * row_parts);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
     }
     err = launch_segment_compose(p, s);
     if (err != cudaSuccess) return cuda_status(err, "launching the segment composition kernel");
     if (p.split_mode == kSplitSummaries) return Status::Ok();
-    err = run_pass(kPassFromStates, p.num_seg_slots * hv * kRowParts);
+    err = run_pass(kPassFromStates, p.num_seg_slots * hv * row_parts);
     if (err != cudaSuccess) return cuda_status(err, "launching the segments from their states (recurrence kernel)");
     return Status::Ok();
   }
   p.pass = kPassWhole;
+  if (dim64) {
+    err = checkpoints ? launch_recurrence<4, 4, true, 64>(p, num_ctas, dev, s)
+                      : launch_recurrence<4, 4, false, 64>(p, num_ctas, dev, s);
+    if (err != cudaSuccess) return cuda_status(err, "launching the recurrence kernel");
+    return Status::Ok();
+  }
   switch (p.v_split) {
     case 1:
       err = checkpoints ? launch_recurrence<8, 4, true>(p, num_ctas, dev, s)

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "flashkda/flashkda.h"
@@ -35,9 +36,11 @@ struct CkCase {
   bool value_major;
   int64_t interval;
   int64_t seg_chunks;  // forced plan: -1 one chain, > 0 segments
+  int64_t head_dim = 128;
   std::string name() const {
     return std::string(dtype == DType::kFP32 ? "fp32" : "bf16") + (value_major ? "_vk" : "_kv") + "_c" +
-           std::to_string(interval) + (seg_chunks < 0 ? "_chain" : "_seg" + std::to_string(seg_chunks));
+           std::to_string(interval) + (seg_chunks < 0 ? "_chain" : "_seg" + std::to_string(seg_chunks)) +
+           (head_dim == 128 ? "" : "_K" + std::to_string(head_dim));
   }
 };
 
@@ -66,6 +69,7 @@ TEST_P(GpuCheckpoints, MatchTheOracleAndLeaveTheResultAlone) {
   spec.seqlens = kSeqlens;
   spec.heads = 2;
   spec.v_heads = 4;
+  spec.head_dim = c.head_dim;
   const HostProblem p = make_problem(spec, 81);
   int64_t entries = 0;
   for (int64_t L : kSeqlens) entries += (L + c.interval - 1) / c.interval;
@@ -129,7 +133,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuCheckpoints,
                          ::testing::Values(CkCase{DType::kBF16, false, 64, -1}, CkCase{DType::kFP32, false, 64, -1},
                                            CkCase{DType::kFP32, true, 16, -1}, CkCase{DType::kBF16, true, 32, -1},
                                            CkCase{DType::kBF16, false, 64, 3}, CkCase{DType::kFP32, true, 16, 2},
-                                           CkCase{DType::kFP32, false, 48, 5}),
+                                           CkCase{DType::kFP32, false, 48, 5}, CkCase{DType::kBF16, false, 64, -1, 64},
+                                           CkCase{DType::kFP32, true, 16, -1, 64}, CkCase{DType::kFP32, false, 64, 3, 64},
+                                           CkCase{DType::kBF16, true, 32, 2, 64}),
                          [](const auto& info) { return info.param.name(); });
 
 // The forward of `p` on the fp32 device pool `pool` (P slots, sequence n on
@@ -159,10 +165,13 @@ Status run_with_slot_checkpoints(const HostProblem& p, void* pool, int64_t P, co
 
 // vLLM's align mode: up to two 16-aligned offsets per sequence into pool slots,
 // against the CPU oracle on the same pool; unused slots keep their bytes.
-class GpuSlotCheckpoints : public ::testing::TestWithParam<int64_t> {
+// Param: (forced segment chunks, -1 one chain; head dim).
+class GpuSlotCheckpoints : public ::testing::TestWithParam<std::tuple<int64_t, int64_t>> {
  protected:
   void SetUp() override { SKIP_WITHOUT_GPU(); }
   void TearDown() override { sm90::set_launch_override({}); }
+  int64_t seg() const { return std::get<0>(GetParam()); }
+  int64_t head_dim() const { return std::get<1>(GetParam()); }
 };
 
 TEST_P(GpuSlotCheckpoints, MatchTheOracle) {
@@ -171,6 +180,7 @@ TEST_P(GpuSlotCheckpoints, MatchTheOracle) {
   spec.seqlens = kSeqlens;
   spec.heads = 2;
   spec.v_heads = 4;
+  spec.head_dim = head_dim();
   spec.initial_state = spec.final_state = DType::kNone;
   const HostProblem p = make_problem(spec, 82);
   const int64_t per_slot = p.HV * p.V * p.K, P = 14;
@@ -195,7 +205,7 @@ TEST_P(GpuSlotCheckpoints, MatchTheOracle) {
     const Status s = forward(a, Backend::kCpuReference, nullptr, 0, nullptr);
     ASSERT_TRUE(s.ok()) << s.message;
   }
-  sm90::set_launch_override({0, 0, GetParam()});
+  sm90::set_launch_override({0, 0, seg()});
   DeviceBuffer<float> d_pool(pool);
   const Status s = run_with_slot_checkpoints(p, d_pool.ptr, P, slots, offsets, ck_slots, p.cu_seqlens.data());
   ASSERT_TRUE(s.ok()) << s.message;
@@ -208,8 +218,8 @@ TEST_P(GpuSlotCheckpoints, MatchTheOracle) {
       continue;
     }
     const double e = rel_rms(g0, r0, static_cast<size_t>(per_slot));
-    std::printf("[ errors ] slot checkpoints seg=%lld slot %lld: %.3e\n", static_cast<long long>(GetParam()),
-                static_cast<long long>(slot), e);
+    std::printf("[ errors ] slot checkpoints seg=%lld K=%lld slot %lld: %.3e\n", static_cast<long long>(seg()),
+                static_cast<long long>(head_dim()), static_cast<long long>(slot), e);
     EXPECT_LE(e, kStateBar) << "slot " << slot;
   }
   EXPECT_TRUE(check_device_faults(nullptr).ok());
@@ -222,13 +232,14 @@ TEST_P(GpuSlotCheckpoints, InvalidEntriesAreSkippedAndReported) {
   ProblemSpec spec;
   spec.seqlens = {37, 300};
   spec.heads = 1;
+  spec.head_dim = head_dim();
   spec.initial_state = spec.final_state = DType::kNone;
   const HostProblem p = make_problem(spec, 83);
   const int64_t per_slot = p.HV * p.V * p.K, P = 4;
   const std::vector<int32_t> slots = {0, 1};
   const std::vector<int64_t> offsets = {17, 48, 64, 16};    // seq 0: not aligned, past L = 37; seq 1: fine
   const std::vector<int32_t> ck_slots = {2, 3, 1 << 20, 2};  // seq 1: entry 0 past the pool
-  sm90::set_launch_override({0, 0, GetParam()});
+  sm90::set_launch_override({0, 0, seg()});
   std::vector<uint8_t> pool_bytes(static_cast<size_t>(P * per_slot) * 4, 0);
   GuardedDeviceBuffer d_pool(pool_bytes);
   // Device values only: nothing about the offsets is checked on the host.
@@ -250,9 +261,13 @@ TEST_P(GpuSlotCheckpoints, InvalidEntriesAreSkippedAndReported) {
   EXPECT_NE(f.message.find("first at sequence 0."), std::string::npos) << f.message;
 }
 
-INSTANTIATE_TEST_SUITE_P(Plans, GpuSlotCheckpoints, ::testing::Values(int64_t{-1}, int64_t{3}),
+INSTANTIATE_TEST_SUITE_P(Plans, GpuSlotCheckpoints,
+                         ::testing::Combine(::testing::Values(int64_t{-1}, int64_t{3}),
+                                            ::testing::Values(int64_t{128}, int64_t{64})),
                          [](const auto& info) {
-                           return info.param < 0 ? std::string("one_chain") : "segments_of_" + std::to_string(info.param);
+                           const int64_t seg = std::get<0>(info.param);
+                           return (seg < 0 ? std::string("one_chain") : "segments_of_" + std::to_string(seg)) + "_K" +
+                                  std::to_string(std::get<1>(info.param));
                          });
 
 #endif  // FLASHKDA_WITH_CUDA

@@ -209,11 +209,12 @@ void skip_without_gpu() {
 struct Case {
   int64_t N, H, tokens;
   DType dtype;
+  int64_t head_dim = 128;  // K = V (64: the latency kernel whatever the variant)
 };
 
 std::string case_name(const Case& c) {
   return "N" + std::to_string(c.N) + "_H" + std::to_string(c.H) + "_t" + std::to_string(c.tokens) + "_" +
-         (c.dtype == DType::kFP32 ? "fp32" : "bf16");
+         (c.dtype == DType::kFP32 ? "fp32" : "bf16") + (c.head_dim == 128 ? "" : "_K" + std::to_string(c.head_dim));
 }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
@@ -231,6 +232,7 @@ TEST_P(GpuDecodeCases, MatchesFloat64Recurrence) {
   spec.tokens_per_seq = c.tokens;
   spec.heads = c.H;
   spec.state_dtype = c.dtype;
+  spec.head_dim = c.head_dim;
   spec.padding_entries = c.N > 2 ? 2 : 0;
   spec.int64_indices = c.N % 2 == 0;
   spec.per_token_states = c.tokens > 1;
@@ -245,9 +247,9 @@ TEST_P(GpuDecodeCases, MatchesFloat64Recurrence) {
   }
   const DecodeProblem& p = cached_problem;
   char label[128];
-  std::snprintf(label, sizeof label, "N=%lld H=%lld t=%lld %s %s", static_cast<long long>(c.N),
-                static_cast<long long>(c.H), static_cast<long long>(c.tokens), to_string(c.dtype),
-                kernel_choice_name(kc).c_str());
+  std::snprintf(label, sizeof label, "N=%lld H=%lld t=%lld K=%lld %s %s", static_cast<long long>(c.N),
+                static_cast<long long>(c.H), static_cast<long long>(c.tokens), static_cast<long long>(c.head_dim),
+                to_string(c.dtype), kernel_choice_name(kc).c_str());
   // fp32 pool: the spec's 1e-5 (both sides run the recurrence at >= fp32).
   // bf16 pool: both round the new state to bf16; a few elements straddle a
   // rounding boundary and differ by one bf16 ulp, ~1e-3 relative RMS at most.
@@ -259,7 +261,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(Case{1, 32, 1, DType::kFP32}, Case{7, 1, 1, DType::kFP32},
                                          Case{7, 64, 1, DType::kFP32}, Case{256, 32, 1, DType::kFP32},
                                          Case{1024, 1, 1, DType::kFP32}, Case{256, 32, 1, DType::kBF16},
-                                         Case{5, 4, 4, DType::kFP32}, Case{5, 4, 3, DType::kBF16}),
+                                         Case{5, 4, 4, DType::kFP32}, Case{5, 4, 3, DType::kBF16},
+                                         Case{1, 32, 1, DType::kFP32, 64}, Case{256, 32, 1, DType::kBF16, 64},
+                                         Case{300, 8, 1, DType::kFP32, 64}, Case{5, 4, 4, DType::kFP32, 64},
+                                         Case{5, 4, 3, DType::kBF16, 64}),
                        ::testing::ValuesIn(all_kernel_choices())),
     [](const ::testing::TestParamInfo<std::tuple<Case, KernelChoice>>& info) {
       return case_name(std::get<0>(info.param)) + "_" + kernel_choice_name(std::get<1>(info.param));
@@ -470,7 +475,7 @@ DecodeResult run_verify(const DecodeProblem& p, const VerifyCase& vc, Backend ba
   return r;
 }
 
-class GpuDecodeVerify : public ::testing::TestWithParam<std::tuple<DType, bool>> {
+class GpuDecodeVerify : public ::testing::TestWithParam<std::tuple<DType, bool, int64_t>> {
  protected:
   void SetUp() override { skip_without_gpu(); }
 };
@@ -483,6 +488,7 @@ TEST_P(GpuDecodeVerify, MatchesTheCpuVerify) {
   spec.extra_slots = 14;  // 18 slots: 0..13 named by the rows, 14..17 by none
   spec.state_dtype = std::get<0>(GetParam());
   spec.int64_indices = std::get<1>(GetParam());
+  spec.head_dim = std::get<2>(GetParam());
   const DecodeProblem p = make_decode_problem(spec, 21);
   ASSERT_GE(p.pool_size, 14);
   const VerifyCase vc = verify_case();
@@ -503,17 +509,19 @@ TEST_P(GpuDecodeVerify, MatchesTheCpuVerify) {
   for (int64_t s = 14; s < p.pool_size; ++s)
     EXPECT_EQ(0, std::memcmp(gpu.pool.data() + s * slot_bytes, initial.data() + s * slot_bytes, slot_bytes))
         << "slot " << s << " is in no row, but was written";
-  std::printf("[ errors ] decode verify %s %s: pool %.2e\n", to_string(spec.state_dtype),
-              spec.int64_indices ? "int64" : "int32", es);
+  std::printf("[ errors ] decode verify K=%lld %s %s: pool %.2e\n", static_cast<long long>(spec.head_dim),
+              to_string(spec.state_dtype), spec.int64_indices ? "int64" : "int32", es);
   EXPECT_LE(es, spec.state_dtype == DType::kFP32 ? 1e-5 : 2e-3);
   EXPECT_EQ(beyond_ulp, 0u) << "outputs more than one bf16 ulp apart";
   EXPECT_EQ(written_mismatch, 0u) << "padding outputs written, or real ones not";
 }
 INSTANTIATE_TEST_SUITE_P(Pools, GpuDecodeVerify,
-                         ::testing::Combine(::testing::Values(DType::kFP32, DType::kBF16), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values(DType::kFP32, DType::kBF16), ::testing::Bool(),
+                                            ::testing::Values(int64_t{128}, int64_t{64})),
                          [](const auto& info) {
                            return std::string(to_string(std::get<0>(info.param))) +
-                                  (std::get<1>(info.param) ? "_int64" : "_int32");
+                                  (std::get<1>(info.param) ? "_int64" : "_int32") + "_K" +
+                                  std::to_string(std::get<2>(info.param));
                          });
 
 // Device-resident verify arguments out of range: a count outside [1, C], a
@@ -566,7 +574,7 @@ TEST(GpuDecode, UnsupportedHeadDimIsRejectedWithMessage) {
   skip_without_gpu();
   if (::testing::Test::IsSkipped()) return;
   DecodeSpec spec;
-  spec.head_dim = 64;
+  spec.head_dim = 96;  // K = V = 64 and 128 run
   const DecodeProblem p = make_decode_problem(spec, 9);
   const DecodeResult r = run_decode_cuda(p, KernelChoice{0, false});
   EXPECT_EQ(r.status.code, StatusCode::kNotSupported);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "flashkda/flashkda.h"
@@ -60,11 +61,13 @@ void expect_bitwise_dense(ForwardArgs a, const HostProblem& p, const DeviceBuffe
   EXPECT_EQ(0, std::memcmp(f.data(), dense.state_bytes.data(), dense.state_bytes.size()));
 }
 
-class GpuEngineLayouts : public ::testing::TestWithParam<int64_t> {  // param: forced segment chunks (-1: none)
+// Param: (forced segment chunks, -1: none; head dim), the head dim read by
+// varlen_spec through the current test's parameter.
+class GpuEngineLayouts : public ::testing::TestWithParam<std::tuple<int64_t, int64_t>> {
  protected:
   void SetUp() override {
     SKIP_WITHOUT_GPU();
-    sm90::set_launch_override({0, 0, GetParam()});
+    sm90::set_launch_override({0, 0, std::get<0>(GetParam())});
   }
   void TearDown() override { sm90::set_launch_override({}); }
 };
@@ -74,6 +77,7 @@ ProblemSpec varlen_spec(DType state) {
   spec.seqlens = {37, 0, 300, 21, 130};
   spec.heads = 2;
   spec.v_heads = 4;
+  spec.head_dim = std::get<1>(GpuEngineLayouts::GetParam());
   spec.initial_state = spec.final_state = state;
   return spec;
 }
@@ -233,9 +237,13 @@ TEST_P(GpuEngineLayouts, PoolIndexPastThePoolIsSkippedAndReported) {
   EXPECT_NE(f.message.find("first at sequence 2."), std::string::npos) << f.message;
 }
 
-INSTANTIATE_TEST_SUITE_P(Plans, GpuEngineLayouts, ::testing::Values(int64_t{-1}, int64_t{3}),
+INSTANTIATE_TEST_SUITE_P(Plans, GpuEngineLayouts,
+                         ::testing::Combine(::testing::Values(int64_t{-1}, int64_t{3}),
+                                            ::testing::Values(int64_t{128}, int64_t{64})),
                          [](const auto& info) {
-                           return info.param < 0 ? std::string("one_chain") : "segments_of_" + std::to_string(info.param);
+                           const int64_t seg = std::get<0>(info.param);
+                           return (seg < 0 ? std::string("one_chain") : "segments_of_" + std::to_string(seg)) + "_K" +
+                                  std::to_string(std::get<1>(info.param));
                          });
 
 #endif  // FLASHKDA_WITH_CUDA

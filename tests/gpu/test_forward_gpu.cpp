@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "flashkda/flashkda.h"
@@ -60,10 +61,10 @@ Errors judge(const HostProblem& p, const RunResult& gpu, const std::vector<int64
   Errors e;
   e.out = out.empty() ? 0.0 : rel_rms(out.data(), ref.out.data(), out.size());
   e.state = state.empty() ? 0.0 : rel_rms(state.data(), ref.final_state.data(), state.size());
-  std::printf("[ errors ] T=%lld N=%lld H=%lld HV=%lld init=%s final=%s: out %.3e  state %.3e\n",
+  std::printf("[ errors ] T=%lld N=%lld H=%lld HV=%lld K=%lld init=%s final=%s: out %.3e  state %.3e\n",
               static_cast<long long>(p.T), static_cast<long long>(p.N), static_cast<long long>(p.H),
-              static_cast<long long>(p.HV), to_string(spec.initial_state), to_string(spec.final_state), e.out,
-              e.state);
+              static_cast<long long>(p.HV), static_cast<long long>(p.K), to_string(spec.initial_state),
+              to_string(spec.final_state), e.out, e.state);
   return e;
 }
 
@@ -78,13 +79,18 @@ void expect_within_bars(const Errors& e, const ProblemSpec& spec) {
   if (spec.final_state != DType::kNone) EXPECT_LE(e.state, bf16_state ? kBf16StateBar : kStateBar);
 }
 
-ProblemSpec fixed(int64_t T, int64_t H, int64_t B = 1) {
+ProblemSpec fixed(int64_t T, int64_t H, int64_t B = 1, int64_t head_dim = 128) {
   ProblemSpec s;
   s.batch = B;
   s.seqlen = T;
   s.heads = H;
+  s.head_dim = head_dim;
   return s;
 }
+
+// K = V = 64 runs its own instantiations (shared_storage.cuh); the suites below
+// that take a head dim run both.
+const auto kHeadDims = ::testing::Values(int64_t{128}, int64_t{64});
 
 class GpuForward : public ::testing::Test {
  protected:
@@ -92,13 +98,31 @@ class GpuForward : public ::testing::Test {
   void TearDown() override { sm90::set_launch_override({}); }
 };
 
-class GpuForwardLength : public GpuForward, public ::testing::WithParamInterface<int64_t> {};
+class GpuForwardLength : public GpuForward, public ::testing::WithParamInterface<std::tuple<int64_t, int64_t>> {};
 
 TEST_P(GpuForwardLength, MatchesOracleH4) {
-  const ProblemSpec spec = fixed(GetParam(), 4);
+  const ProblemSpec spec = fixed(std::get<0>(GetParam()), 4, 1, std::get<1>(GetParam()));
   expect_within_bars(check_against_oracle(spec), spec);
 }
-INSTANTIATE_TEST_SUITE_P(Lengths, GpuForwardLength, ::testing::Values(1, 15, 16, 17, 1000, 1024, 8192));
+INSTANTIATE_TEST_SUITE_P(Lengths, GpuForwardLength,
+                         ::testing::Combine(::testing::Values(1, 15, 16, 17, 1000, 1024, 8192), kHeadDims),
+                         [](const auto& info) {
+                           return "T" + std::to_string(std::get<0>(info.param)) + "_K" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// K = V = 64 on the shapes the 128 tests above cover one by one: many heads
+// (sampled), batched, varlen with empty and partial sequences, grouped value heads.
+TEST_F(GpuForward, HeadDim64Shapes) {
+  expect_within_bars(check_against_oracle(fixed(2048, 64, 1, 64), {0, 31, 63}), fixed(2048, 64, 1, 64));
+  expect_within_bars(check_against_oracle(fixed(333, 4, 3, 64)), fixed(333, 4, 3, 64));
+  ProblemSpec varlen;
+  varlen.seqlens = {0, 1, 15, 17, 2000, 0, 16, 33};
+  varlen.heads = 2;
+  varlen.v_heads = 6;
+  varlen.head_dim = 64;
+  expect_within_bars(check_against_oracle(varlen), varlen);
+}
 
 TEST_F(GpuForward, SingleHead) {
   const ProblemSpec spec = fixed(1000, 1);
@@ -141,23 +165,24 @@ TEST_F(GpuForward, GroupedValueHeads) {
 }
 
 class GpuForwardStates : public GpuForward,
-                         public ::testing::WithParamInterface<std::tuple<DType, DType>> {};
+                         public ::testing::WithParamInterface<std::tuple<std::tuple<DType, DType>, int64_t>> {};
 
 TEST_P(GpuForwardStates, EveryStateDtypeCombination) {
-  ProblemSpec spec = fixed(300, 4);
-  spec.initial_state = std::get<0>(GetParam());
-  spec.final_state = std::get<1>(GetParam());
+  ProblemSpec spec = fixed(300, 4, 1, std::get<1>(GetParam()));
+  spec.initial_state = std::get<0>(std::get<0>(GetParam()));
+  spec.final_state = std::get<1>(std::get<0>(GetParam()));
   expect_within_bars(check_against_oracle(spec), spec);
 }
 // The API's state rule: each state bf16, fp32 or absent, the same dtype when both are given.
 INSTANTIATE_TEST_SUITE_P(States, GpuForwardStates,
-                         ::testing::Values(std::make_tuple(DType::kNone, DType::kNone),
-                                           std::make_tuple(DType::kNone, DType::kBF16),
-                                           std::make_tuple(DType::kNone, DType::kFP32),
-                                           std::make_tuple(DType::kBF16, DType::kNone),
-                                           std::make_tuple(DType::kFP32, DType::kNone),
-                                           std::make_tuple(DType::kBF16, DType::kBF16),
-                                           std::make_tuple(DType::kFP32, DType::kFP32)));
+                         ::testing::Combine(::testing::Values(std::make_tuple(DType::kNone, DType::kNone),
+                                                              std::make_tuple(DType::kNone, DType::kBF16),
+                                                              std::make_tuple(DType::kNone, DType::kFP32),
+                                                              std::make_tuple(DType::kBF16, DType::kNone),
+                                                              std::make_tuple(DType::kFP32, DType::kNone),
+                                                              std::make_tuple(DType::kBF16, DType::kBF16),
+                                                              std::make_tuple(DType::kFP32, DType::kFP32)),
+                                            kHeadDims));
 
 class GpuForwardPlan : public GpuForward, public ::testing::WithParamInterface<sm90::LaunchOverride> {};
 
@@ -228,7 +253,7 @@ TEST_F(GpuForward, EveryLaunchPlanRunsAgainAfterDeviceReset) {
 
 TEST_F(GpuForward, UnsupportedHeadDimIsRejectedWithMessage) {
   ProblemSpec spec = fixed(32, 2);
-  spec.head_dim = 64;
+  spec.head_dim = 96;  // K = V = 64 and 128 run
   const HostProblem p = make_problem(spec, 1);
   const RunResult r = run_cuda(p);
   EXPECT_EQ(r.status.code, StatusCode::kNotSupported);

@@ -52,9 +52,9 @@ Errors errors_of(const HostProblem& p, const RunResult& gpu, const char* label) 
   Errors e;
   e.out = rel_rms(gpu.out.data(), ref.out.data(), ref.out.size());
   e.state = gpu.final_state.empty() ? 0.0 : rel_rms(gpu.final_state.data(), ref.final_state.data(), ref.final_state.size());
-  std::printf("[ errors ] segment scan %-28s T=%lld N=%lld HV=%lld: out %.3e  state %.3e\n", label,
-              static_cast<long long>(p.tokens()), static_cast<long long>(p.N), static_cast<long long>(p.HV), e.out,
-              e.state);
+  std::printf("[ errors ] segment scan %-28s T=%lld N=%lld HV=%lld K=%lld: out %.3e  state %.3e\n", label,
+              static_cast<long long>(p.tokens()), static_cast<long long>(p.N), static_cast<long long>(p.HV),
+              static_cast<long long>(p.K), e.out, e.state);
   return e;
 }
 
@@ -83,23 +83,36 @@ void expect_split(const HostProblem& p) {
   EXPECT_GT(split, whole) << "the forced plan did not split";
 }
 
-class GpuSegmentLength : public GpuSegmentScan, public ::testing::WithParamInterface<int64_t> {};
+// Suites that take (forced segment chunks, head dim): K = V = 64 runs its own
+// instantiations of the three kernels (shared_storage.cuh).
+using SegAndDim = std::tuple<int64_t, int64_t>;
+std::string seg_and_dim_name(const ::testing::TestParamInfo<SegAndDim>& info) {
+  const int64_t seg = std::get<0>(info.param);
+  return (seg < 0 ? std::string("seg_auto") : "seg" + std::to_string(seg)) + "_K" +
+         std::to_string(std::get<1>(info.param));
+}
+const auto kHeadDims = ::testing::Values(int64_t{128}, int64_t{64});
+
+class GpuSegmentLength : public GpuSegmentScan, public ::testing::WithParamInterface<SegAndDim> {};
 
 // Mixed varlen: empty, one-token, partial-chunk and long sequences, so that
 // some are cut into many segments, some into two or three (the last one
 // partial), and some not at all.
 TEST_P(GpuSegmentLength, VarlenMatchesOracle) {
+  const int64_t seg = std::get<0>(GetParam());
   ProblemSpec spec;
   spec.seqlens = {0, 1, 15, 17, 100, 250, 513, 1000, 31};
   spec.heads = 3;
-  const HostProblem p = make_problem(spec, 100 + GetParam());
-  force_segments(GetParam());
+  spec.head_dim = std::get<1>(GetParam());
+  const HostProblem p = make_problem(spec, 100 + seg);
+  force_segments(seg);
   const RunResult gpu = run_cuda(p);
-  expect_within_bars(p, errors_of(p, gpu, ("seg_chunks=" + std::to_string(GetParam())).c_str()));
-  force_segments(GetParam());
+  expect_within_bars(p, errors_of(p, gpu, ("seg_chunks=" + std::to_string(seg)).c_str()));
+  force_segments(seg);
   expect_split(p);
 }
-INSTANTIATE_TEST_SUITE_P(SegChunks, GpuSegmentLength, ::testing::Values(1, 2, 3, 5, 8, 21));
+INSTANTIATE_TEST_SUITE_P(SegChunks, GpuSegmentLength,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 5, 8, 21), kHeadDims), seg_and_dim_name);
 
 // One long sequence in many segments (512 of one chunk: the composition's
 // longest chain), and the heuristic's own choice at H = 12.
@@ -141,47 +154,54 @@ TEST_F(GpuSegmentScan, GroupedValueHeads) {
   expect_within_bars(p, errors_of(p, run_cuda(p), "GVA seg_chunks=3"));
 }
 
-class GpuSegmentStates : public GpuSegmentScan, public ::testing::WithParamInterface<std::tuple<DType, DType>> {};
+class GpuSegmentStates : public GpuSegmentScan,
+                         public ::testing::WithParamInterface<std::tuple<std::tuple<DType, DType>, int64_t>> {};
 
 TEST_P(GpuSegmentStates, EveryStateDtypeCombination) {
   ProblemSpec spec;
   spec.seqlens = {300, 130};
   spec.heads = 2;
-  spec.initial_state = std::get<0>(GetParam());
-  spec.final_state = std::get<1>(GetParam());
+  spec.initial_state = std::get<0>(std::get<0>(GetParam()));
+  spec.final_state = std::get<1>(std::get<0>(GetParam()));
+  spec.head_dim = std::get<1>(GetParam());
   const HostProblem p = make_problem(spec, 11);
   force_segments(2);
   expect_within_bars(p, errors_of(p, run_cuda(p), "states seg_chunks=2"));
 }
 INSTANTIATE_TEST_SUITE_P(States, GpuSegmentStates,
-                         ::testing::Values(std::make_tuple(DType::kNone, DType::kNone),
-                                           std::make_tuple(DType::kNone, DType::kFP32),
-                                           std::make_tuple(DType::kBF16, DType::kNone),
-                                           std::make_tuple(DType::kFP32, DType::kNone),
-                                           std::make_tuple(DType::kBF16, DType::kBF16),
-                                           std::make_tuple(DType::kFP32, DType::kFP32)),
+                         ::testing::Combine(::testing::Values(std::make_tuple(DType::kNone, DType::kNone),
+                                                              std::make_tuple(DType::kNone, DType::kFP32),
+                                                              std::make_tuple(DType::kBF16, DType::kNone),
+                                                              std::make_tuple(DType::kFP32, DType::kNone),
+                                                              std::make_tuple(DType::kBF16, DType::kBF16),
+                                                              std::make_tuple(DType::kFP32, DType::kFP32)),
+                                            kHeadDims),
                          [](const auto& info) {
-                           return std::string(to_string(std::get<0>(info.param))) + "_to_" +
-                                  to_string(std::get<1>(info.param));
+                           const auto& states = std::get<0>(info.param);
+                           return std::string(to_string(std::get<0>(states))) + "_to_" +
+                                  to_string(std::get<1>(states)) + "_K" + std::to_string(std::get<1>(info.param));
                          });
 
 // Captured in a CUDA graph and replayed on one workspace: the same bits as a
 // direct call; and two direct calls give the same bits.
 TEST_F(GpuSegmentScan, GraphReplayAndRepeatAreBitwiseIdentical) {
-  ProblemSpec spec;
-  spec.seqlens = {700, 3, 1200};
-  spec.heads = 4;
-  const HostProblem p = make_problem(spec, 12);
-  force_segments(5);
-  const RunResult a = run_cuda(p), b = run_cuda(p), replayed = run_cuda(p, nullptr, 3);
-  ASSERT_TRUE(a.status.ok()) << a.status.message;
-  ASSERT_TRUE(b.status.ok()) << b.status.message;
-  ASSERT_TRUE(replayed.status.ok()) << replayed.status.message;
-  EXPECT_EQ(a.out_bits, b.out_bits);
-  EXPECT_EQ(a.state_bytes, b.state_bytes);
-  EXPECT_EQ(a.out_bits, replayed.out_bits);
-  EXPECT_EQ(a.state_bytes, replayed.state_bytes);
-  expect_within_bars(p, errors_of(p, replayed, "graph replay seg_chunks=5"));
+  for (const int64_t head_dim : {128, 64}) {
+    ProblemSpec spec;
+    spec.seqlens = {700, 3, 1200};
+    spec.heads = 4;
+    spec.head_dim = head_dim;
+    const HostProblem p = make_problem(spec, 12);
+    force_segments(5);
+    const RunResult a = run_cuda(p), b = run_cuda(p), replayed = run_cuda(p, nullptr, 3);
+    ASSERT_TRUE(a.status.ok()) << a.status.message;
+    ASSERT_TRUE(b.status.ok()) << b.status.message;
+    ASSERT_TRUE(replayed.status.ok()) << replayed.status.message;
+    EXPECT_EQ(a.out_bits, b.out_bits) << "K=" << head_dim;
+    EXPECT_EQ(a.state_bytes, b.state_bytes) << "K=" << head_dim;
+    EXPECT_EQ(a.out_bits, replayed.out_bits) << "K=" << head_dim;
+    EXPECT_EQ(a.state_bytes, replayed.state_bytes) << "K=" << head_dim;
+    expect_within_bars(p, errors_of(p, replayed, "graph replay seg_chunks=5"));
+  }
 }
 
 // M is a product of contractions from near-collinear keys: the summaries must
@@ -204,12 +224,16 @@ TEST_F(GpuSegmentScan, DegenerateKeysAcrossSegments) {
 // A long single head in many segments (the T = 1M regime, shortened so the
 // float64 oracle stays quick): the composition runs 60+ steps.
 TEST_F(GpuSegmentScan, LongSingleHead) {
-  ProblemSpec spec;
-  spec.seqlen = 131072;
-  spec.heads = 1;
-  const HostProblem p = make_problem(spec, 14);
-  expect_within_bars(p, errors_of(p, run_cuda(p), "heuristic H=1 T=131072"));
-  expect_split(p);
+  for (const int64_t head_dim : {128, 64}) {
+    sm90::set_launch_override({});  // the heuristic's plan (expect_split leaves one forced)
+    ProblemSpec spec;
+    spec.seqlen = 131072;
+    spec.heads = 1;
+    spec.head_dim = head_dim;
+    const HostProblem p = make_problem(spec, 14);
+    expect_within_bars(p, errors_of(p, run_cuda(p), "heuristic H=1 T=131072"));
+    expect_split(p);
+  }
 }
 
 // The two calls of a context-parallel forward (ForwardArgs::summaries_M, then
@@ -217,23 +241,25 @@ TEST_F(GpuSegmentScan, LongSingleHead) {
 // summaries against the CPU oracle's segment_summaries of the whole sequences
 // (slow decay, so that M carries the state through and a wrong M shows), and
 // the resumed forward against the float64 oracle.
-class GpuSplitCalls : public GpuSegmentScan, public ::testing::WithParamInterface<int64_t> {};
+class GpuSplitCalls : public GpuSegmentScan, public ::testing::WithParamInterface<SegAndDim> {};
 
 TEST_P(GpuSplitCalls, SummariesAndResumeMatchTheOracle) {
+  const int64_t seg = std::get<0>(GetParam());
   ProblemSpec spec;
   spec.seqlens = {0, 1, 17, 300, 1000, 45};
   spec.heads = 2;
   spec.v_heads = 4;
+  spec.head_dim = std::get<1>(GetParam());
   spec.initial_state = DType::kFP32;
   spec.final_state = DType::kFP32;
-  HostProblem p = make_problem(spec, 40 + GetParam());
+  HostProblem p = make_problem(spec, 40 + seg);
   for (auto& g : p.g) g = float_to_bf16(kSlowGate);
   for (auto& x : p.A_log) x = 0.f;
   for (auto& x : p.dt_bias) x = 0.f;
-  force_segments(GetParam());
+  force_segments(seg);
   SplitSummaries sum;
   const RunResult gpu = run_cuda(p, nullptr, 0, &sum);
-  const std::string label = "split calls seg_chunks=" + std::to_string(GetParam());
+  const std::string label = "split calls seg_chunks=" + std::to_string(seg) + " K=" + std::to_string(p.K);
   expect_within_bars(p, errors_of(p, gpu, label.c_str()));
   ASSERT_TRUE(gpu.status.ok());
 
@@ -257,7 +283,8 @@ TEST_P(GpuSplitCalls, SummariesAndResumeMatchTheOracle) {
   EXPECT_LE(m_err, kStateBar);
   EXPECT_LE(b_err, kStateBar);
 }
-INSTANTIATE_TEST_SUITE_P(SegChunks, GpuSplitCalls, ::testing::Values(-1, 1, 3, 8));
+INSTANTIATE_TEST_SUITE_P(SegChunks, GpuSplitCalls, ::testing::Combine(::testing::Values(-1, 1, 3, 8), kHeadDims),
+                         seg_and_dim_name);
 
 // bf16 states and no initial state through the resume call.
 TEST_F(GpuSegmentScan, SplitCallsOtherStates) {

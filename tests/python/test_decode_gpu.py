@@ -1,4 +1,4 @@
-"""flash_kda.decode on CUDA tensors (the sm_90a decode kernel, K = V = 128)
+"""flash_kda.decode on CUDA tensors (the sm_90a decode kernels; K = V = 128, and 64 where named)
 against the CPU decode (float64 recurrence) on the same inputs: single and
 multi-token steps, padding, permuted int32 / int64 indices, per_token_states, a
 separate out pool, strided pools, streams, and CUDA-graph capture + replay.
@@ -55,7 +55,8 @@ def cpu_and_gpu(p, per_token=False, **kw):
         extra = dict(kw)
         if per_token:
             T, HV, V = p["v"].shape
-            extra["per_token_states"] = torch.full((T, HV, V, K), 7.0, dtype=p["pool"].dtype, device=dev)
+            extra["per_token_states"] = torch.full((T, HV, V, p["pool"].shape[-1]), 7.0, dtype=p["pool"].dtype,
+                                                   device=dev)
         out = call(pd, pool, **extra)
         torch.cuda.synchronize()
         res[dev] = dict(out=out.cpu(), pool=pool.cpu())
@@ -83,10 +84,11 @@ def assert_state(s, ref):
 
 # ---- accuracy against the CPU decode ------------------------------------------------
 
+@pytest.mark.parametrize("head_dim", [K, 64])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_single_token_matches_cpu(state_dtype, index_dtype):
-    p = make_decode(N=16, H=4, K=K, P=40, state_dtype=state_dtype, index_dtype=index_dtype, seed=101)
+def test_single_token_matches_cpu(state_dtype, index_dtype, head_dim):
+    p = make_decode(N=16, H=4, K=head_dim, P=40, state_dtype=state_dtype, index_dtype=index_dtype, seed=101)
     c, g = cpu_and_gpu(p)
     assert_out_within_one_ulp(g["out"], c["out"])
     assert_state(g["pool"], c["pool"])
@@ -126,10 +128,11 @@ def test_index_past_the_pool_is_skipped_like_padding():
         flash_kda.check_device_faults()
 
 
+@pytest.mark.parametrize("head_dim", [K, 64])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-def test_multi_token_cu_seqlens_and_per_token_states(state_dtype):
-    p = make_decode(seqlens=[3, 1, 4, 2, 5], H=2, K=K, P=12, indices=[7, -1, 2, 11, 0], state_dtype=state_dtype,
-                    seed=104)
+def test_multi_token_cu_seqlens_and_per_token_states(state_dtype, head_dim):
+    p = make_decode(seqlens=[3, 1, 4, 2, 5], H=2, K=head_dim, P=12, indices=[7, -1, 2, 11, 0],
+                    state_dtype=state_dtype, seed=104)
     c, g = cpu_and_gpu(p, per_token=True)
     cu = p["cu_seqlens"].tolist()
     live = [t for n, s in enumerate(p["indices"].tolist()) if s >= 0 for t in range(cu[n], cu[n + 1])]
@@ -260,8 +263,8 @@ def test_errors_on_cuda():
 
 
 def test_unsupported_head_dim_is_not_implemented():
-    p = to(make_decode(N=2, H=2, K=64, P=4, seed=111), "cuda")
-    with pytest.raises(NotImplementedError, match=r"head_dim_k/head_dim_v: the CUDA decode supports K = V = 128"):
+    p = to(make_decode(N=2, H=2, K=96, P=4, seed=111), "cuda")
+    with pytest.raises(NotImplementedError, match=r"head_dim_k/head_dim_v: the CUDA decode supports K = V = 64 or 128"):
         call(p, p["pool"].clone())
 
 
@@ -307,15 +310,16 @@ def verify_on(p, idx, acc, dev):
     return out.cpu(), pool.cpu()
 
 
+@pytest.mark.parametrize("head_dim", [K, 64])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-def test_speculative_verify_matches_cpu_and_fla(state_dtype):
+def test_speculative_verify_matches_cpu_and_fla(state_dtype, head_dim):
     """Speculative verify on pool slots on CUDA (2-D state_indices [N, 1 + S] with
     num_accepted_tokens): the same pool and out as the float64 CPU verify on the same
     inputs (sequence 1 a padding row, sequence 2 skipping its second token's write), and
     the same as fla's serving-form fused_recurrent_kda_fwd (ssm_state_indices,
     num_accepted_tokens, in place), whose semantics it follows, on rows without
     negative entries."""
-    p = make_decode(seqlens=[3, 2, 4, 1], H=2, K=K, P=18, state_dtype=state_dtype, seed=120)
+    p = make_decode(seqlens=[3, 2, 4, 1], H=2, K=head_dim, P=18, state_dtype=state_dtype, seed=120)
     idx = torch.tensor([[0, 1, 2, 3], [-1, 4, 5, 6], [7, -1, 8, 9], [10, 11, 12, 13]], dtype=torch.int32)
     acc = torch.tensor([2, 1, 1, 4], dtype=torch.int32)
     c_out, c_pool = verify_on(p, idx, acc, "cpu")
@@ -345,6 +349,6 @@ def test_speculative_verify_matches_cpu_and_fla(state_dtype):
     torch.cuda.synchronize()
     fla_pool, fla_out = pool.cpu(), out[0].cpu()
     e_out, e_pool = rel_rms(g_out, fla_out), rel_rms(g_pool, fla_pool)
-    print(f"verify {state_dtype}: against fla out {e_out:.2e}, pool {e_pool:.2e}")
+    print(f"verify K={head_dim} {state_dtype}: against fla out {e_out:.2e}, pool {e_pool:.2e}")
     assert e_out <= 1e-2
     assert e_pool <= (1e-4 if state_dtype == torch.float32 else 1e-2)

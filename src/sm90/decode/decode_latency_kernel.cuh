@@ -20,6 +20,11 @@
 // Same work split and state layout as d2 (the first kernel, removed): 128 threads per
 // (sequence, value head, 32 rows of V); thread (row, part) holds the columns
 // 4·(part + 4·jj) + e, jj < 8, e < 4.
+// K = V = 64 (kDim): the same CTAs, two per (sequence, head); a thread holds
+// jj < 4 (columns 0..63), and the token's vectors are built 128 wide with
+// columns 64..127 zero (lanes 16..31 load nothing), which the state never reads.
+// The only decode kernel built for 64: its state traffic is exact, its
+// arithmetic per byte half that of 128.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -46,19 +51,22 @@ struct LatencyVectors {
 struct WarpTokenInputs {
   float q[kLatColsPerLane], k[kLatColsPerLane], g[kLatColsPerLane], beta, v;
 };
+template <int kDim>
 __device__ __forceinline__ WarpTokenInputs load_warp_token_inputs(const DecodeParams& p, int64_t t, int h, int hv,
                                                                   int lane, int row) {
-  const int64_t qk_off = (t * p.num_heads + h) * kDecodeDim + kLatColsPerLane * lane;
+  const int64_t qk_off = (t * p.num_heads + h) * kDim + kLatColsPerLane * lane;
   const int64_t vh = t * p.num_v_heads + hv;
-  WarpTokenInputs in;
+  WarpTokenInputs in{};
+  if (kDim == kDecodeDim || kLatColsPerLane * lane < kDim) {
 #pragma unroll
-  for (int e = 0; e < kLatColsPerLane; ++e) {
-    in.q[e] = bf16_at(p.q, qk_off + e);
-    in.k[e] = bf16_at(p.k, qk_off + e);
-    in.g[e] = bf16_at(p.g, vh * kDecodeDim + kLatColsPerLane * lane + e);
+    for (int e = 0; e < kLatColsPerLane; ++e) {
+      in.q[e] = bf16_at(p.q, qk_off + e);
+      in.k[e] = bf16_at(p.k, qk_off + e);
+      in.g[e] = bf16_at(p.g, vh * kDim + kLatColsPerLane * lane + e);
+    }
   }
   in.beta = bf16_at(p.beta, vh);
-  in.v = bf16_at(p.v, vh * kDecodeDim + row);
+  in.v = bf16_at(p.v, vh * kDim + row);
   return in;
 }
 
@@ -69,13 +77,16 @@ __device__ __forceinline__ WarpTokenInputs load_warp_token_inputs(const DecodePa
 // each token goes to that token's slot of the sequence's row of indices, and
 // there is no final store (the last token's slot has it). Verify steps are a
 // few tokens for few sequences, the latency regime this kernel is built for.
-template <bool kFp32, int kMinBlocks, bool kVerify = false>
+template <bool kFp32, int kMinBlocks, bool kVerify = false, int kDim = kDecodeDim>
 __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     kda_decode_latency_kernel(const __grid_constant__ DecodeParams p) {
+  static_assert(kDim == 64 || kDim == kDecodeDim, "K = V = 64 or 128");
+  constexpr int kSlices = kDim / kDecodeRows;  // CTAs per (sequence, head)
+  constexpr int kGroups = kDim / 16;           // jj: the thread's 4-column groups
   using IO = StateIO<kFp32>;
   __shared__ LatencyVectors vecs[kLatWarps];
 
-  const DecodeTile tile = decode_tile<kDecodeSlices, true>(p);
+  const DecodeTile tile = decode_tile<kSlices, true>(p);
   const int hv = tile.hv, h = tile.h;
   const int tid = threadIdx.x, lane = tid & 31;
   const int row = tile.slice * kDecodeRows + tid / 4, part = tid & 3;
@@ -89,24 +100,26 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
   uint32_t faults = seq.faults;
   const int64_t t0 = seq.t0, t1 = seq.t1;
   const float exp_a = __expf(p.A_log[hv]);
-  float dt_bias[kLatColsPerLane];
+  float dt_bias[kLatColsPerLane] = {};
+  if (kDim == kDecodeDim || kLatColsPerLane * lane < kDim) {
 #pragma unroll
-  for (int e = 0; e < kLatColsPerLane; ++e)
-    dt_bias[e] = p.dt_bias[static_cast<int64_t>(hv) * kDecodeDim + kLatColsPerLane * lane + e];
+    for (int e = 0; e < kLatColsPerLane; ++e)
+      dt_bias[e] = p.dt_bias[static_cast<int64_t>(hv) * kDim + kLatColsPerLane * lane + e];
+  }
   WarpTokenInputs next{};
-  if (t0 < t1) next = load_warp_token_inputs(p, t0, h, hv, lane, row);
+  if (t0 < t1) next = load_warp_token_inputs<kDim>(p, t0, h, hv, lane, row);
   const int64_t slot = seq.slot;
   if (slot < 0 || slot >= p.pool_size) {  // padding entry or index past the pool: no access
     report_decode_faults<kVerify>(p, tile, faults);
     return;
   }
 
-  const int64_t head_off = (static_cast<int64_t>(hv) * kDecodeDim + row) * kDecodeDim;
-  float s[kDecodeColsPerThread];  // s[4·jj + e] = S[row][4·(part + 4·jj) + e]
+  const int64_t head_off = (static_cast<int64_t>(hv) * kDim + row) * kDim;
+  float s[4 * kGroups];  // s[4·jj + e] = S[row][4·(part + 4·jj) + e]
   {
     const int64_t base = slot * p.pool_stride + head_off;
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
+    for (int jj = 0; jj < kGroups; ++jj) {
       const float4 x = IO::load4(p.pool, base + 4 * (part + 4 * jj));
       s[4 * jj] = x.x; s[4 * jj + 1] = x.y; s[4 * jj + 2] = x.z; s[4 * jj + 3] = x.w;
     }
@@ -115,7 +128,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     // Verify: this token's slot, requested before the math that precedes its store.
     const int64_t token_slot = kVerify ? index_at(p, p.indices, tile.n * p.verify_slots + (t - t0)) : -1;
     const WarpTokenInputs in = next;
-    if (t + 1 < t1) next = load_warp_token_inputs(p, t + 1, h, hv, lane, row);
+    if (t + 1 < t1) next = load_warp_token_inputs<kDim>(p, t + 1, h, hv, lane, row);
     const int64_t vh = t * p.num_v_heads + hv;
 
     // The token's vectors, built by this warp alone.
@@ -156,7 +169,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     // reduction over the row's four lanes.
     float skp[4] = {0.f, 0.f, 0.f, 0.f}, sqp[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
+    for (int jj = 0; jj < kGroups; ++jj) {
       const int c = 4 * (part + 4 * jj);
       const float4 vk = *reinterpret_cast<const float4*>(&sh.dkhat[c]);
       const float4 vq = *reinterpret_cast<const float4*>(&sh.dqhat[c]);
@@ -175,14 +188,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     const float coef = b * (in.v - sk);
     if (part == 0) {
       const __nv_bfloat16 ob = __float2bfloat16_rn(fmaf(coef, kq, sq));
-      p.out[vh * kDecodeDim + row] = *reinterpret_cast<const uint16_t*>(&ob);
+      p.out[vh * kDim + row] = *reinterpret_cast<const uint16_t*>(&ob);
     }
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj) decay_and_update4(&s[4 * jj], coef, sh.decay, sh.khat, 4 * (part + 4 * jj));
+    for (int jj = 0; jj < kGroups; ++jj) decay_and_update4(&s[4 * jj], coef, sh.decay, sh.khat, 4 * (part + 4 * jj));
     if (p.per_token_states != nullptr) {
-      const int64_t base = t * p.num_v_heads * int64_t{kDecodeDim} * kDecodeDim + head_off;
+      const int64_t base = t * p.num_v_heads * int64_t{kDim} * kDim + head_off;
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj)
+      for (int jj = 0; jj < kGroups; ++jj)
         IO::store4(p.per_token_states, base + 4 * (part + 4 * jj),
                    make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
     }
@@ -190,7 +203,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
       if (token_slot >= 0 && token_slot < p.pool_size) {  // negative: none; past the pool: skipped, recorded
         const int64_t base = token_slot * p.pool_stride + head_off;
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj)
+        for (int jj = 0; jj < kGroups; ++jj)
           IO::store4(p.pool, base + 4 * (part + 4 * jj),
                      make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
       } else if (token_slot >= p.pool_size) {
@@ -203,7 +216,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
   if constexpr (!kVerify) {
     const int64_t base = slot * p.out_stride + head_off;
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj)
+    for (int jj = 0; jj < kGroups; ++jj)
       IO::store4(p.out_pool, base + 4 * (part + 4 * jj),
                  make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
   }

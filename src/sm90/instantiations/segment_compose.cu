@@ -5,11 +5,18 @@
 
 namespace flashkda::sm90 {
 
-cudaError_t launch_segment_compose(const FwdParams& p, cudaStream_t stream) {
+namespace {
+template <int kDim>
+cudaError_t launch_compose(const FwdParams& p, cudaStream_t stream) {
   const int64_t kinds = p.split_mode == kSplitSummaries ? 2 : 1;
-  const int64_t ctas = static_cast<int64_t>(p.num_seqs) * p.num_v_heads * kComposeCtasPerHead * kinds;
-  kda_segment_compose_kernel<<<dim3(static_cast<unsigned>(ctas)), dim3(kComposeThreads), 0, stream>>>(p);
+  const int64_t ctas = static_cast<int64_t>(p.num_seqs) * p.num_v_heads * compose_ctas_per_head<kDim>() * kinds;
+  kda_segment_compose_kernel<kDim><<<dim3(static_cast<unsigned>(ctas)), dim3(compose_threads<kDim>()), 0, stream>>>(p);
   return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t launch_segment_compose(const FwdParams& p, cudaStream_t stream) {
+  return p.head_dim == 64 ? launch_compose<64>(p, stream) : launch_compose<kHeadDim>(p, stream);
 }
 
 }  // namespace flashkda::sm90

@@ -82,18 +82,19 @@ __device__ __forceinline__ CheckpointCursor checkpoint_cursor(const FwdParams& p
   return ck;
 }
 
-// The warp's rows as element (row, col) -> offset + col·V + row (key-major).
+// The warp's rows as element (row, col) -> offset + col·V + row (key-major), V = kDim.
+template <int kDim>
 __device__ __forceinline__ void store_state_key_major(const StateRows& S, void* dst, int32_t type, int64_t offset,
                                                       int row0, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j) {
+  for (int j = 0; j < kDim / 8; ++j) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const int64_t row = row0 + g + 8 * hr, col = 8 * j + 2 * t;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int64_t at = offset + (col + e) * kHeadDim + row;
+        const int64_t at = offset + (col + e) * kDim + row;
         const float x = S.tile[j].x[2 * hr + e];
         if (type == kStateFP32) static_cast<float*>(dst)[at] = x;
         else static_cast<__nv_bfloat16*>(dst)[at] = __float2bfloat16_rn(x);
@@ -103,19 +104,20 @@ __device__ __forceinline__ void store_state_key_major(const StateRows& S, void* 
 }
 
 // After `chunks_done` chunks of the sequence: the checkpoints that fall there.
+template <int kDim>
 __device__ __forceinline__ void store_checkpoints(const StateRows& S, const FwdParams& p, const CheckpointCursor& ck,
                                                   int64_t chunks_done, int v_head, int row0, int lane) {
   if (ck.entries > 0 && chunks_done % ck.every == 0 && chunks_done / ck.every < ck.entries) {
     const int64_t entry = ck.first_entry + chunks_done / ck.every;
-    const int64_t offset = (entry * p.num_v_heads + v_head) * kHeadDim * kHeadDim;
+    const int64_t offset = (entry * p.num_v_heads + v_head) * kDim * kDim;
     if (p.ck_value_major) {
       StateLocation l{};
       l.out = p.checkpoints;
       l.out_type = p.ck_type;
       l.offset = offset;
-      store_state(S, l, row0, lane);
+      store_state<kDim>(S, l, row0, lane);
     } else {
-      store_state_key_major(S, p.checkpoints, p.ck_type, offset, row0, lane);
+      store_state_key_major<kDim>(S, p.checkpoints, p.ck_type, offset, row0, lane);
     }
   }
 #pragma unroll
@@ -124,8 +126,8 @@ __device__ __forceinline__ void store_checkpoints(const StateRows& S, const FwdP
     StateLocation l{};
     l.out = p.state_pool;
     l.out_type = p.pool_type;
-    l.offset = ck.slot[i] * p.pool_stride + static_cast<int64_t>(v_head) * kHeadDim * kHeadDim;
-    store_state(S, l, row0, lane);
+    l.offset = ck.slot[i] * p.pool_stride + static_cast<int64_t>(v_head) * kDim * kDim;
+    store_state<kDim>(S, l, row0, lane);
   }
 }
 

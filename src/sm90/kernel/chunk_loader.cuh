@@ -16,11 +16,12 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
 
 // `rows` valid rows of a bf16 tensor (element (t, h, c) at t·tok_stride +
 // h·head_stride + c) at head offset head_off = h·head_stride, columns
-// col0..col0+kCols-1, into dst[16][ld]; invalid rows become zeros.
+// col0..col0+kCols-1, into dst[16][ld]; invalid rows, and the columns from
+// kValidCols on (a 64-wide head in 128-wide tiles), become zeros.
 // The copies per thread are a compile-time count, fully unrolled: a run-time
 // loop here cost the prologue kernel ~200 integer instructions a warp per chunk
 // (loop control and 64-bit address arithmetic), a fifth of its issue slots.
-template <int kCols, int kThreadCount>
+template <int kCols, int kThreadCount, int kValidCols = kCols>
 __device__ __forceinline__ void load_token_rows_async(uint16_t* dst, int ld, const uint16_t* base, int64_t tok0,
                                                       int rows, int32_t tok_stride, int64_t head_off, int col0,
                                                       int tid) {
@@ -31,7 +32,8 @@ __device__ __forceinline__ void load_token_rows_async(uint16_t* dst, int ld, con
   for (int j = 0; j < kVectors / kThreadCount; ++j) {
     const int idx = tid + j * kThreadCount;
     const int r = idx / kVecPerRow, c = idx % kVecPerRow;
-    const bool valid = r < rows;
+    bool valid = r < rows;
+    if constexpr (kValidCols < kCols) valid = valid && 8 * c < kValidCols;
     const uint16_t* src = valid ? base + (tok0 + r) * tok_stride + head_off + col0 + 8 * c : base;
     cp_async_16(dst + r * ld + 8 * c, src, valid);
   }

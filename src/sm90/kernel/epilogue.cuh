@@ -9,19 +9,21 @@
 
 namespace flashkda::sm90 {
 
+// kDim: values per head of out (its rows are [token][value head][kDim]).
+template <int kDim>
 struct OutCursor {
   uint16_t* dst;  // this lane's 8 values of chunk 0
   int row, col;   // token row within the chunk, first column in the staging tile
 
   __device__ __forceinline__ OutCursor(const FwdParams& p, int64_t tok0, int v_head, int v_col0, int lane)
       : row(lane >> 1), col(8 * (lane & 1)) {
-    dst = p.out + ((tok0 + row) * p.num_v_heads + v_head) * kHeadDim + v_col0 + col;
+    dst = p.out + ((tok0 + row) * p.num_v_heads + v_head) * kDim + v_col0 + col;
   }
 
   __device__ __forceinline__ void store(const FwdParams& p, const __nv_bfloat16 (*tile)[kLdT], int64_t c,
                                         int rows) const {
     if (row < rows)
-      *reinterpret_cast<uint4*>(dst + c * (kChunk * p.num_v_heads * kHeadDim)) =
+      *reinterpret_cast<uint4*>(dst + c * (kChunk * p.num_v_heads * kDim)) =
           *reinterpret_cast<const uint4*>(&tile[row][col]);
   }
 };

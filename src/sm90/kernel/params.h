@@ -95,6 +95,9 @@ struct FwdParams {
 
   float scale;
   float lower_bound_log2e;  // lower_bound · log2(e): the gate works in base 2
+  // K = V: 64 or 128, which instantiations the host launches (the kernels have
+  // it as a template argument). Last, so the other fields keep their offsets.
+  int32_t head_dim;
 };
 
 }  // namespace flashkda::sm90

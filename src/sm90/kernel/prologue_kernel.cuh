@@ -22,8 +22,11 @@ namespace flashkda::sm90 {
 // one waits on its loads or on its warp-0 inverse, the others compute.
 constexpr int kPrologueMinCtasPerSm = 4;
 
+// kDim: the caller's K = V (shared_storage.cuh): the columns past it load as zeros.
+template <int kDim>
 __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
     kda_chunk_prologue_kernel(const __grid_constant__ FwdParams p) {
+  static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   PrologueSmem& s = *reinterpret_cast<PrologueSmem*>(smem_raw);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -47,12 +50,12 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   const ChunkTile chunk = locate_chunk(p, slot);
   if (!chunk.valid) return;
 
-  load_token_rows_async<kHeadDim, kPrologueThreads>(&s.q[0][0], kHeadDim, p.q, chunk.token_begin, chunk.rows,
-                                                     p.q_tok, static_cast<int64_t>(qk_head) * p.q_head, 0, tid);
-  load_token_rows_async<kHeadDim, kPrologueThreads>(&s.k[0][0], kHeadDim, p.k, chunk.token_begin, chunk.rows,
-                                                     p.k_tok, static_cast<int64_t>(qk_head) * p.k_head, 0, tid);
-  load_token_rows_async<kHeadDim, kPrologueThreads>(&s.g[0][0], kHeadDim, p.g, chunk.token_begin, chunk.rows,
-                                                     p.g_tok, static_cast<int64_t>(v_head) * p.g_head, 0, tid);
+  load_token_rows_async<kHeadDim, kPrologueThreads, kDim>(&s.q[0][0], kHeadDim, p.q, chunk.token_begin, chunk.rows,
+                                                           p.q_tok, static_cast<int64_t>(qk_head) * p.q_head, 0, tid);
+  load_token_rows_async<kHeadDim, kPrologueThreads, kDim>(&s.k[0][0], kHeadDim, p.k, chunk.token_begin, chunk.rows,
+                                                           p.k_tok, static_cast<int64_t>(qk_head) * p.k_head, 0, tid);
+  load_token_rows_async<kHeadDim, kPrologueThreads, kDim>(&s.g[0][0], kHeadDim, p.g, chunk.token_begin, chunk.rows,
+                                                           p.g_tok, static_cast<int64_t>(v_head) * p.g_head, 0, tid);
   cute::cp_async_fence();
   if (tid < kChunk) {
     const float beta = tid < chunk.rows
@@ -61,8 +64,12 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
     s.beta_sig[tid] = sigmoid(beta);
   }
   const float exp_a = expf(p.A_log[v_head]);
-  const float* dtb = p.dt_bias + static_cast<int64_t>(v_head) * kHeadDim + m.d0;
-  const float2 dt_bias = make_float2(dtb[0], dtb[1]);
+  // Padding columns (m.d0 >= kDim): any finite gate; their k and q are zero.
+  float2 dt_bias = make_float2(0.f, 0.f);
+  if (kDim == kHeadDim || m.d0 < kDim) {
+    const float* dtb = p.dt_bias + static_cast<int64_t>(v_head) * kDim + m.d0;
+    dt_bias = make_float2(dtb[0], dtb[1]);
+  }
   cute::cp_async_wait<0>();
   __syncthreads();
 

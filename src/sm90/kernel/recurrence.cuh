@@ -25,17 +25,20 @@ struct StateRows {
   FragC tile[kHeadDim / 8];
 };
 
-// The warp's rows row0.. of the state at `l` (zero where it has none); bf16
-// states widen exactly.
+// The warp's rows row0.. of the state at `l` (zero where it has none), rows of
+// kDim keys (the columns past them zero); bf16 states widen exactly.
+template <int kDim>
 __device__ __forceinline__ void load_state(StateRows& S, const StateLocation& l, int row0, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const int64_t off = l.offset + static_cast<int64_t>(row0 + g + 8 * hr) * kHeadDim + 8 * j + 2 * t;
+      const int64_t off = l.offset + static_cast<int64_t>(row0 + g + 8 * hr) * kDim + 8 * j + 2 * t;
       float2 x = make_float2(0.f, 0.f);
-      if (l.in_type == kStateFP32) {
+      if (8 * j >= kDim) {
+        // padding columns: zero
+      } else if (l.in_type == kStateFP32) {
         x = *reinterpret_cast<const float2*>(static_cast<const float*>(l.in) + off);
       } else if (l.in_type == kStateBF16) {
         const uint32_t w = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(l.in) + off);
@@ -47,13 +50,14 @@ __device__ __forceinline__ void load_state(StateRows& S, const StateLocation& l,
   }
 }
 
+template <int kDim>
 __device__ __forceinline__ void store_state(const StateRows& S, const StateLocation& l, int row0, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j) {
+  for (int j = 0; j < kDim / 8; ++j) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const int64_t off = l.offset + static_cast<int64_t>(row0 + g + 8 * hr) * kHeadDim + 8 * j + 2 * t;
+      const int64_t off = l.offset + static_cast<int64_t>(row0 + g + 8 * hr) * kDim + 8 * j + 2 * t;
       const float x0 = S.tile[j].x[2 * hr], x1 = S.tile[j].x[2 * hr + 1];
       if (l.out_type == kStateFP32) {
         *reinterpret_cast<float2*>(static_cast<float*>(l.out) + off) = make_float2(x0, x1);

@@ -41,9 +41,12 @@ struct RecurrenceConfig {
 // kCheckpoints: the variant that writes checkpoints (checkpoints.cuh). Their
 // stores inside the chunk loop cost ~10 registers a thread (168 -> 183), so the
 // calls without checkpoints run a variant without them.
-template <int kStateWarps, int kStages, bool kCheckpoints>
+// kDim: the caller's K = V (shared_storage.cuh); 64 runs 4-warp CTAs, one per
+// (sequence, head), on the state's first 64 rows.
+template <int kStateWarps, int kStages, bool kCheckpoints, int kDim>
 __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThreads, 1)
     kda_recurrence_kernel(const __grid_constant__ FwdParams p) {
+  static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
   using Cfg = RecurrenceConfig<kStateWarps, kStages>;
   using Smem = typename Cfg::Smem;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -51,7 +54,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((kSw128AtomBytes - raw_addr % kSw128AtomBytes) % kSw128AtomBytes));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-  const RecurrenceWork w = get_recurrence_work<Cfg::kVCta>(p);
+  const RecurrenceWork w = get_recurrence_work<Cfg::kVCta, kDim>(p);
   if (!w.active) return;
   const int64_t num_chunks = (w.length + kChunk - 1) / kChunk;
   const int row = w.row0 + 16 * warp;  // the warp's first row of the state
@@ -60,7 +63,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   const int v_col0 = w.value_rows ? w.row0 : 0;
   const ChunkCursor<Cfg::kVCta, Cfg::kThreads> cursor(p, chunk_record(p, w.first_slot, w.v_head), w.token_begin,
                                                       w.v_head, v_col0, Smem::kLdV, tid);
-  const OutCursor out(p, w.token_begin, w.v_head, row, lane);
+  const OutCursor<kDim> out(p, w.token_begin, w.v_head, row, lane);
   auto chunk_rows = [&](int64_t c) {
     const int64_t rem = w.length - c * kChunk;
     return static_cast<int>(rem < kChunk ? rem : kChunk);
@@ -72,7 +75,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   };
 
   StateRows S;
-  if (w.from == StateFrom::kInitial) load_state(S, state_location(p, w.seq, w.v_head), row, lane);
+  if (w.from == StateFrom::kInitial) load_state<kDim>(S, state_location<kDim>(p, w.seq, w.v_head), row, lane);
   else load_state_rows(S, w.from, w.in_rows, row, lane);
   for (int c = 0; c < kStages - 1; ++c) issue_load(c, c);
   // Checkpoints: the cursor in shared memory, the next stop in a register.
@@ -83,7 +86,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     __syncthreads();
     ck_next = ck.any ? next_checkpoint_stop(ck, w.first_chunk, w.first_chunk == 0) : kNoCheckpoint;
     if (ck_next == 0) {
-      store_checkpoints(S, p, ck, 0, w.v_head, row, lane);
+      store_checkpoints<kDim>(S, p, ck, 0, w.v_head, row, lane);
       ck_next = next_checkpoint_stop(ck, 0, false);
     }
   }
@@ -97,7 +100,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     const auto& st = s.stage[stage];
     recurrence_step(S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane);
     if (kCheckpoints && w.first_chunk + c + 1 == ck_next) {
-      store_checkpoints(S, p, ck, ck_next, w.v_head, row, lane);
+      store_checkpoints<kDim>(S, p, ck, ck_next, w.v_head, row, lane);
       ck_next = next_checkpoint_stop(ck, ck_next, false);
     }
     __syncwarp();
@@ -107,7 +110,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   }
   if (w.to == StateTo::kFinal) {
     const bool kept = !kCheckpoints || p.slot_ck_offsets == nullptr || final_state_kept(ck, p, w.seq);
-    if (kept) store_state(S, state_location(p, w.seq, w.v_head), row, lane);
+    if (kept) store_state<kDim>(S, state_location<kDim>(p, w.seq, w.v_head), row, lane);
   } else if (w.to == StateTo::kBuffer) {
     store_state_rows(S, w.out_rows, row, lane);
   }

@@ -13,10 +13,13 @@
 // Rows are independent, so a CTA owns kComposeRows rows of one (sequence,
 // head) and a thread one key column of them. The chain of segments is
 // sequential, so a step's latency is what counts: a thread first issues all
-// 128 loads of its column of M_j at once (one L2 round trip per step, not one
-// per key), then runs 128 · kComposeRows FMAs against S_in broadcast from
+// K loads of its column of M_j at once (one L2 round trip per step, not one
+// per key), then runs K · kComposeRows FMAs against S_in broadcast from
 // shared memory. fp32 FMAs in a fixed order: M is a product of contractions and
 // needs fp32, and the result is the same bits on every run.
+// K = kDim, the caller's head dim: with 64, pass 1 computed rows 0..63 of M and
+// B only, and their columns past 63 are zero (shared_storage.cuh), so the
+// products run over the first 64 rows and columns.
 #pragma once
 #include "sm90/fwd_launch.h"
 #include "sm90/kernel/params.h"
@@ -25,14 +28,22 @@
 
 namespace flashkda::sm90 {
 
-constexpr int kComposeThreads = kHeadDim;  // one key column each
-constexpr int kComposeCtasPerHead = static_cast<int>(kComposeCtasPerSeqHead);  // fwd_launch.h sizes the grid
-constexpr int kComposeRows = kHeadDim / kComposeCtasPerHead;                  // rows of S per CTA
-static_assert(kComposeRows * kComposeCtasPerHead == kHeadDim, "the CTAs of a head cover its rows");
+constexpr int kComposeRows = kHeadDim / static_cast<int>(kComposeCtasPerSeqHead);  // rows of S per CTA
+// One key column a thread; fwd_launch.h's kComposeCtasPerSeqHead is the grid of K = 128.
+template <int kDim>
+constexpr int compose_threads() {
+  return kDim;
+}
+template <int kDim>
+constexpr int compose_ctas_per_head() {
+  return kDim / kComposeRows;
+}
+static_assert(compose_ctas_per_head<kHeadDim>() == kComposeCtasPerSeqHead, "the CTAs of a head cover its rows");
 
-// Element (row, col) of an initial state, as fp32 (0 without one).
+// Element (row, col) of an initial state of kDim keys a row, as fp32 (0 without one).
+template <int kDim>
 __device__ __forceinline__ float initial_state_at(const StateLocation& l, int row, int col) {
-  const int64_t i = l.offset + static_cast<int64_t>(row) * kHeadDim + col;
+  const int64_t i = l.offset + static_cast<int64_t>(row) * kDim + col;
   if (l.in_type == kStateFP32) return static_cast<const float*>(l.in)[i];
   if (l.in_type == kStateBF16) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(l.in)[i]) << 16);
   return 0.f;
@@ -40,12 +51,16 @@ __device__ __forceinline__ float initial_state_at(const StateLocation& l, int ro
 
 // Grid: kComposeCtasPerHead CTAs per (sequence, value head) and per kind of
 // rows; a summaries call has two kinds (B rows, then M rows), the others one.
-__global__ void __launch_bounds__(kComposeThreads) kda_segment_compose_kernel(const __grid_constant__ FwdParams p) {
-  __shared__ __align__(16) float s_in[kComposeRows][kHeadDim];
+template <int kDim>
+__global__ void __launch_bounds__(compose_threads<kDim>())
+    kda_segment_compose_kernel(const __grid_constant__ FwdParams p) {
+  static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
+  constexpr int kCtasPerHead = compose_ctas_per_head<kDim>();
+  __shared__ __align__(16) float s_in[kComposeRows][kDim];
   const int kinds = p.split_mode == kSplitSummaries ? 2 : 1;
   const int64_t idx = blockIdx.x;
-  const int row0 = static_cast<int>(idx % kComposeCtasPerHead) * kComposeRows;
-  const int64_t rest = idx / kComposeCtasPerHead;
+  const int row0 = static_cast<int>(idx % kCtasPerHead) * kComposeRows;
+  const int64_t rest = idx / kCtasPerHead;
   const bool key_rows = rest % kinds == 1;  // rows of M: no B_j term
   const int64_t sh = rest / kinds;
   const int v_head = static_cast<int>(sh % p.num_v_heads);
@@ -63,9 +78,9 @@ __global__ void __launch_bounds__(kComposeThreads) kda_segment_compose_kernel(co
     for (int r = 0; r < kComposeRows; ++r) s[r] = x0[(row0 + r) * kHeadDim + col];
     j_end = first.count;
   } else if (p.split_mode == kSplitResume) {
-    const StateLocation l = state_location(p, static_cast<int>(n), v_head);
+    const StateLocation l = state_location<kDim>(p, static_cast<int>(n), v_head);
 #pragma unroll
-    for (int r = 0; r < kComposeRows; ++r) s[r] = initial_state_at(l, row0 + r, col);
+    for (int r = 0; r < kComposeRows; ++r) s[r] = initial_state_at<kDim>(l, row0 + r, col);
     j_begin = 0;
   } else {
     if (first.count < 3) return;  // S_in(1) is segment 0's own final state
@@ -77,9 +92,9 @@ __global__ void __launch_bounds__(kComposeThreads) kda_segment_compose_kernel(co
 
   for (int64_t j = j_begin; j < j_end; ++j) {
     SegmentState* st = segment_state(p, first.slot + j, v_head);
-    float m[kHeadDim];  // column col of M_j: 128 loads in flight together
+    float m[kDim];  // column col of M_j: K loads in flight together
 #pragma unroll
-    for (int k = 0; k < kHeadDim; ++k) m[k] = st->m[k * kHeadDim + col];
+    for (int k = 0; k < kDim; ++k) m[k] = st->m[k * kHeadDim + col];
     __syncthreads();  // every thread is done reading the previous S_in
 #pragma unroll
     for (int r = 0; r < kComposeRows; ++r) s_in[r][col] = s[r];
@@ -87,7 +102,7 @@ __global__ void __launch_bounds__(kComposeThreads) kda_segment_compose_kernel(co
 #pragma unroll
     for (int r = 0; r < kComposeRows; ++r) s[r] = key_rows ? 0.f : st->b[(row0 + r) * kHeadDim + col];
 #pragma unroll
-    for (int k = 0; k < kHeadDim; k += 4) {
+    for (int k = 0; k < kDim; k += 4) {
 #pragma unroll
       for (int r = 0; r < kComposeRows; ++r) {
         const float4 x = *reinterpret_cast<const float4*>(&s_in[r][k]);
@@ -103,9 +118,9 @@ __global__ void __launch_bounds__(kComposeThreads) kda_segment_compose_kernel(co
     }
   }
   if (p.split_mode == kSplitSummaries) {
-    float* out = (key_rows ? p.summaries_M : p.summaries_B) + (n * p.num_v_heads + v_head) * kHeadDim * kHeadDim;
+    float* out = (key_rows ? p.summaries_M : p.summaries_B) + (n * p.num_v_heads + v_head) * kDim * kDim;
 #pragma unroll
-    for (int r = 0; r < kComposeRows; ++r) out[(row0 + r) * kHeadDim + col] = s[r];
+    for (int r = 0; r < kComposeRows; ++r) out[(row0 + r) * kDim + col] = s[r];
   }
 }
 

@@ -16,7 +16,18 @@
 namespace flashkda::sm90 {
 
 constexpr int kChunk = 16;     // tokens per chunk (see docs/design.md: why 16)
-constexpr int kHeadDim = 128;  // K = V handled by these kernels
+constexpr int kHeadDim = 128;  // K = V of the on-chip tiles
+// The caller's K = V (template argument kDim of the kernels that touch its
+// tensors): 128, or 64 run on the same 128-wide tiles with key and value columns
+// 64..127 zero. Those columns are loaded as zeros and never stored; a zero
+// column of q, k and v keeps the state's columns and rows past 64 at zero
+// through every product and decay (their gates are finite), so the result is
+// the 64-wide recurrence's. The recurrence computes only the state's first 64
+// rows, the prologue the whole padded chunk.
+template <int kDim>
+constexpr bool is_supported_head_dim() {
+  return kDim == 64 || kDim == kHeadDim;
+}
 constexpr int kLdRow = kHeadDim + 8;
 constexpr int kLdT = kChunk + 8;
 

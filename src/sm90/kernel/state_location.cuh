@@ -1,7 +1,7 @@
 // Where the recurrent state of one (sequence, value head) comes from and goes
 // to: the dense initial_state / final_state tensors [N, HV, V, K], or a slot of
 // the state pool, in place. Row i, key j of the state is element offset + i·K + j
-// (64-bit) of `in` / `out`.
+// (64-bit) of `in` / `out`, K = kDim (the caller's head dim).
 //
 // state_indices live on the device: an index past the pool is skipped (no read,
 // no write, the sequence starts from zero) and recorded by the prologue kernel
@@ -27,6 +27,7 @@ __device__ __forceinline__ int64_t state_slot(const FwdParams& p, int64_t n) {
                           : static_cast<int64_t>(static_cast<const int32_t*>(p.state_indices)[n]);
 }
 
+template <int kDim>
 __device__ __forceinline__ StateLocation state_location(const FwdParams& p, int seq, int v_head) {
   StateLocation l;
   if (p.state_pool == nullptr) {
@@ -34,7 +35,7 @@ __device__ __forceinline__ StateLocation state_location(const FwdParams& p, int 
     l.out = p.final_state;
     l.in_type = p.initial_state_type;
     l.out_type = p.final_state_type;
-    l.offset = (static_cast<int64_t>(seq) * p.num_v_heads + v_head) * kHeadDim * kHeadDim;
+    l.offset = (static_cast<int64_t>(seq) * p.num_v_heads + v_head) * kDim * kDim;
     return l;
   }
   const int64_t slot = state_slot(p, seq);
@@ -42,7 +43,7 @@ __device__ __forceinline__ StateLocation state_location(const FwdParams& p, int 
   l.in = l.out = p.state_pool;
   l.out_type = in_pool ? p.pool_type : kStateNone;
   l.in_type = in_pool && (p.has_initial_state == nullptr || p.has_initial_state[seq] != 0) ? p.pool_type : kStateNone;
-  l.offset = in_pool ? slot * p.pool_stride + static_cast<int64_t>(v_head) * kHeadDim * kHeadDim : 0;
+  l.offset = in_pool ? slot * p.pool_stride + static_cast<int64_t>(v_head) * kDim * kDim : 0;
   return l;
 }
 

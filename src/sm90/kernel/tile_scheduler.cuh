@@ -182,17 +182,19 @@ struct RecurrenceWork {
 
 // blockIdx.x = (slot · HV + hv) · parts + part; parts = the pass's state rows / kRows.
 //   kPassWhole        parts = v_split: value rows of the whole sequence
-//   kPassSummaries    parts = 2 · 128 / kRows: value rows, then key rows (M).
+//   kPassSummaries    parts = 2 · kDim / kRows: value rows, then key rows (M).
 //                     Segment 0 runs for real (initial state in, out written,
 //                     its final state to b, or to final_state if it is the only
 //                     one); segments 1 .. G−2 compute B (zero state in) and M
 //                     (identity in, v = 0); the last needs no summary.
-//   kPassFromStates   parts = 128 / kRows: segments 1 .. G−1 from the state
+//   kPassFromStates   parts = kDim / kRows: segments 1 .. G−1 from the state
 //                     that pass 2 left in the previous segment's b.
 // A context-parallel forward's two calls (SplitMode, params.h) change two
 // things: kSplitSummaries summarises every segment in pass 1 (segment 0 and
 // the last too), kSplitResume runs segment 0 in pass 3 from its initial state.
-template <int kRows>
+// kDim: the caller's head dim; rows past it (padding, shared_storage.cuh) are
+// never computed.
+template <int kRows, int kDim>
 __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p) {
   RecurrenceWork w{};
   if (p.pass == kPassWhole) {
@@ -208,7 +210,8 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
     w.to = StateTo::kFinal;
     return w;
   }
-  constexpr int kValueParts = kHeadDim / kRows;
+  static_assert(kDim % kRows == 0, "the CTAs of a pass cover the state's rows");
+  constexpr int kValueParts = kDim / kRows;
   const int parts = p.pass == kPassSummaries ? 2 * kValueParts : kValueParts;
   const int64_t idx = blockIdx.x;
   const int part = static_cast<int>(idx % parts);
