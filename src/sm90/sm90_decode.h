@@ -5,7 +5,7 @@
 
 namespace flashkda::sm90 {
 
-// Shapes the decode kernel handles (K = V = 128) on a usable device; else kNotSupported.
+// Shapes the decode kernels handle (K = V = 64 or 128) on a usable device; else kNotSupported.
 Status check_decode_supported(const DecodeArgs& args);
 Status decode(const DecodeArgs& args, void* stream);
 

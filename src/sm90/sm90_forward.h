@@ -12,7 +12,7 @@ namespace flashkda::sm90 {
 bool compiled_in();
 // True when the current CUDA device can run them (compute capability 9.0); else *why says why.
 bool device_supported(std::string* why);
-// Problem shapes this backend handles (K = V = 128, HV == H for now); else a kNotSupported status.
+// Problem shapes this backend handles (K = V = 64 or 128); else a kNotSupported status.
 Status check_supported(const ForwardArgs& args);
 Status workspace_size(const ForwardArgs& args, size_t* bytes);
 Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, void* stream);

@@ -366,6 +366,7 @@ struct DecodeGuardCase {
   int variant;  // forced kernel variant
   bool bad_index;  // else: bad cu_seqlens
   bool int32_cu = false;  // the boundaries as cu_seqlens_int32
+  int64_t head_dim = 128;
 };
 
 void run_decode_guard(const DecodeGuardCase& gc) {
@@ -373,6 +374,7 @@ void run_decode_guard(const DecodeGuardCase& gc) {
   DecodeSpec spec;
   spec.seq_tokens = {2, 3, 1, 4};
   spec.heads = 2;
+  spec.head_dim = gc.head_dim;
   spec.per_token_states = true;
   DecodeProblem p = make_decode_problem(spec, 13);
   int64_t expect_first = 0;
@@ -428,6 +430,9 @@ TEST(GpuDecodeGuardBand, EveryVariantBadIndicesAndCuSeqlens) {
     const std::string name = std::string(sm90::decode_variant_name(v)) + " cu_seqlens_int32";
     run_decode_guard({name.c_str(), v, false, /*int32_cu=*/true});
   }
+  // K = V = 64 (the latency kernel whatever the variant).
+  run_decode_guard({"K=64 state_indices", 0, true, false, 64});
+  run_decode_guard({"K=64 cu_seqlens", 0, false, false, 64});
 }
 
 // Speculative verify on pool slots (DecodeArgs::verify_slots, num_accepted_tokens)

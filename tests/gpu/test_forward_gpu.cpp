@@ -2,6 +2,7 @@
 // CUDA backend is not built or no sm_90 device is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -110,6 +111,84 @@ INSTANTIATE_TEST_SUITE_P(Lengths, GpuForwardLength,
                            return "T" + std::to_string(std::get<0>(info.param)) + "_K" +
                                   std::to_string(std::get<1>(info.param));
                          });
+
+// p (K = V = 64) at K = V = 128: its inputs in the first 64 columns, zeros after
+// (dt_bias too, and the states' rows and columns past 64); the same A_log, beta
+// and scale (1/8).
+HostProblem zero_padded_to_128(const HostProblem& p) {
+  constexpr int64_t kFrom = 64, kTo = 128;
+  HostProblem w = p;
+  w.spec.head_dim = kTo;
+  w.K = w.V = kTo;
+  auto pad_rows = [](const auto& src, auto& dst, int64_t rows) {
+    dst.assign(static_cast<size_t>(rows * kTo), {});
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(src.begin() + r * kFrom, kFrom, dst.begin() + r * kTo);
+  };
+  auto pad_states = [&](const auto& src, auto& dst) {  // [N, HV, 64, 64] -> [N, HV, 128, 128]
+    if (src.empty()) return;
+    dst.assign(static_cast<size_t>(p.N * p.HV * kTo * kTo), {});
+    for (int64_t nh = 0; nh < p.N * p.HV; ++nh)
+      for (int64_t i = 0; i < kFrom; ++i)
+        std::copy_n(src.begin() + (nh * kFrom + i) * kFrom, kFrom, dst.begin() + (nh * kTo + i) * kTo);
+  };
+  const int64_t BT = p.B * p.T;
+  pad_rows(p.q, w.q, BT * p.H);
+  pad_rows(p.k, w.k, BT * p.H);
+  pad_rows(p.v, w.v, BT * p.HV);
+  pad_rows(p.g, w.g, BT * p.HV);
+  pad_rows(p.dt_bias, w.dt_bias, p.HV);
+  pad_states(p.init_f32, w.init_f32);
+  pad_states(p.init_bf16, w.init_bf16);
+  return w;
+}
+
+// K = V = 64 runs the 128-wide tiles on zero-padded columns (shared_storage.cuh):
+// the same arithmetic as the 128 kernels on zero-padded inputs, so the same bits
+// in the first 64 values and keys, and zeros after, one chain or segments.
+TEST_F(GpuForward, HeadDim64IsThe128RunOnZeroPaddedInputs) {
+  ProblemSpec spec;
+  spec.seqlens = {300, 0, 17, 700};
+  spec.heads = 2;
+  spec.v_heads = 4;
+  spec.head_dim = 64;
+  const HostProblem p = make_problem(spec, fresh_seed());
+  const HostProblem w = zero_padded_to_128(p);
+  for (const int64_t seg : {int64_t{-1}, int64_t{3}}) {
+    sm90::set_launch_override({2, 4, seg});  // 4-warp CTAs, 4 stages, as K = 64 runs
+    const RunResult a = run_cuda(p), b = run_cuda(w);
+    ASSERT_TRUE(a.status.ok()) << a.status.message;
+    ASSERT_TRUE(b.status.ok()) << b.status.message;
+    size_t out_diff = 0, out_pad = 0, state_diff = 0, state_pad = 0;
+    for (int64_t r = 0; r < p.tokens() * p.HV; ++r)
+      for (int64_t c = 0; c < 128; ++c) {
+        if (c < 64) out_diff += a.out_bits[r * 64 + c] != b.out_bits[r * 128 + c];
+        else out_pad += b.out[r * 128 + c] != 0.f;
+      }
+    for (int64_t nh = 0; nh < p.N * p.HV; ++nh)
+      for (int64_t i = 0; i < 128; ++i)
+        for (int64_t j = 0; j < 128; ++j) {
+          const float x = b.final_state[(nh * 128 + i) * 128 + j];
+          if (i < 64 && j < 64) state_diff += a.final_state[(nh * 64 + i) * 64 + j] != x;  // == : +0 and -0 alike
+          else state_pad += x != 0.f;
+        }
+    EXPECT_EQ(out_diff, 0u) << "seg " << seg;
+    EXPECT_EQ(state_diff, 0u) << "seg " << seg;
+    EXPECT_EQ(out_pad, 0u) << "seg " << seg << ": the padded 128 run's values past 64";
+    EXPECT_EQ(state_pad, 0u) << "seg " << seg << ": the padded 128 run's state past 64";
+  }
+}
+
+// exp(A_log) past fp32's range (A_log = 100): the kernels see inf, the gates
+// saturate; the padding columns of K = 64 must stay finite (their gate does not
+// read A_log).
+TEST_F(GpuForward, HeadDim64WithOverflowingExpALog) {
+  for (const int64_t head_dim : {128, 64}) {
+    const ProblemSpec spec = fixed(300, 2, 1, head_dim);
+    HostProblem p = make_problem(spec, fresh_seed());
+    for (auto& a : p.A_log) a = 100.f;
+    expect_within_bars(judge(p, run_cuda(p)), spec);
+  }
+}
 
 // K = V = 64 on the shapes the 128 tests above cover one by one: many heads
 // (sampled), batched, varlen with empty and partial sequences, grouped value heads.

@@ -223,18 +223,22 @@ TEST_P(GpuGuardBand, ForwardCuSeqlens) {
 
 // The same through the segment scan (segments of 2 chunks): its segment slots
 // and states are indexed by the same clamped bounds.
+// At K = V = 64 too (its own instantiations of the three kernels).
 TEST_P(GpuGuardBand, ForwardCuSeqlensSegmentScan) {
-  ProblemSpec spec;
-  spec.seqlens = {37, 16, 130, 5};
-  spec.heads = 2;
-  const HostProblem p = make_problem(spec, 52);
-  std::vector<int64_t> bad = p.cu_seqlens;
-  GetParam().corrupt(bad, p.T);
-  sm90::set_launch_override({0, 0, 2});
-  forward_with_device_cu_seqlens(p, bad);
-  const Status f = check_device_faults(nullptr);
-  EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << f.message;
-  EXPECT_NE(f.message.find("cu_seqlens (forward)"), std::string::npos) << f.message;
+  for (const int64_t head_dim : {128, 64}) {
+    ProblemSpec spec;
+    spec.seqlens = {37, 16, 130, 5};
+    spec.heads = 2;
+    spec.head_dim = head_dim;
+    const HostProblem p = make_problem(spec, 52);
+    std::vector<int64_t> bad = p.cu_seqlens;
+    GetParam().corrupt(bad, p.T);
+    sm90::set_launch_override({0, 0, 2});
+    forward_with_device_cu_seqlens(p, bad);
+    const Status f = check_device_faults(nullptr);
+    EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << "K=" << head_dim << ": " << f.message;
+    EXPECT_NE(f.message.find("cu_seqlens (forward)"), std::string::npos) << f.message;
+  }
 }
 
 void PrintTo(const BadCuSeqlens& c, std::ostream* os) { *os << c.name; }

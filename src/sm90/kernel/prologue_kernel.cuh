@@ -63,8 +63,10 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
                            : 0.f;
     s.beta_sig[tid] = sigmoid(beta);
   }
-  const float exp_a = expf(p.A_log[v_head]);
-  // Padding columns (m.d0 >= kDim): any finite gate; their k and q are zero.
+  // Padding columns get the gate of exp_a = 0 (finite whatever A_log is: an
+  // exp(A_log) that overflows times their zero g would be NaN).
+  const float exp_a = kDim == kHeadDim || m.d0 < kDim ? expf(p.A_log[v_head]) : 0.f;
+  // Padding columns (m.d0 >= kDim): any finite gate (exp_a above); their k and q are zero.
   float2 dt_bias = make_float2(0.f, 0.f);
   if (kDim == kHeadDim || m.d0 < kDim) {
     const float* dtb = p.dt_bias + static_cast<int64_t>(v_head) * kDim + m.d0;

@@ -21,8 +21,8 @@ constexpr int kHeadDim = 128;  // K = V of the on-chip tiles
 // tensors): 128, or 64 run on the same 128-wide tiles with key and value columns
 // 64..127 zero. Those columns are loaded as zeros and never stored; a zero
 // column of q, k and v keeps the state's columns and rows past 64 at zero
-// through every product and decay (their gates are finite), so the result is
-// the 64-wide recurrence's. The recurrence computes only the state's first 64
+// through every product and decay (their gates are made finite: exp_a = 0 there,
+// whatever A_log), so the result is the 64-wide recurrence's. The recurrence computes only the state's first 64
 // rows, the prologue the whole padded chunk.
 template <int kDim>
 constexpr bool is_supported_head_dim() {
