@@ -4,7 +4,7 @@
 //   flashkda-bench [--heads 96,64] [--states fp32,bf16,none] [--iters 100] [--warmup 10]
 //                  [--cases 8192,varlen6,8x1024] [--table standard|tp] [--v-split 0|1|2] [--stages 0|3|4]
 //                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg];..."]
-//                  [--checkpoints C] [--json FILE]
+//                  [--checkpoints C] [--head-dim 128|64] [--json FILE]
 //
 // --cases: the standard table's three (default) and the tensor-parallel rows'
 // 1024, 32768, 4x8192, and 1M (one sequence of 2^20 tokens). --table tp replaces
@@ -12,6 +12,7 @@
 // 48} x {1024, 8192, 32768}; H = 12 with 4x8192 and varlen6; H = 1 with 1M.
 // --checkpoints C: also write a bf16 checkpoint every C tokens in fla's key-major
 // layout (the prefix-caching call of spec section 7; C a multiple of 16).
+// --head-dim 64: every row at K = V = 64 (the FlashKDA design column is for 128 only).
 // --v-split / --stages / --seg-chunks force one part of the launch plan
 // (sm90::LaunchOverride; --seg-chunks -1: never split a sequence, N: segments of
 // N chunks); unset parts keep the heuristic's choice. --sweep-plan times the plans worth
@@ -41,7 +42,8 @@ namespace {
 using namespace flashkda::bench;
 
 
-constexpr int kDim = 128;
+// K = V of every row (--head-dim).
+int64_t g_dim = 128;
 
 
 // Approximately standard-normal bf16 values (sum of four uniforms, rescaled).
@@ -134,6 +136,10 @@ int main(int argc, char** argv) {
     else if (a == "--sweep-plan") sweep_plan = true;
     else if (a == "--json") json = next();
     else if (a == "--checkpoints") checkpoint_every = std::atoll(next().c_str());
+    else if (a == "--head-dim") {
+      g_dim = std::atoll(next().c_str());
+      if (g_dim != 64 && g_dim != 128) { std::fprintf(stderr, "--head-dim: expected 64 or 128\n"); return 2; }
+    }
     else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
   }
   std::string why;
@@ -191,7 +197,7 @@ int main(int argc, char** argv) {
       std::vector<int64_t> cu = {0};
       for (int64_t L : c.seqlens) cu.push_back(cu.back() + L);
       const int64_t T = cu.back(), N = static_cast<int64_t>(c.seqlens.size());
-      const int64_t tok_elems = T * H * kDim, state_elems = N * H * kDim * kDim;
+      const int64_t tok_elems = T * H * g_dim, state_elems = N * H * g_dim * g_dim;
       uint16_t *q, *k, *v, *g, *beta, *out;
       float *A_log, *dt_bias;
       void *init, *fin;
@@ -203,7 +209,7 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&out, tok_elems * 2));
       CHECK_CUDA(cudaMalloc(&beta, T * H * 2));
       CHECK_CUDA(cudaMalloc(&A_log, H * 4));
-      CHECK_CUDA(cudaMalloc(&dt_bias, H * kDim * 4));
+      CHECK_CUDA(cudaMalloc(&dt_bias, H * g_dim * 4));
       CHECK_CUDA(cudaMalloc(&init, state_elems * 4));
       CHECK_CUDA(cudaMalloc(&fin, state_elems * 4));
       CHECK_CUDA(cudaMalloc(&d_cu, cu.size() * 8));
@@ -214,7 +220,7 @@ int main(int argc, char** argv) {
       fill_normal_bf16<<<1024, 256>>>(g, tok_elems, 4, 1.f);
       fill_normal_bf16<<<1024, 256>>>(beta, T * H, 5, 1.f);
       fill_uniform_f32<<<64, 256>>>(A_log, H, 6, 1.f);
-      fill_uniform_f32<<<64, 256>>>(dt_bias, H * kDim, 7, 1.f);
+      fill_uniform_f32<<<64, 256>>>(dt_bias, H * g_dim, 7, 1.f);
       CHECK_CUDA(cudaGetLastError());
       CHECK_CUDA(cudaDeviceSynchronize());
 
@@ -239,14 +245,14 @@ int main(int argc, char** argv) {
           a.cu_seqlens_host = cu.data();
           a.num_seqs = N;
         }
-        a.batch = 1; a.seqlen = T; a.num_heads = H; a.num_v_heads = H; a.head_dim_k = kDim; a.head_dim_v = kDim;
-        a.scale = 1.f / std::sqrt(float(kDim));
+        a.batch = 1; a.seqlen = T; a.num_heads = H; a.num_v_heads = H; a.head_dim_k = g_dim; a.head_dim_v = g_dim;
+        a.scale = 1.f / std::sqrt(float(g_dim));
         a.lower_bound = -5.f;
         void* checkpoints = nullptr;
         if (checkpoint_every > 0) {
           int64_t entries = 0;
           for (int64_t L : c.seqlens) entries += (L + checkpoint_every - 1) / checkpoint_every;
-          CHECK_CUDA(cudaMalloc(&checkpoints, static_cast<size_t>(entries * H * kDim * kDim) * 2));
+          CHECK_CUDA(cudaMalloc(&checkpoints, static_cast<size_t>(entries * H * g_dim * g_dim) * 2));
           a.checkpoints = checkpoints;
           a.checkpoints_dtype = flashkda::DType::kBF16;
           a.checkpoint_interval = checkpoint_every;
@@ -286,7 +292,7 @@ int main(int argc, char** argv) {
                                    (used.seg_chunks > 0 ? ", segments of " + std::to_string(used.seg_chunks) : "") +
                                    (checkpoint_every > 0 ? ", checkpoints every " + std::to_string(checkpoint_every) : "");
           rows.push_back({H, c.name, st, used.v_split, plan, med, bytes / (med * 1e-3) / 1e9,
-                          bytes / kCopyBandwidth * 1e3, st == "fp32" ? published_ms(H, c.name) : 0.0});
+                          bytes / kCopyBandwidth * 1e3, st == "fp32" && g_dim == 128 ? published_ms(H, c.name) : 0.0});
           std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d %s  %.3f ms\n", H, c.name, st.c_str(), used.v_split,
                        plan.c_str(), med);
           CHECK_CUDA(cudaFree(ws));
@@ -299,6 +305,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (g_dim != 128) std::printf("\nK = V = %lld\n", static_cast<long long>(g_dim));
   std::printf("\n| H | case | state | v_split | launch | median ms | GB/s | x IO floor | FlashKDA design ms | ratio |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
