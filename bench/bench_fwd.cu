@@ -42,8 +42,6 @@ namespace {
 using namespace flashkda::bench;
 
 
-// K = V of every row (--head-dim).
-int64_t g_dim = 128;
 
 
 // Approximately standard-normal bf16 values (sum of four uniforms, rescaled).
@@ -97,6 +95,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> states = {"fp32", "bf16", "none"};
   int iters = 100, warmup = 10;
   int64_t checkpoint_every = 0;
+  int64_t dim = 128;  // K = V of every row (--head-dim)
   flashkda::sm90::LaunchOverride forced;
   bool sweep = false, sweep_plan = false;
   std::string json;
@@ -137,8 +136,8 @@ int main(int argc, char** argv) {
     else if (a == "--json") json = next();
     else if (a == "--checkpoints") checkpoint_every = std::atoll(next().c_str());
     else if (a == "--head-dim") {
-      g_dim = std::atoll(next().c_str());
-      if (g_dim != 64 && g_dim != 128) { std::fprintf(stderr, "--head-dim: expected 64 or 128\n"); return 2; }
+      dim = std::atoll(next().c_str());
+      if (dim != 64 && dim != 128) { std::fprintf(stderr, "--head-dim: expected 64 or 128\n"); return 2; }
     }
     else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
   }
@@ -197,7 +196,7 @@ int main(int argc, char** argv) {
       std::vector<int64_t> cu = {0};
       for (int64_t L : c.seqlens) cu.push_back(cu.back() + L);
       const int64_t T = cu.back(), N = static_cast<int64_t>(c.seqlens.size());
-      const int64_t tok_elems = T * H * g_dim, state_elems = N * H * g_dim * g_dim;
+      const int64_t tok_elems = T * H * dim, state_elems = N * H * dim * dim;
       uint16_t *q, *k, *v, *g, *beta, *out;
       float *A_log, *dt_bias;
       void *init, *fin;
@@ -209,7 +208,7 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&out, tok_elems * 2));
       CHECK_CUDA(cudaMalloc(&beta, T * H * 2));
       CHECK_CUDA(cudaMalloc(&A_log, H * 4));
-      CHECK_CUDA(cudaMalloc(&dt_bias, H * g_dim * 4));
+      CHECK_CUDA(cudaMalloc(&dt_bias, H * dim * 4));
       CHECK_CUDA(cudaMalloc(&init, state_elems * 4));
       CHECK_CUDA(cudaMalloc(&fin, state_elems * 4));
       CHECK_CUDA(cudaMalloc(&d_cu, cu.size() * 8));
@@ -220,7 +219,7 @@ int main(int argc, char** argv) {
       fill_normal_bf16<<<1024, 256>>>(g, tok_elems, 4, 1.f);
       fill_normal_bf16<<<1024, 256>>>(beta, T * H, 5, 1.f);
       fill_uniform_f32<<<64, 256>>>(A_log, H, 6, 1.f);
-      fill_uniform_f32<<<64, 256>>>(dt_bias, H * g_dim, 7, 1.f);
+      fill_uniform_f32<<<64, 256>>>(dt_bias, H * dim, 7, 1.f);
       CHECK_CUDA(cudaGetLastError());
       CHECK_CUDA(cudaDeviceSynchronize());
 
@@ -245,14 +244,14 @@ int main(int argc, char** argv) {
           a.cu_seqlens_host = cu.data();
           a.num_seqs = N;
         }
-        a.batch = 1; a.seqlen = T; a.num_heads = H; a.num_v_heads = H; a.head_dim_k = g_dim; a.head_dim_v = g_dim;
-        a.scale = 1.f / std::sqrt(float(g_dim));
+        a.batch = 1; a.seqlen = T; a.num_heads = H; a.num_v_heads = H; a.head_dim_k = dim; a.head_dim_v = dim;
+        a.scale = 1.f / std::sqrt(float(dim));
         a.lower_bound = -5.f;
         void* checkpoints = nullptr;
         if (checkpoint_every > 0) {
           int64_t entries = 0;
           for (int64_t L : c.seqlens) entries += (L + checkpoint_every - 1) / checkpoint_every;
-          CHECK_CUDA(cudaMalloc(&checkpoints, static_cast<size_t>(entries * H * g_dim * g_dim) * 2));
+          CHECK_CUDA(cudaMalloc(&checkpoints, static_cast<size_t>(entries * H * dim * dim) * 2));
           a.checkpoints = checkpoints;
           a.checkpoints_dtype = flashkda::DType::kBF16;
           a.checkpoint_interval = checkpoint_every;
@@ -292,7 +291,7 @@ int main(int argc, char** argv) {
                                    (used.seg_chunks > 0 ? ", segments of " + std::to_string(used.seg_chunks) : "") +
                                    (checkpoint_every > 0 ? ", checkpoints every " + std::to_string(checkpoint_every) : "");
           rows.push_back({H, c.name, st, used.v_split, plan, med, bytes / (med * 1e-3) / 1e9,
-                          bytes / kCopyBandwidth * 1e3, st == "fp32" && g_dim == 128 ? published_ms(H, c.name) : 0.0});
+                          bytes / kCopyBandwidth * 1e3, st == "fp32" && dim == 128 ? published_ms(H, c.name) : 0.0});
           std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d %s  %.3f ms\n", H, c.name, st.c_str(), used.v_split,
                        plan.c_str(), med);
           CHECK_CUDA(cudaFree(ws));
@@ -305,7 +304,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  if (g_dim != 128) std::printf("\nK = V = %lld\n", static_cast<long long>(g_dim));
+  if (dim != 128) std::printf("\nK = V = %lld\n", static_cast<long long>(dim));
   std::printf("\n| H | case | state | v_split | launch | median ms | GB/s | x IO floor | FlashKDA design ms | ratio |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {

@@ -430,6 +430,16 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     err = launch_prologue(p, dev, s);
     if (err != cudaSuccess) return cuda_status(err, "launching the prologue kernel");
   }
+  // The 4-warp recurrence CTAs (64 rows of the state each): the segment scan's
+  // passes, V split 2, and every launch at K = 64.
+  auto launch_4warps = [&](int64_t ctas) {
+    if (dim64)
+      return checkpoints ? launch_recurrence<4, 4, true, 64>(p, ctas, dev, s)
+                         : launch_recurrence<4, 4, false, 64>(p, ctas, dev, s);
+    if (checkpoints) return launch_recurrence<4, 4, true>(p, ctas, dev, s);
+    return plan.stages == 3 ? launch_recurrence<4, 3, false>(p, ctas, dev, s)
+                            : launch_recurrence<4, 4, false>(p, ctas, dev, s);
+  };
   if (plan.seg_chunks > 0) {
     // The segment scan: summaries, their composition, the segments from their states.
     p.seg_chunks = plan.seg_chunks;
@@ -438,12 +448,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     const int64_t row_parts = K / 64;  // 4-warp CTAs own 64 rows
     auto run_pass = [&](RecurrencePass pass, int64_t ctas) {
       p.pass = pass;
-      if (dim64)
-        return checkpoints ? launch_recurrence<4, 4, true, 64>(p, ctas, dev, s)
-                           : launch_recurrence<4, 4, false, 64>(p, ctas, dev, s);
-      if (checkpoints) return launch_recurrence<4, 4, true>(p, ctas, dev, s);
-      return plan.stages == 3 ? launch_recurrence<4, 3, false>(p, ctas, dev, s)
-                              : launch_recurrence<4, 4, false>(p, ctas, dev, s);
+      return launch_4warps(ctas);
     };
     if (p.split_mode != kSplitResume) {
       err = run_pass(kPassSummaries, p.num_seg_slots * hv * 2 * row_parts);
@@ -457,23 +462,13 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     return Status::Ok();
   }
   p.pass = kPassWhole;
-  if (dim64) {
-    err = checkpoints ? launch_recurrence<4, 4, true, 64>(p, num_ctas, dev, s)
-                      : launch_recurrence<4, 4, false, 64>(p, num_ctas, dev, s);
-    if (err != cudaSuccess) return cuda_status(err, "launching the recurrence kernel");
-    return Status::Ok();
-  }
-  switch (p.v_split) {
-    case 1:
-      err = checkpoints ? launch_recurrence<8, 4, true>(p, num_ctas, dev, s)
-                        : launch_recurrence<8, 4, false>(p, num_ctas, dev, s);
-      break;
-    case 2:
-      err = checkpoints               ? launch_recurrence<4, 4, true>(p, num_ctas, dev, s)
-            : plan.stages == 3        ? launch_recurrence<4, 3, false>(p, num_ctas, dev, s)
-                                      : launch_recurrence<4, 4, false>(p, num_ctas, dev, s);
-      break;
-    default: err = cudaErrorInvalidValue; break;
+  if (dim64 || p.v_split == 2) {
+    err = launch_4warps(num_ctas);
+  } else if (p.v_split == 1) {
+    err = checkpoints ? launch_recurrence<8, 4, true>(p, num_ctas, dev, s)
+                      : launch_recurrence<8, 4, false>(p, num_ctas, dev, s);
+  } else {
+    err = cudaErrorInvalidValue;
   }
   if (err != cudaSuccess) return cuda_status(err, "launching the recurrence kernel");
   return Status::Ok();

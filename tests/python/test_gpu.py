@@ -186,8 +186,9 @@ def test_mixed_devices_is_value_error():
         flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, final_state=fs, **kw)
 
 
-def test_unsupported_head_dim_is_not_implemented():
-    p = gpu_problem(T=16, H=2, K=96, seed=109)
+@pytest.mark.parametrize("K,V", [(96, 96), (64, 128)])
+def test_unsupported_head_dim_is_not_implemented(K, V):
+    p = gpu_problem(T=16, H=2, K=K, V=V, seed=109)
     with pytest.raises(NotImplementedError, match=r"head_dim_k/head_dim_v: the CUDA backend supports K = V = 64 or 128"):
         run(p)
 

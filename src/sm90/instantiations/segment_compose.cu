@@ -10,7 +10,7 @@ template <int kDim>
 cudaError_t launch_compose(const FwdParams& p, cudaStream_t stream) {
   const int64_t kinds = p.split_mode == kSplitSummaries ? 2 : 1;
   const int64_t ctas = static_cast<int64_t>(p.num_seqs) * p.num_v_heads * compose_ctas_per_head<kDim>() * kinds;
-  kda_segment_compose_kernel<kDim><<<dim3(static_cast<unsigned>(ctas)), dim3(compose_threads<kDim>()), 0, stream>>>(p);
+  kda_segment_compose_kernel<kDim><<<dim3(static_cast<unsigned>(ctas)), dim3(kDim), 0, stream>>>(p);
   return cudaGetLastError();
 }
 }  // namespace

@@ -29,11 +29,8 @@
 namespace flashkda::sm90 {
 
 constexpr int kComposeRows = kHeadDim / static_cast<int>(kComposeCtasPerSeqHead);  // rows of S per CTA
-// One key column a thread; fwd_launch.h's kComposeCtasPerSeqHead is the grid of K = 128.
-template <int kDim>
-constexpr int compose_threads() {
-  return kDim;
-}
+// kDim threads a CTA, one key column each; fwd_launch.h's kComposeCtasPerSeqHead
+// is the grid of K = 128.
 template <int kDim>
 constexpr int compose_ctas_per_head() {
   return kDim / kComposeRows;
@@ -52,7 +49,7 @@ __device__ __forceinline__ float initial_state_at(const StateLocation& l, int ro
 // Grid: kComposeCtasPerHead CTAs per (sequence, value head) and per kind of
 // rows; a summaries call has two kinds (B rows, then M rows), the others one.
 template <int kDim>
-__global__ void __launch_bounds__(compose_threads<kDim>())
+__global__ void __launch_bounds__(kDim)
     kda_segment_compose_kernel(const __grid_constant__ FwdParams p) {
   static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
   constexpr int kCtasPerHead = compose_ctas_per_head<kDim>();
