@@ -1,9 +1,9 @@
 // flashkda-bench-decode: one decode step (one token per sequence, state read and
 // written in place in the pool) under a CUDA graph, for N ∈ {1, 8, 64, 256, 1024},
-// H = 32, K = V = 128, fp32 and bf16 pools. Prints µs per step and the achieved
+// H = 32, K = V = 128 (or 64 with --head-dim 64), fp32 and bf16 pools. Prints µs per step and the achieved
 // state bandwidth 2·N·H·V·K·sizeof(state) / time.
 //
-//   flashkda-bench-decode [--heads 32] [--seqs 1,8,64,256,1024] [--dtypes fp32,bf16]
+//   flashkda-bench-decode [--heads 32] [--seqs 1,8,64,256,1024] [--dtypes fp32,bf16] [--head-dim 128]
 //                         [--iters 200] [--json FILE]
 //                         [--variants all | LIST] [--rounds 10] [--no-refs]
 //
@@ -46,7 +46,6 @@ namespace {
 
 using namespace flashkda::bench;
 
-constexpr int kDim = 128;
 constexpr int kStepsPerGraph = 20;  // amortises the graph launch itself
 constexpr int kRmwThreads = 128, kRmwVecsPerThread = 8;
 constexpr int64_t kRmwBytesPerCta = int64_t{kRmwThreads} * kRmwVecsPerThread * 16;  // 16 KB, as a decode fp32 CTA
@@ -212,7 +211,7 @@ std::vector<Stats> time_interleaved(const std::vector<cudaGraphExec_t>& graphs, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int H = 32, iters = 200, rounds = 10;
+  int H = 32, iters = 200, rounds = 10, dim = 128;
   std::vector<int> seqs = {1, 8, 64, 256, 1024};
   std::vector<std::string> dtypes = {"fp32", "bf16"};
   std::string json, variants;
@@ -230,6 +229,10 @@ int main(int argc, char** argv) {
     else if (a == "--rounds") rounds = std::atoi(next().c_str());
     else if (a == "--variants") variants = next();
     else if (a == "--no-refs") refs = false;
+    else if (a == "--head-dim") {
+      dim = std::atoi(next().c_str());
+      if (dim != 64 && dim != 128) { std::fprintf(stderr, "--head-dim: expected 64 or 128\n"); return 2; }
+    }
     else if (a == "--json") json = next();
     else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
   }
@@ -260,7 +263,7 @@ int main(int argc, char** argv) {
     for (const std::string& dname : dtypes) {
       const bool fp32 = dname == "fp32";
       const flashkda::DType dt = fp32 ? flashkda::DType::kFP32 : flashkda::DType::kBF16;
-      const int64_t tok = int64_t{N} * H * kDim, state_elems = int64_t{N} * H * kDim * kDim;
+      const int64_t tok = int64_t{N} * H * dim, state_elems = int64_t{N} * H * dim * dim;
       const int64_t state_bytes = state_elems * (fp32 ? 4 : 2);
       uint16_t *q, *k, *v, *g, *beta, *out;
       float *A_log, *dt_bias;
@@ -269,14 +272,14 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&q, tok * 2)); CHECK_CUDA(cudaMalloc(&k, tok * 2));
       CHECK_CUDA(cudaMalloc(&v, tok * 2)); CHECK_CUDA(cudaMalloc(&g, tok * 2));
       CHECK_CUDA(cudaMalloc(&out, tok * 2)); CHECK_CUDA(cudaMalloc(&beta, int64_t{N} * H * 2));
-      CHECK_CUDA(cudaMalloc(&A_log, H * 4)); CHECK_CUDA(cudaMalloc(&dt_bias, H * kDim * 4));
+      CHECK_CUDA(cudaMalloc(&A_log, H * 4)); CHECK_CUDA(cudaMalloc(&dt_bias, H * dim * 4));
       CHECK_CUDA(cudaMalloc(&pool, state_bytes));
       CHECK_CUDA(cudaMalloc(&idx, N * 4));
       const bool want_copy = std::any_of(cols.begin(), cols.end(), [](const Column& c) { return c.kind == Kind::kMemcpy; });
       if (want_copy) CHECK_CUDA(cudaMalloc(&copy_dst, state_bytes));
       fill_bf16<<<256, 256>>>(q, tok, 1); fill_bf16<<<256, 256>>>(k, tok, 2); fill_bf16<<<256, 256>>>(v, tok, 3);
       fill_bf16<<<256, 256>>>(g, tok, 4); fill_bf16<<<256, 256>>>(beta, int64_t{N} * H, 5);
-      fill_uniform_f32<<<8, 256>>>(A_log, H, 6, 1.f); fill_uniform_f32<<<8, 256>>>(dt_bias, H * kDim, 7, 1.f);
+      fill_uniform_f32<<<8, 256>>>(A_log, H, 6, 1.f); fill_uniform_f32<<<8, 256>>>(dt_bias, H * dim, 7, 1.f);
       fill_state<<<1024, 256>>>(pool, state_elems, 8, fp32);
       iota_i32<<<8, 256>>>(idx, N);
       CHECK_CUDA(cudaGetLastError());
@@ -286,8 +289,8 @@ int main(int argc, char** argv) {
       a.q = q; a.k = k; a.v = v; a.g = g; a.beta = beta; a.A_log = A_log; a.dt_bias = dt_bias; a.out = out;
       a.num_seqs = N; a.tokens_per_seq = 1; a.total_tokens = N;
       a.state_pool = pool; a.state_dtype = dt; a.pool_size = N; a.state_indices = idx;
-      a.num_heads = H; a.num_v_heads = H; a.head_dim_k = kDim; a.head_dim_v = kDim;
-      a.scale = 1.f / std::sqrt(float(kDim)); a.lower_bound = -5.f;
+      a.num_heads = H; a.num_v_heads = H; a.head_dim_k = dim; a.head_dim_v = dim;
+      a.scale = 1.f / std::sqrt(float(dim)); a.lower_bound = -5.f;
 
       std::vector<cudaGraph_t> graphs;
       std::vector<cudaGraphExec_t> execs;
@@ -349,6 +352,7 @@ int main(int argc, char** argv) {
   // than the decode kernels themselves (docs/perf-log.md), so it is a column, not
   // the reference; "rmw" is the floor of the decode's own access pattern.
   auto tbps = [](const Row& r, size_t c) { return r.bytes / (r.st[c].median * 1e-6) / 1e12; };
+  if (dim != 128) std::printf("\nK = V = %d\n", dim);
   if (!ab) {
     std::printf("\n| N | H | pool | µs / step | state TB/s | %% of copy bandwidth (4.25 TB/s) |\n|---|---|---|---|---|---|\n");
     for (const Row& r : rows)
