@@ -87,6 +87,21 @@ TEST_P(GpuDegenerate, Long) {
   check_degenerate(spec, GetParam(), 43, "T=4096");
 }
 
+// Head dim 64 (its own prologue and 64-wide products): a partial last chunk with
+// GVA, and a long sequence where errors in rarely visited directions add up.
+TEST_P(GpuDegenerate, HeadDim64) {
+  ProblemSpec spec;
+  spec.head_dim = 64;
+  spec.seqlens = {300, 45};
+  spec.heads = 1;
+  spec.v_heads = 2;
+  check_degenerate(spec, GetParam(), 47, "K=64 varlen+GVA");
+  spec.seqlens = {};
+  spec.seqlen = 4096;
+  spec.v_heads = 0;
+  check_degenerate(spec, GetParam(), 48, "K=64 T=4096");
+}
+
 // Every launch plan (V split 1, 2; 3 and 4 stages) on the same case.
 TEST_P(GpuDegenerate, EveryLaunchPlan) {
   for (const sm90::LaunchOverride& o : {sm90::LaunchOverride{1, 4}, sm90::LaunchOverride{2, 3},
