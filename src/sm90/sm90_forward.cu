@@ -129,11 +129,12 @@ namespace {
 // The segment scan (spec section 6) when the chains of chunk steps, not the
 // GPU's throughput, bound the call: few heads, long sequences. With G segments
 // a sequence's chain shrinks from C chunk steps to about 2·C/G (pass 1 and pass
-// 3 each walk one segment), for about 3x the state arithmetic: pass 1 runs four
-// 4-warp CTAs per segment and head (value rows B, key rows M), except two for
-// the first segment (it runs for real) and none for the last; pass 3 two per
-// segment but the first. G is the most segments whose pass 1 fills one wave of
-// kSegmentCtasPerSm CTAs on every SM: heads · (4·G_total − 6·N) <= that wave.
+// 3 each walk one segment), for about 3x the state arithmetic: pass 1 runs 2·R
+// 4-warp CTAs per segment and head (value rows B, key rows M; R = K / 64 CTAs
+// per state), except R for the first segment (it runs for real) and none for
+// the last; pass 3 R per segment but the first. G is the most segments whose
+// pass 1 fills one wave of kSegmentCtasPerSm CTAs on every SM:
+// heads · (2R·G_total − 3R·N) <= that wave.
 // A sequence that would get fewer than 3 segments gains nothing (pass 3 of
 // segment 1 waits for all of segment 0), so then no sequence is cut.
 constexpr int64_t kSegmentCtasPerSm = 2;   // 4-warp recurrence CTAs resident on an SM (4 stages)
@@ -157,7 +158,8 @@ int64_t chunks_per_segment(const ProblemShape& shape, int64_t segments) {
 int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
   if (shape.seqs <= 0 || shape.heads <= 0 || shape.total_chunks <= 0) return 0;
   const int64_t wave = kSegmentCtasPerSm * num_sms;
-  const int64_t segments = (wave + 6 * shape.seqs * shape.heads) / (4 * shape.heads);
+  const int64_t r = shape.row_parts;
+  const int64_t segments = (wave + 3 * r * shape.seqs * shape.heads) / (2 * r * shape.heads);
   if (segments <= shape.seqs) return 0;
   const int64_t seg = std::max(kMinSegmentChunks, chunks_per_segment(shape, segments));
   // Unknown lengths (varlen without cu_seqlens_host): assume equal ones.
@@ -175,6 +177,7 @@ ProblemShape split_shape(const ForwardArgs& args) {
   ProblemShape shape;
   shape.seqs = num_sequences(args);
   shape.heads = value_heads(args);
+  shape.row_parts = args.head_dim_k / 64;
   const bool varlen = args.cu_seqlens != nullptr || args.cu_seqlens_int32 != nullptr;
   shape.total_chunks = varlen ? (args.batch * args.seqlen + kChunk - 1) / kChunk + shape.seqs - 1
                               : shape.seqs * ((args.seqlen + kChunk - 1) / kChunk);
@@ -182,14 +185,14 @@ ProblemShape split_shape(const ForwardArgs& args) {
 }
 
 // The segments of a summaries call and its resume call (ForwardArgs::summaries_M).
-// Pass 1 summarises every segment (four 4-warp CTAs per segment and head, none
+// Pass 1 summarises every segment (2R 4-warp CTAs per segment and head, none
 // running for real) and the resume's pass 3 runs every segment, so a segment
-// count whose pass 1 overflows one wave runs it in two: heads · 4 · G_total <=
+// count whose pass 1 overflows one wave runs it in two: heads · 2R · G_total <=
 // the wave. Any cut pays here (pass 1 and pass 3 are separate calls, each a
 // chain of one segment), so no minimum segments per chain.
 int64_t split_segment_chunks(const ProblemShape& shape, int num_sms) {
   if (shape.seqs <= 0 || shape.heads <= 0 || shape.total_chunks <= 0) return 0;
-  const int64_t segments = kSegmentCtasPerSm * num_sms / (4 * shape.heads);
+  const int64_t segments = kSegmentCtasPerSm * num_sms / (2 * shape.row_parts * shape.heads);
   if (segments <= shape.seqs) return 0;
   return std::max(kMinSegmentChunks, chunks_per_segment(shape, segments));
 }
@@ -270,6 +273,7 @@ ProblemShape problem_shape(const ForwardArgs& args) {
   const int64_t n = num_sequences(args);
   shape.seqs = n;
   shape.heads = value_heads(args);
+  shape.row_parts = args.head_dim_k / 64;
   auto chunks = [](int64_t len) { return (len + kChunk - 1) / kChunk; };
   if (args.cu_seqlens == nullptr && args.cu_seqlens_int32 == nullptr) {
     shape.longest_chunks = chunks(args.seqlen);

@@ -34,6 +34,7 @@ struct ProblemShape {
   int64_t heads = 0;
   int64_t total_chunks = 0;
   int64_t longest_chunks = -1;
+  int64_t row_parts = 2;  // 64-row (4-warp) CTAs per state in the segment scan: K / 64
 };
 ProblemShape problem_shape(const ForwardArgs& args);
 // The launch heuristic's choice for this shape on `num_sms` SMs.

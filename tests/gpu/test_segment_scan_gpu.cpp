@@ -372,6 +372,18 @@ TEST(SegmentPlan, HeuristicChoices) {
   const int64_t seg = plan(1, 12, 512).seg_chunks;
   const int64_t segments = (512 + seg - 1) / seg;
   EXPECT_LE(12 * (4 * segments - 6), 2 * kH200Sms);
+  // K = 64: one 4-warp CTA per state (R = 1), two per segment in pass 1: about
+  // twice the segments, and pass 1 still within one wave.
+  sm90::ProblemShape s64;
+  s64.seqs = 1;
+  s64.heads = 12;
+  s64.total_chunks = s64.longest_chunks = 512;
+  s64.row_parts = 1;
+  const int64_t seg64 = sm90::choose_launch_plan(s64, kH200Sms).seg_chunks;
+  ASSERT_GT(seg64, 0);
+  const int64_t segments64 = (512 + seg64 - 1) / seg64;
+  EXPECT_GT(segments64, segments);
+  EXPECT_LE(12 * (2 * segments64 - 3), 2 * kH200Sms);
 #else
   GTEST_SKIP() << "no GPU run: this build has no CUDA kernels (FLASHKDA_ENABLE_CUDA=OFF)";
 #endif

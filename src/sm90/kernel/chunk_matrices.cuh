@@ -14,15 +14,16 @@
 
 namespace flashkda::sm90 {
 
-// (X_hi + X_lo)·(K_inv_hi + K_inv_lo)ᵀ over the 128 key dimensions, dropping lo·lo.
+// (X_hi + X_lo)·(K_inv_hi + K_inv_lo)ᵀ over the kDim key dimensions (the columns
+// past them are zero: shared_storage.cuh), dropping lo·lo.
 // load_x_hi(kk, lane): the A fragment of X_hi's key columns 16kk..16kk+15.
-template <class Smem, class LoadHi>
+template <int kDim, class Smem, class LoadHi>
 __device__ __forceinline__ void times_kinv_t(FragC (&c)[2], LoadHi load_x_hi, const __nv_bfloat16 (*x_lo)[kLdRow],
                                              const Smem& s, int lane) {
   zero(c[0]);
   zero(c[1]);
 #pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+  for (int kk = 0; kk < kDim / 16; ++kk) {
     const FragA a_hi = load_x_hi(kk, lane);
     const FragA a_lo = ldsm_a(&x_lo[0][0], kLdRow, 0, 16 * kk, lane);
     FragB b_hi[2], b_lo[2];
@@ -37,11 +38,11 @@ __device__ __forceinline__ void times_kinv_t(FragC (&c)[2], LoadHi load_x_hi, co
   }
 }
 
-template <class Smem>
+template <int kDim, class Smem>
 __device__ __forceinline__ void build_inverse(Smem& s, int lane) {
   const int g = lane >> 2, t = lane & 3;
   FragC n[2];
-  times_kinv_t(
+  times_kinv_t<kDim>(
       n, [&](int kk, int l) { return ldsm_a(&s.kdec_hi[0][0], kLdRow, 0, 16 * kk, l); }, s.kdec_lo, s, lane);
   // N = −diag(b)·strict_lower(·). A select, not a multiply: the masked upper
   // triangle holds products 2^(G_i − G_j) with i < j that may overflow to inf.
@@ -73,12 +74,12 @@ __device__ __forceinline__ void build_inverse(Smem& s, int lane) {
   }
 }
 
-template <class Smem>
+template <int kDim, class Smem>
 __device__ __forceinline__ void build_mqk(Smem& s, int lane) {
   const int g = lane >> 2, t = lane & 3;
   FragC m[2];
   // Q_dec's high part is rows 16-31 of the record's swizzled wq.
-  times_kinv_t(
+  times_kinv_t<kDim>(
       m, [&](int kk, int l) { return ldsm_a_sw128(s.wq, kChunk, 16 * kk, l); }, s.qdec_lo, s, lane);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {

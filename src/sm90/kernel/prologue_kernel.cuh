@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   __syncthreads();
   write_decayed_operands(s, m, G, p.scale);
   __syncthreads();
-  if (warp == 0) build_inverse(s, lane);
-  else if (warp == 1) build_mqk(s, lane);
+  if (warp == 0) build_inverse<kDim>(s, lane);
+  else if (warp == 1) build_mqk<kDim>(s, lane);
   __syncthreads();
   build_w(s, warp, lane);
   __syncthreads();

@@ -25,6 +25,13 @@ struct StateRows {
   FragC tile[kHeadDim / 8];
 };
 
+// The tiles of the caller's kDim key columns (K = 64: the first eight; the others
+// stay zero and are never touched, so the compiler keeps no registers for them).
+template <int kDim>
+__device__ __forceinline__ FragC (&key_tiles(StateRows& S))[kDim / 8] {
+  return *reinterpret_cast<FragC(*)[kDim / 8]>(&S.tile[0]);
+}
+
 // The warp's rows row0.. of the state at `l` (zero where it has none), rows of
 // kDim keys (the columns past them zero); bf16 states widen exactly.
 template <int kDim>
@@ -69,7 +76,9 @@ __device__ __forceinline__ void store_state(const StateRows& S, const StateLocat
 }
 
 // The segment scan's starting rows (tile_scheduler.cuh, StateFrom): zero, the
-// identity's rows row0.. (for M), or fp32 rows of a workspace state.
+// identity's rows row0.. (for M), or fp32 rows of a workspace state (its first
+// kDim columns; the others are zero).
+template <int kDim>
 __device__ __forceinline__ void load_state_rows(StateRows& S, StateFrom from, const float* rows, int row0,
                                                 int lane) {
   const int g = lane >> 2, t = lane & 3;
@@ -79,7 +88,9 @@ __device__ __forceinline__ void load_state_rows(StateRows& S, StateFrom from, co
     for (int hr = 0; hr < 2; ++hr) {
       const int row = row0 + g + 8 * hr, col = 8 * j + 2 * t;
       float2 x = make_float2(0.f, 0.f);
-      if (from == StateFrom::kIdentity) {
+      if (8 * j >= kDim) {
+        // padding columns: zero
+      } else if (from == StateFrom::kIdentity) {
         x = make_float2(row == col ? 1.f : 0.f, row == col + 1 ? 1.f : 0.f);
       } else if (from == StateFrom::kBuffer) {
         x = *reinterpret_cast<const float2*>(rows + static_cast<int64_t>(row) * kHeadDim + col);
@@ -90,10 +101,11 @@ __device__ __forceinline__ void load_state_rows(StateRows& S, StateFrom from, co
   }
 }
 
+template <int kDim>
 __device__ __forceinline__ void store_state_rows(const StateRows& S, float* rows, int row0, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j) {
+  for (int j = 0; j < kDim / 8; ++j) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const int row = row0 + g + 8 * hr, col = 8 * j + 2 * t;
@@ -104,9 +116,10 @@ __device__ __forceinline__ void store_state_rows(const StateRows& S, float* rows
 }
 
 // Waits for the state update's wgmma before S is read again.
+template <int kDim>
 __device__ __forceinline__ void finish_state_update(StateRows& S) {
   wgmma_wait_all();
-  fence_accumulators(S.tile);
+  fence_accumulators(key_tiles<kDim>(S));
 }
 
 // One chunk for the warp's 16 rows of V, columns vw..vw+15 of the CTA's slice
@@ -115,20 +128,24 @@ __device__ __forceinline__ void finish_state_update(StateRows& S) {
 // state as wgmma (wgmma.cuh); the small 16x16 products stay mma.sync, per warp.
 // Uᵀ and K_res enter the state update as bf16 hi + lo: a single bf16 rounding of
 // either is the largest term of the state's error (docs/design.md, "Accuracy").
+// kDim = 64: the products run over the first 64 keys only (the others are zero,
+// shared_storage.cuh): four k16 steps, and an n64 state update on eight tiles.
+template <int kDim>
 __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperands& ops, const uint16_t* v, int ldv,
                                                 int vw, __nv_bfloat16 (*out_tile)[kLdT], int lane) {
+  constexpr int kKeySteps = kDim / 16;
   const int g = lane >> 2, t = lane & 3;
   // [−S wᵀ | S Q_decᵀ] (16 V rows x 32: tokens of −w, then of Q_dec), from the
-  // state before this chunk's update: eight k16 steps over the keys.
+  // state before this chunk's update: kDim / 16 k16 steps over the keys.
   FragC uo[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) zero(uo[i]);
-  FragA sa[kHeadDim / 16];
+  FragA sa[kKeySteps];
 #pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) sa[kk] = to_a_bf16(S.tile[2 * kk], S.tile[2 * kk + 1]);
+  for (int kk = 0; kk < kKeySteps; ++kk) sa[kk] = to_a_bf16(S.tile[2 * kk], S.tile[2 * kk + 1]);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+  for (int kk = 0; kk < kKeySteps; ++kk) {
     constexpr uint32_t kKStepBytes = 16 * 2;  // 16 keys of a 128-byte swizzled row
     const char* b = reinterpret_cast<const char*>(ops.wq) + (kk / 4) * kSw128AtomBytes + (kk % 4) * kKStepBytes;
     wgmma_m64n32k16(uo, sa[kk], sw128_descriptor(b, 16, kSw128GroupBytes));
@@ -161,7 +178,7 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
   split_a_bf16(uo[0], uo[1], ua_hi, ua_lo);
   // S = S·diag(2^G_last) + Uᵀ K_res, hi·hi + lo·hi + hi·lo
 #pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j) {
+  for (int j = 0; j < kDim / 8; ++j) {
     const float2 dl = *reinterpret_cast<const float2*>(&ops.decay_last[8 * j + 2 * t]);
     S.tile[j].x[0] *= dl.x;
     S.tile[j].x[1] *= dl.y;
@@ -172,9 +189,16 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
   const uint64_t kres_hi = sw128_descriptor(ops.kres_hi, kSw128AtomBytes, kSw128GroupBytes);
   const uint64_t kres_lo = sw128_descriptor(ops.kres_lo, kSw128AtomBytes, kSw128GroupBytes);
   wgmma_fence();
-  wgmma_m64n128k16_bt(S.tile, ua_hi, kres_hi);
-  wgmma_m64n128k16_bt(S.tile, ua_lo, kres_hi);
-  wgmma_m64n128k16_bt(S.tile, ua_hi, kres_lo);
+  if constexpr (kDim == kHeadDim) {
+    wgmma_m64n128k16_bt(S.tile, ua_hi, kres_hi);
+    wgmma_m64n128k16_bt(S.tile, ua_lo, kres_hi);
+    wgmma_m64n128k16_bt(S.tile, ua_hi, kres_lo);
+  } else {
+    static_assert(kDim == 64, "one 64-column swizzle atom");
+    wgmma_m64n64k16_bt(key_tiles<kDim>(S), ua_hi, kres_hi);
+    wgmma_m64n64k16_bt(key_tiles<kDim>(S), ua_lo, kres_hi);
+    wgmma_m64n64k16_bt(key_tiles<kDim>(S), ua_hi, kres_lo);
+  }
   wgmma_commit();
   // out += Uᵀ Mqkᵀ, hi·hi + lo·hi + hi·lo, while the state update runs
 #pragma unroll
@@ -192,7 +216,7 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     out_tile[tok][g + 8] = __float2bfloat16_rn(o[nt].x[2]);
     out_tile[tok + 1][g + 8] = __float2bfloat16_rn(o[nt].x[3]);
   }
-  finish_state_update(S);
+  finish_state_update<kDim>(S);
 }
 
 

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
 
   StateRows S;
   if (w.from == StateFrom::kInitial) load_state<kDim>(S, state_location<kDim>(p, w.seq, w.v_head), row, lane);
-  else load_state_rows(S, w.from, w.in_rows, row, lane);
+  else load_state_rows<kDim>(S, w.from, w.in_rows, row, lane);
   for (int c = 0; c < kStages - 1; ++c) issue_load(c, c);
   // Checkpoints: the cursor in shared memory, the next stop in a register.
   __shared__ CheckpointCursor ck;
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     __syncthreads();
     issue_load(c + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
     const auto& st = s.stage[stage];
-    recurrence_step(S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane);
+    recurrence_step<kDim>(S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane);
     if (kCheckpoints && w.first_chunk + c + 1 == ck_next) {
       store_checkpoints<kDim>(S, p, ck, ck_next, w.v_head, row, lane);
       ck_next = next_checkpoint_stop(ck, ck_next, false);
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     const bool kept = !kCheckpoints || p.slot_ck_offsets == nullptr || final_state_kept(ck, p, w.seq);
     if (kept) store_state<kDim>(S, state_location<kDim>(p, w.seq, w.v_head), row, lane);
   } else if (w.to == StateTo::kBuffer) {
-    store_state_rows(S, w.out_rows, row, lane);
+    store_state_rows<kDim>(S, w.out_rows, row, lane);
   }
 }
 

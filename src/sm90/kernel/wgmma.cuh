@@ -57,6 +57,22 @@ __device__ __forceinline__ void wgmma_m64n32k16(FragC (&d)[4], const FragA& a, u
       : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "l"(desc_b));
 }
 
+// d[0..7] += a · B, B MN-major (64 columns, one swizzle atom: eight n8-tiles), one k16 step.
+__device__ __forceinline__ void wgmma_m64n64k16_bt(FragC (&d)[8], const FragA& a, uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "{%32,%33,%34,%35}, %36, 1, 1, 1, 1;\n"
+      : "+f"(d[0].x[0]), "+f"(d[0].x[1]), "+f"(d[0].x[2]), "+f"(d[0].x[3]), "+f"(d[1].x[0]), "+f"(d[1].x[1]),
+        "+f"(d[1].x[2]), "+f"(d[1].x[3]), "+f"(d[2].x[0]), "+f"(d[2].x[1]), "+f"(d[2].x[2]), "+f"(d[2].x[3]),
+        "+f"(d[3].x[0]), "+f"(d[3].x[1]), "+f"(d[3].x[2]), "+f"(d[3].x[3]), "+f"(d[4].x[0]), "+f"(d[4].x[1]),
+        "+f"(d[4].x[2]), "+f"(d[4].x[3]), "+f"(d[5].x[0]), "+f"(d[5].x[1]), "+f"(d[5].x[2]), "+f"(d[5].x[3]),
+        "+f"(d[6].x[0]), "+f"(d[6].x[1]), "+f"(d[6].x[2]), "+f"(d[6].x[3]), "+f"(d[7].x[0]), "+f"(d[7].x[1]),
+        "+f"(d[7].x[2]), "+f"(d[7].x[3])
+      : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "l"(desc_b));
+}
+
 // d[0..15] += a · B, B MN-major (128 columns: sixteen n8-tiles), one k16 step.
 __device__ __forceinline__ void wgmma_m64n128k16_bt(FragC (&d)[16], const FragA& a, uint64_t desc_b) {
   asm volatile(
