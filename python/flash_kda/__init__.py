@@ -321,13 +321,19 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
     :func:`fwd` (``[B, T, ...]`` with B == 1 for cu_seqlens). ``segments``: int64
     ``[S, 2]`` of ``(begin, end)`` on the flattened ``B*T`` token axis, each inside
     one sequence, in any order (``begin == end``: the identity). ``backend``:
-    'auto' / 'cpu' (the chunked fp32 CPU backend) or 'reference' (float64 steps);
-    CPU tensors ('cuda' raises NotImplementedError; on CUDA, the summaries of whole
-    sequences come from ``fwd(..., summaries=(M, B))``).
+    'auto' / 'cpu' (the chunked fp32 CPU backend) or 'reference' (float64 steps) for
+    CPU tensors; CUDA tensors run each range as a forward's summaries call on the GPU
+    and return when they are done: ``segments`` (and ``cu_seqlens``) are copied to
+    the host first, a synchronisation, so this is not a per-step call (on CUDA the
+    summaries of whole sequences come cheaper from ``fwd(..., summaries=(M, B))``).
 
     Returns fp32 ``M`` ``[S, HV, K, K]`` and ``B`` ``[S, HV, V, K]``.
     """
     _, lower_bound = _resolve_scalars(q, None, lower_bound)
+    if isinstance(q, _torch.Tensor) and q.is_cuda:
+        # The kernels run on the legacy default stream: inputs written on the
+        # current stream must be complete first.
+        _torch.cuda.current_stream(q.device).synchronize()
     S, HV, K, V = segments.shape[0], v.shape[2], q.shape[3], v.shape[3]
     M = _torch.empty((S, HV, K, K), dtype=_torch.float32, device=q.device)
     B = _torch.empty((S, HV, V, K), dtype=_torch.float32, device=q.device)

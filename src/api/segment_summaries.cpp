@@ -1,6 +1,7 @@
 // flashkda::segment_summaries / compose_summaries: validation, then dispatch to a
-// CPU backend (kCuda: kNotSupported for given token ranges; the summaries of
-// whole sequences come from a forward's summaries call, ForwardArgs::summaries_M).
+// CPU backend, or for segment_summaries to kCuda (sm90/sm90_summaries.cu: its
+// ranges and cu_seqlens are copied to the host and checked here, as the CPU
+// backends' are; compose_summaries on kCuda: kNotSupported).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -11,6 +12,7 @@
 #include "common/sequences.h"
 #include "cpu/cpu_backends.h"
 #include "flashkda/flashkda.h"
+#include "sm90/sm90_forward.h"
 
 namespace flashkda {
 using api::guarded;
@@ -19,9 +21,8 @@ using namespace validation;
 namespace {
 
 Status cuda_not_yet(const char* what) {
-  return Status::NotSupported(cat(what, ": backend kCuda takes no given token ranges; use kCpuReference or "
-                                        "kCpuChunked (host memory), or, for whole sequences, a forward's summaries "
-                                        "call (ForwardArgs::summaries_M / summaries_B)"));
+  return Status::NotSupported(cat(what, ": not on backend kCuda yet; use kCpuReference or kCpuChunked "
+                                        "(host memory)"));
 }
 
 // The token inputs as validate() checks them: the summary reads no out and no
@@ -50,15 +51,21 @@ Status validate_inputs(const ForwardArgs& in, Backend backend) {
   return validate(f, backend);
 }
 
-Status validate_segment_summaries(const SegmentSummaryArgs& a, Backend backend) {
+// kCuda's device-resident ranges and cu_seqlens, copied to the host for the checks
+// (and the ranges for the launches).
+struct HostCopies {
+  std::vector<int64_t> segments, cu_seqlens;
+};
+
+Status validate_segment_summaries(const SegmentSummaryArgs& a, Backend backend, HostCopies* host) {
   if (!known_backend(backend))
     return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
                                " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
-  if (backend == Backend::kCuda) return cuda_not_yet("segment_summaries");
+  const bool cuda = backend == Backend::kCuda;
   Status st = validate_inputs(a.inputs, backend);
   if (!st.ok()) return st;
   std::vector<int64_t> wide;
-  const ForwardArgs in = with_int64_cu_seqlens(a.inputs, wide);
+  ForwardArgs in = cuda ? a.inputs : with_int64_cu_seqlens(a.inputs, wide);
   const int64_t HV = value_heads(in), K = in.head_dim_k, V = in.head_dim_v;
   const int64_t S = a.num_segments;
   if (S < 0) return Status::Invalid(cat("num_segments: expected a value >= 0, got ", S));
@@ -71,15 +78,48 @@ Status validate_segment_summaries(const SegmentSummaryArgs& a, Backend backend) 
   if (a.M == nullptr) return Status::Invalid("M: null pointer");
   if (a.B == nullptr) return Status::Invalid("B: null pointer");
   if (!aligned(a.segments, 8)) return Status::Invalid("segments: expected an 8-byte aligned pointer");
-  if (!aligned(a.M, 4)) return Status::Invalid("M: expected a 4-byte aligned pointer");
-  if (!aligned(a.B, 4)) return Status::Invalid("B: expected a 4-byte aligned pointer");
+  // kCuda writes each range's summaries as a forward's summaries_M / summaries_B.
+  const uintptr_t out_align = cuda ? 16 : 4;
+  if (!aligned(a.M, out_align)) return Status::Invalid(cat("M: expected a ", out_align, "-byte aligned pointer"));
+  if (!aligned(a.B, out_align)) return Status::Invalid(cat("B: expected a ", out_align, "-byte aligned pointer"));
 
-  // Every segment inside one sequence (the CPU backends read host memory, so the
-  // values are checked here, each against the sequence its first token is in).
+  // Every segment inside one sequence, each checked against the sequence its first
+  // token is in. The CPU backends read host memory; kCuda's values are copied here.
+  const int64_t* segments = a.segments;
+  if (cuda) {
+    host->segments.resize(static_cast<size_t>(2 * S));
+    st = sm90::copy_to_host(host->segments.data(), a.segments, host->segments.size() * 8);
+    if (!st.ok()) return st;
+    segments = host->segments.data();
+    const int64_t N = num_sequences(in);
+    if (in.cu_seqlens != nullptr || in.cu_seqlens_int32 != nullptr) {
+      host->cu_seqlens.resize(static_cast<size_t>(N + 1));
+      if (in.cu_seqlens != nullptr) {
+        st = sm90::copy_to_host(host->cu_seqlens.data(), in.cu_seqlens, host->cu_seqlens.size() * 8);
+      } else {
+        std::vector<int32_t> narrow(static_cast<size_t>(N + 1));
+        st = sm90::copy_to_host(narrow.data(), in.cu_seqlens_int32, narrow.size() * 4);
+        std::copy(narrow.begin(), narrow.end(), host->cu_seqlens.begin());
+      }
+      if (!st.ok()) return st;
+      // As validate() checks a host copy: the spans below assume valid boundaries.
+      const std::vector<int64_t>& cu = host->cu_seqlens;
+      const int64_t T = in.batch * in.seqlen;
+      if (cu[0] != 0) return Status::Invalid(cat("cu_seqlens: expected cu_seqlens[0] == 0, got ", cu[0]));
+      for (int64_t n = 1; n <= N; ++n)
+        if (cu[n] < cu[n - 1])
+          return Status::Invalid(cat("cu_seqlens: expected non-decreasing values, got cu_seqlens[", n, "]=", cu[n],
+                                     " < cu_seqlens[", n - 1, "]=", cu[n - 1]));
+      if (cu[N] != T)
+        return Status::Invalid(cat("cu_seqlens: expected cu_seqlens[num_seqs=", N, "] == seqlen=", T, ", got ", cu[N]));
+      in.cu_seqlens = host->cu_seqlens.data();
+      in.cu_seqlens_int32 = nullptr;
+    }
+  }
   const std::vector<SequenceSpan> spans = sequence_spans(in, in.cu_seqlens);
   const int64_t total = in.batch * in.seqlen;
   for (int64_t s = 0; s < S; ++s) {
-    const int64_t b = a.segments[2 * s], e = a.segments[2 * s + 1];
+    const int64_t b = segments[2 * s], e = segments[2 * s + 1];
     if (b < 0 || e < b || e > total)
       return Status::Invalid(cat("segments: segment ", s, " = [", b, ", ", e,
                                  "): expected 0 <= begin <= end <= B*T = ", total));
@@ -128,8 +168,10 @@ Status validate_compose(const ComposeSummariesArgs& a, Backend backend) {
 
 Status segment_summaries(const SegmentSummaryArgs& args_in, Backend backend) {
   return guarded(backend, "segment_summaries", [&]() -> Status {
-    Status st = validate_segment_summaries(args_in, backend);
+    HostCopies host;
+    Status st = validate_segment_summaries(args_in, backend, &host);
     if (!st.ok() || args_in.num_segments == 0) return st;
+    if (backend == Backend::kCuda) return sm90::segment_summaries(args_in, host.segments.data());
     HostInputs storage;
     SegmentSummaryArgs args = args_in;
     args.inputs = as_host_inputs(args_in.inputs, storage);

@@ -17,6 +17,15 @@ Status check_supported(const ForwardArgs& args);
 Status workspace_size(const ForwardArgs& args, size_t* bytes);
 Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, void* stream);
 
+// flashkda::segment_summaries on kCuda: each given token range as a one-sequence
+// forward's summaries call (ForwardArgs::summaries_M), on the legacy default
+// stream, returning when they are done. host_segments: the ranges [S, 2], copied to
+// the host and checked by the caller (api/segment_summaries.cpp).
+Status segment_summaries(const SegmentSummaryArgs& args, const int64_t* host_segments);
+// `bytes` of device memory to the host, synchronously: the checks of device-resident
+// arguments an entry needs before it can plan (segment_summaries' ranges).
+Status copy_to_host(void* dst, const void* src, size_t bytes);
+
 // How the recurrence kernel is launched for a problem on this device.
 struct LaunchPlan {
   int v_split = 1;  // CTAs sharing one (sequence, head), each owning V / v_split rows of the state

@@ -19,6 +19,8 @@ bool device_supported(std::string* why) {
 Status check_supported(const ForwardArgs&) { return Status::NotSupported(kNotBuilt); }
 Status workspace_size(const ForwardArgs&, size_t*) { return Status::NotSupported(kNotBuilt); }
 Status forward(const ForwardArgs&, void*, size_t, void*) { return Status::NotSupported(kNotBuilt); }
+Status segment_summaries(const SegmentSummaryArgs&, const int64_t*) { return Status::NotSupported(kNotBuilt); }
+Status copy_to_host(void*, const void*, size_t) { return Status::NotSupported(kNotBuilt); }
 Status check_decode_supported(const DecodeArgs&) { return Status::NotSupported(kNotBuilt); }
 Status decode(const DecodeArgs&, void*) { return Status::NotSupported(kNotBuilt); }
 int decode_variant_count() { return 0; }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <tuple>
 #include <utility>
@@ -285,6 +286,80 @@ TEST_P(GpuSplitCalls, SummariesAndResumeMatchTheOracle) {
 }
 INSTANTIATE_TEST_SUITE_P(SegChunks, GpuSplitCalls, ::testing::Combine(::testing::Values(-1, 1, 3, 8), kHeadDims),
                          seg_and_dim_name);
+
+// segment_summaries on kCuda: given ranges (whole sequences, inside one, one
+// token, empty, overlapping, in any order) from device memory, against the CPU
+// oracle's on the same inputs (slow decay, so that M carries the state through),
+// at both head dims and with int32 boundaries; a range crossing two sequences is
+// refused by name.
+TEST_F(GpuSegmentScan, SummariesOfGivenRangesMatchTheCpu) {
+  for (const int64_t head_dim : {128, 64}) {
+    ProblemSpec spec;
+    spec.seqlens = {300, 45, 0, 513};
+    spec.heads = 2;
+    spec.v_heads = 4;
+    spec.head_dim = head_dim;
+    HostProblem p = make_problem(spec, 60);
+    for (auto& g : p.g) g = float_to_bf16(kSlowGate);
+    for (auto& x : p.A_log) x = 0.f;
+    for (auto& x : p.dt_bias) x = 0.f;
+    const std::vector<int64_t> segs = {0, 300, 17, 200, 300, 301, 345, 345, 345, 858, 400, 700, 299, 300};
+    const int64_t S = static_cast<int64_t>(segs.size() / 2);
+    const size_t m_elems = static_cast<size_t>(S * p.HV * p.K * p.K), b_elems = static_cast<size_t>(S * p.HV * p.V * p.K);
+    std::vector<float> M_ref(m_elems), B_ref(b_elems);
+    {
+      SegmentSummaryArgs a;
+      a.inputs = p.host_args(nullptr, nullptr);
+      a.segments = segs.data();
+      a.num_segments = S;
+      a.M = M_ref.data();
+      a.B = B_ref.data();
+      const Status st = segment_summaries(a, Backend::kCpuReference);
+      ASSERT_TRUE(st.ok()) << st.message;
+    }
+    DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
+    DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
+    DeviceBuffer<int64_t> cu(p.cu_seqlens), d_segs(segs);
+    DeviceBuffer<int32_t> cu32(std::vector<int32_t>(p.cu_seqlens.begin(), p.cu_seqlens.end()));
+    for (const bool int32_cu : {false, true}) {
+      DeviceBuffer<float> M(m_elems), B(b_elems);
+      FKDA_CUDA_CHECK(cudaMemset(M.ptr, 0xFF, m_elems * 4));  // NaN: an element never written fails
+      FKDA_CUDA_CHECK(cudaMemset(B.ptr, 0xFF, b_elems * 4));
+      SegmentSummaryArgs a;
+      a.inputs = p.host_args(nullptr, nullptr);
+      a.inputs.q = q.ptr; a.inputs.k = k.ptr; a.inputs.v = v.ptr; a.inputs.g = g.ptr; a.inputs.beta = beta.ptr;
+      a.inputs.A_log = A_log.ptr; a.inputs.dt_bias = dt_bias.ptr;
+      a.inputs.cu_seqlens = int32_cu ? nullptr : cu.ptr;
+      a.inputs.cu_seqlens_int32 = int32_cu ? cu32.ptr : nullptr;
+      a.inputs.cu_seqlens_host = nullptr;
+      a.segments = d_segs.ptr;
+      a.num_segments = S;
+      a.M = M.ptr;
+      a.B = B.ptr;
+      const Status st = segment_summaries(a, Backend::kCuda);
+      ASSERT_TRUE(st.ok()) << st.message;
+      const std::vector<float> gm = M.to_host(), gb = B.to_host();
+      const double m_err = rel_rms(gm.data(), M_ref.data(), m_elems), b_err = rel_rms(gb.data(), B_ref.data(), b_elems);
+      std::printf("[ errors ] segment summaries of %lld ranges K=%lld%s: M %.3e  B %.3e\n", static_cast<long long>(S),
+                  static_cast<long long>(head_dim), int32_cu ? " (int32 cu_seqlens)" : "", m_err, b_err);
+      EXPECT_LE(m_err, kStateBar);
+      EXPECT_LE(b_err, kStateBar);
+      // The empty range is exactly (I, 0).
+      const size_t per_m = static_cast<size_t>(p.HV * p.K * p.K), per_b = static_cast<size_t>(p.HV * p.V * p.K);
+      EXPECT_EQ(0, std::memcmp(gm.data() + 3 * per_m, M_ref.data() + 3 * per_m, per_m * 4));
+      EXPECT_EQ(0, std::memcmp(gb.data() + 3 * per_b, B_ref.data() + 3 * per_b, per_b * 4));
+
+      // A range across the boundary of sequences 0 and 1: refused, naming the argument.
+      const std::vector<int64_t> bad = {290, 310};
+      DeviceBuffer<int64_t> d_bad(bad);
+      a.segments = d_bad.ptr;
+      a.num_segments = 1;
+      const Status refused = segment_summaries(a, Backend::kCuda);
+      EXPECT_EQ(refused.code, StatusCode::kInvalidArgument) << refused.message;
+      EXPECT_NE(refused.message.find("segments: segment 0"), std::string::npos) << refused.message;
+    }
+  }
+}
 
 // bf16 states and no initial state through the resume call.
 TEST_F(GpuSegmentScan, SplitCallsOtherStates) {

@@ -266,3 +266,32 @@ def test_summaries_arguments_are_named():
         flash_kda.workspace_size(*token_args(p), None, summaries=(M, B), resume_from_summaries=True, **kw)
     # Nothing was written by the rejected calls.
     assert bool(M.isnan().all()) and bool(B.isnan().all())
+
+
+# ---- on CUDA --------------------------------------------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not flash_kda.cuda_status()[0],
+                    reason="needs a CUDA device and flash_kda's CUDA backend")
+@pytest.mark.parametrize("K", [128, 64])
+def test_cuda_summaries_of_given_ranges_match_the_cpu(K):
+    """CUDA tensors: each range as a summaries call on the GPU, against the CPU
+    backend's summaries of the same ranges (whole sequences, inside one, one token,
+    empty, overlapping)."""
+    p = make_problem(H=1, HV=2, K=K, seqlens=SEQLENS, seed=30)
+    p["g"] = torch.full_like(p["g"], -12.0)
+    p["A_log"] = torch.zeros_like(p["A_log"])
+    p["dt_bias"] = torch.zeros_like(p["dt_bias"])
+    segs = torch.tensor([[0, 150], [10, 120], [150, 151], [187, 187], [187, 277], [160, 187]])
+    args = [p[n] for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")]
+    M_c, B_c = flash_kda.segment_summaries(*args, segs, lower_bound=-5.0, cu_seqlens=p["cu_seqlens"])
+    cuda_args = [x.cuda() for x in args]
+    M_g, B_g = flash_kda.segment_summaries(*cuda_args, segs.cuda(), lower_bound=-5.0,
+                                           cu_seqlens=p["cu_seqlens"].cuda())
+    assert M_g.is_cuda and B_g.is_cuda
+    e_m, e_b = rel_rms(M_g.cpu(), M_c), rel_rms(B_g.cpu(), B_c)
+    print(f"K={K}: CUDA segment summaries against the CPU's: M {e_m:.2e}, B {e_b:.2e}")
+    assert e_m <= 2.5e-3 and e_b <= 2.5e-3
+    assert torch.equal(M_g[3].cpu(), M_c[3]) and torch.equal(B_g[3].cpu(), B_c[3])  # empty: (I, 0)
+    with pytest.raises(ValueError, match="past the end of sequence 0"):
+        flash_kda.segment_summaries(*cuda_args, torch.tensor([[140, 160]]).cuda(), lower_bound=-5.0,
+                                    cu_seqlens=p["cu_seqlens"].cuda())
