@@ -185,7 +185,8 @@ Status decode(const DecodeArgs& a, void* stream) {
                             : &kda_decode_latency_kernel<false, 4, true, 64>)
                     : (fp32 ? &kda_decode_latency_kernel<true, 4, false, 64>
                             : &kda_decode_latency_kernel<false, 4, false, 64>);
-  const int64_t ctas = pairs * (K / kDecodeRows);  // below 2^31: check_decode_supported
+  // K = 64: one CTA per pair (two rows a thread, decode_latency_kernel.cuh).
+  const int64_t ctas = K == 64 ? pairs : pairs * kDecodeSlices;  // below 2^31: check_decode_supported
   if (ctas == 0) return Status::Ok();
 
   cudaLaunchConfig_t cfg{};

@@ -20,11 +20,12 @@
 // Same work split and state layout as d2 (the first kernel, removed): 128 threads per
 // (sequence, value head, 32 rows of V); thread (row, part) holds the columns
 // 4·(part + 4·jj) + e, jj < 8, e < 4.
-// K = V = 64 (kDim): the same CTAs, two per (sequence, head); a thread holds
-// jj < 4 (columns 0..63), and the token's vectors are built 128 wide with
-// columns 64..127 zero (lanes 16..31 load nothing), which the state never reads.
-// The only decode kernel built for 64: its state traffic is exact, its
-// arithmetic per byte half that of 128.
+// K = V = 64 (kDim): one CTA per (sequence, head) for all 64 rows: a thread holds
+// two rows 32 apart (kRowsPerThread), jj < 4 (columns 0..63) of each, so a CTA
+// moves as many state bytes as at 128 and builds the token's vectors once for
+// twice the rows. The vectors are built 128 wide with columns 64..127 zero (lanes
+// 16..31 load nothing), which the state never reads. The only decode kernel built
+// for 64: its state traffic is exact.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -48,15 +49,23 @@ struct LatencyVectors {
 // Token t's inputs for lane `lane` (columns 4·lane .. 4·lane + 3) and for the
 // thread's row of v. Element loads: the API promises these tensors only 2-byte
 // alignment.
-struct WarpTokenInputs {
-  float q[kLatColsPerLane], k[kLatColsPerLane], g[kLatColsPerLane], beta, v;
-};
+// The rows a thread holds: 1 at K = 128, 2 at 64 (kDecodeRows apart).
 template <int kDim>
-__device__ __forceinline__ WarpTokenInputs load_warp_token_inputs(const DecodeParams& p, int64_t t, int h, int hv,
-                                                                  int lane, int row) {
+constexpr int latency_rows_per_thread() {
+  return kDim == kDecodeDim ? 1 : 2;
+}
+
+template <int kRows>
+struct WarpTokenInputs {
+  float q[kLatColsPerLane], k[kLatColsPerLane], g[kLatColsPerLane], beta, v[kRows];
+};
+// v of rows row0 + kDecodeRows·i.
+template <int kDim, int kRows = latency_rows_per_thread<kDim>()>
+__device__ __forceinline__ WarpTokenInputs<kRows> load_warp_token_inputs(const DecodeParams& p, int64_t t, int h,
+                                                                         int hv, int lane, int row0) {
   const int64_t qk_off = (t * p.num_heads + h) * kDim + kLatColsPerLane * lane;
   const int64_t vh = t * p.num_v_heads + hv;
-  WarpTokenInputs in{};
+  WarpTokenInputs<kRows> in{};
   if (kDim == kDecodeDim || kLatColsPerLane * lane < kDim) {
 #pragma unroll
     for (int e = 0; e < kLatColsPerLane; ++e) {
@@ -66,7 +75,8 @@ __device__ __forceinline__ WarpTokenInputs load_warp_token_inputs(const DecodePa
     }
   }
   in.beta = bf16_at(p.beta, vh);
-  in.v = bf16_at(p.v, vh * kDim + row);
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) in.v[i] = bf16_at(p.v, vh * kDim + row0 + kDecodeRows * i);
   return in;
 }
 
@@ -81,15 +91,16 @@ template <bool kFp32, int kMinBlocks, bool kVerify = false, int kDim = kDecodeDi
 __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     kda_decode_latency_kernel(const __grid_constant__ DecodeParams p) {
   static_assert(kDim == 64 || kDim == kDecodeDim, "K = V = 64 or 128");
-  constexpr int kSlices = kDim / kDecodeRows;  // CTAs per (sequence, head)
-  constexpr int kGroups = kDim / 16;           // jj: the thread's 4-column groups
+  constexpr int kRows = latency_rows_per_thread<kDim>();  // rows a thread holds
+  constexpr int kSlices = kDim / (kDecodeRows * kRows);   // CTAs per (sequence, head)
+  constexpr int kGroups = kDim / 16;                      // jj: the thread's 4-column groups
   using IO = StateIO<kFp32>;
   __shared__ LatencyVectors vecs[kLatWarps];
 
   const DecodeTile tile = decode_tile<kSlices, true>(p);
   const int hv = tile.hv, h = tile.h;
   const int tid = threadIdx.x, lane = tid & 31;
-  const int row = tile.slice * kDecodeRows + tid / 4, part = tid & 3;
+  const int row = tile.slice * kDecodeRows * kRows + tid / 4, part = tid & 3;  // the first of its rows
   LatencyVectors& sh = vecs[tid / 32];
   wait_for_prior_grids();
   allow_dependent_grids();
@@ -106,7 +117,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     for (int e = 0; e < kLatColsPerLane; ++e)
       dt_bias[e] = p.dt_bias[static_cast<int64_t>(hv) * kDim + kLatColsPerLane * lane + e];
   }
-  WarpTokenInputs next{};
+  WarpTokenInputs<kRows> next{};
   if (t0 < t1) next = load_warp_token_inputs<kDim>(p, t0, h, hv, lane, row);
   const int64_t slot = seq.slot;
   if (slot < 0 || slot >= p.pool_size) {  // padding entry or index past the pool: no access
@@ -114,20 +125,33 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     return;
   }
 
+  // Row i of the thread: row + kDecodeRows·i, at head_off + i·kRowStep.
   const int64_t head_off = (static_cast<int64_t>(hv) * kDim + row) * kDim;
-  float s[4 * kGroups];  // s[4·jj + e] = S[row][4·(part + 4·jj) + e]
+  constexpr int64_t kRowStep = int64_t{kDecodeRows} * kDim;
+  float s[kRows][4 * kGroups];  // s[i][4·jj + e] = S[row i][4·(part + 4·jj) + e]
   {
     const int64_t base = slot * p.pool_stride + head_off;
 #pragma unroll
-    for (int jj = 0; jj < kGroups; ++jj) {
-      const float4 x = IO::load4(p.pool, base + 4 * (part + 4 * jj));
-      s[4 * jj] = x.x; s[4 * jj + 1] = x.y; s[4 * jj + 2] = x.z; s[4 * jj + 3] = x.w;
-    }
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int jj = 0; jj < kGroups; ++jj) {
+        const float4 x = IO::load4(p.pool, base + i * kRowStep + 4 * (part + 4 * jj));
+        s[i][4 * jj] = x.x; s[i][4 * jj + 1] = x.y; s[i][4 * jj + 2] = x.z; s[i][4 * jj + 3] = x.w;
+      }
   }
+  // The thread's rows to memory at `base` (+ i·kRowStep).
+  auto store_rows = [&](void* dst, int64_t base) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int jj = 0; jj < kGroups; ++jj)
+        IO::store4(dst, base + i * kRowStep + 4 * (part + 4 * jj),
+                   make_float4(s[i][4 * jj], s[i][4 * jj + 1], s[i][4 * jj + 2], s[i][4 * jj + 3]));
+  };
   for (int64_t t = t0; t < t1; ++t) {
     // Verify: this token's slot, requested before the math that precedes its store.
     const int64_t token_slot = kVerify ? index_at(p, p.indices, tile.n * p.verify_slots + (t - t0)) : -1;
-    const WarpTokenInputs in = next;
+    const WarpTokenInputs<kRows> in = next;
     if (t + 1 < t1) next = load_warp_token_inputs<kDim>(p, t + 1, h, hv, lane, row);
     const int64_t vh = t * p.num_v_heads + hv;
 
@@ -165,47 +189,41 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     const float b = __fdividef(1.f, 1.f + __expf(-in.beta));
     __syncwarp();
 
-    // (S·diag(decay)) k̂ and (S·diag(decay)) q̂: eight independent chains, one
-    // reduction over the row's four lanes.
-    float skp[4] = {0.f, 0.f, 0.f, 0.f}, sqp[4] = {0.f, 0.f, 0.f, 0.f};
+    // Per row: (S·diag(decay)) k̂ and (S·diag(decay)) q̂ in eight independent
+    // chains, one reduction over the row's four lanes.
 #pragma unroll
-    for (int jj = 0; jj < kGroups; ++jj) {
-      const int c = 4 * (part + 4 * jj);
-      const float4 vk = *reinterpret_cast<const float4*>(&sh.dkhat[c]);
-      const float4 vq = *reinterpret_cast<const float4*>(&sh.dqhat[c]);
-      const float* sg = &s[4 * jj];
-      skp[0] = fmaf(sg[0], vk.x, skp[0]); skp[1] = fmaf(sg[1], vk.y, skp[1]);
-      skp[2] = fmaf(sg[2], vk.z, skp[2]); skp[3] = fmaf(sg[3], vk.w, skp[3]);
-      sqp[0] = fmaf(sg[0], vq.x, sqp[0]); sqp[1] = fmaf(sg[1], vq.y, sqp[1]);
-      sqp[2] = fmaf(sg[2], vq.z, sqp[2]); sqp[3] = fmaf(sg[3], vq.w, sqp[3]);
-    }
-    float sk = (skp[0] + skp[1]) + (skp[2] + skp[3]), sq = (sqp[0] + sqp[1]) + (sqp[2] + sqp[3]);
-    sk += __shfl_xor_sync(0xffffffffu, sk, 1);
-    sq += __shfl_xor_sync(0xffffffffu, sq, 1);
-    sk += __shfl_xor_sync(0xffffffffu, sk, 2);
-    sq += __shfl_xor_sync(0xffffffffu, sq, 2);
-    // S ← S·diag(decay) + b (v − S k̂) k̂ᵀ; o = scale · S q̂ = sq + coef · (k̂·q̂)
-    const float coef = b * (in.v - sk);
-    if (part == 0) {
-      const __nv_bfloat16 ob = __float2bfloat16_rn(fmaf(coef, kq, sq));
-      p.out[vh * kDim + row] = *reinterpret_cast<const uint16_t*>(&ob);
-    }
+    for (int i = 0; i < kRows; ++i) {
+      float skp[4] = {0.f, 0.f, 0.f, 0.f}, sqp[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int jj = 0; jj < kGroups; ++jj) decay_and_update4(&s[4 * jj], coef, sh.decay, sh.khat, 4 * (part + 4 * jj));
-    if (p.per_token_states != nullptr) {
-      const int64_t base = t * p.num_v_heads * int64_t{kDim} * kDim + head_off;
+      for (int jj = 0; jj < kGroups; ++jj) {
+        const int c = 4 * (part + 4 * jj);
+        const float4 vk = *reinterpret_cast<const float4*>(&sh.dkhat[c]);
+        const float4 vq = *reinterpret_cast<const float4*>(&sh.dqhat[c]);
+        const float* sg = &s[i][4 * jj];
+        skp[0] = fmaf(sg[0], vk.x, skp[0]); skp[1] = fmaf(sg[1], vk.y, skp[1]);
+        skp[2] = fmaf(sg[2], vk.z, skp[2]); skp[3] = fmaf(sg[3], vk.w, skp[3]);
+        sqp[0] = fmaf(sg[0], vq.x, sqp[0]); sqp[1] = fmaf(sg[1], vq.y, sqp[1]);
+        sqp[2] = fmaf(sg[2], vq.z, sqp[2]); sqp[3] = fmaf(sg[3], vq.w, sqp[3]);
+      }
+      float sk = (skp[0] + skp[1]) + (skp[2] + skp[3]), sq = (sqp[0] + sqp[1]) + (sqp[2] + sqp[3]);
+      sk += __shfl_xor_sync(0xffffffffu, sk, 1);
+      sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+      sk += __shfl_xor_sync(0xffffffffu, sk, 2);
+      sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+      // S ← S·diag(decay) + b (v − S k̂) k̂ᵀ; o = scale · S q̂ = sq + coef · (k̂·q̂)
+      const float coef = b * (in.v[i] - sk);
+      if (part == 0) {
+        const __nv_bfloat16 ob = __float2bfloat16_rn(fmaf(coef, kq, sq));
+        p.out[vh * kDim + row + kDecodeRows * i] = *reinterpret_cast<const uint16_t*>(&ob);
+      }
 #pragma unroll
       for (int jj = 0; jj < kGroups; ++jj)
-        IO::store4(p.per_token_states, base + 4 * (part + 4 * jj),
-                   make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
+        decay_and_update4(&s[i][4 * jj], coef, sh.decay, sh.khat, 4 * (part + 4 * jj));
     }
+    if (p.per_token_states != nullptr) store_rows(p.per_token_states, t * p.num_v_heads * int64_t{kDim} * kDim + head_off);
     if constexpr (kVerify) {
       if (token_slot >= 0 && token_slot < p.pool_size) {  // negative: none; past the pool: skipped, recorded
-        const int64_t base = token_slot * p.pool_stride + head_off;
-#pragma unroll
-        for (int jj = 0; jj < kGroups; ++jj)
-          IO::store4(p.pool, base + 4 * (part + 4 * jj),
-                     make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
+        store_rows(p.pool, token_slot * p.pool_stride + head_off);
       } else if (token_slot >= p.pool_size) {
         faults |= 1u << kFaultDecodeStateIndex;
       }
@@ -213,13 +231,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     if (t + 1 < t1) __syncwarp();  // the next token rewrites this warp's vectors
   }
 
-  if constexpr (!kVerify) {
-    const int64_t base = slot * p.out_stride + head_off;
-#pragma unroll
-    for (int jj = 0; jj < kGroups; ++jj)
-      IO::store4(p.out_pool, base + 4 * (part + 4 * jj),
-                 make_float4(s[4 * jj], s[4 * jj + 1], s[4 * jj + 2], s[4 * jj + 3]));
-  }
+  if constexpr (!kVerify) store_rows(p.out_pool, slot * p.out_stride + head_off);
   report_decode_faults<kVerify>(p, tile, faults);
 }
 
