@@ -88,6 +88,11 @@ constexpr int64_t kBandwidthFromPairsBf16 = 256;
 // bf16: packed from N = 64 at H = 32, the smallest size measured where it wins
 // (N = 16 and 32 were not measured).
 constexpr int64_t kPackedFromPairsBf16 = 2048;
+// K = 64: the two-row build of the latency kernel from 128 pairs (H = 32: N = 4)
+// on. One run, µs per step at H = 32, one row / two rows: N = 1 2.41 / 2.70 fp32,
+// 2.38 / 2.61 bf16; N = 2 2.52 / 2.68, 2.43 / 2.58; N = 4 3.08 / 2.98, 2.77 /
+// 2.75; N = 8 3.84 / 3.66; N = 64 21.6 / 14.9; N = 1024 425 / 289 (docs/perf-log.md).
+constexpr int64_t kTwoRowsFromPairs64 = 128;
 constexpr bool same_name(const char* a, const char* b) { return *a == *b && (*a == '\0' || same_name(a + 1, b + 1)); }
 static_assert(same_name(kDecodeVariants[kLatencyDecodeVariant].name, "lat") &&
                   same_name(kDecodeVariants[kBandwidthDecodeVariantBf16].name, "fuse-ef-occ") &&
@@ -180,13 +185,19 @@ Status decode(const DecodeArgs& a, void* stream) {
                                        : &kda_decode_latency_kernel<false, 4, true>)
                         : fp32 ? kDecodeVariants[variant].fp32
                                : kDecodeVariants[variant].bf16;
-  if (K == 64)
-    kernel = verify ? (fp32 ? &kda_decode_latency_kernel<true, 4, true, 64>
-                            : &kda_decode_latency_kernel<false, 4, true, 64>)
-                    : (fp32 ? &kda_decode_latency_kernel<true, 4, false, 64>
-                            : &kda_decode_latency_kernel<false, 4, false, 64>);
-  // K = 64: one CTA per pair (two rows a thread, decode_latency_kernel.cuh).
-  const int64_t ctas = K == 64 ? pairs : pairs * kDecodeSlices;  // below 2^31: check_decode_supported
+  // K = 64: two rows a thread and one CTA per pair from kTwoRowsFromPairs64 on.
+  const bool two_rows = K == 64 && pairs >= kTwoRowsFromPairs64;
+  if (K == 64 && two_rows)
+    kernel = verify ? (fp32 ? &kda_decode_latency_kernel<true, 4, true, 64, 2>
+                            : &kda_decode_latency_kernel<false, 4, true, 64, 2>)
+                    : (fp32 ? &kda_decode_latency_kernel<true, 4, false, 64, 2>
+                            : &kda_decode_latency_kernel<false, 4, false, 64, 2>);
+  else if (K == 64)
+    kernel = verify ? (fp32 ? &kda_decode_latency_kernel<true, 4, true, 64, 1>
+                            : &kda_decode_latency_kernel<false, 4, true, 64, 1>)
+                    : (fp32 ? &kda_decode_latency_kernel<true, 4, false, 64, 1>
+                            : &kda_decode_latency_kernel<false, 4, false, 64, 1>);
+  const int64_t ctas = two_rows ? pairs : pairs * (K / kDecodeRows);  // below 2^31: check_decode_supported
   if (ctas == 0) return Status::Ok();
 
   cudaLaunchConfig_t cfg{};

@@ -20,12 +20,15 @@
 // Same work split and state layout as d2 (the first kernel, removed): 128 threads per
 // (sequence, value head, 32 rows of V); thread (row, part) holds the columns
 // 4·(part + 4·jj) + e, jj < 8, e < 4.
-// K = V = 64 (kDim): one CTA per (sequence, head) for all 64 rows: a thread holds
-// two rows 32 apart (kRowsPerThread), jj < 4 (columns 0..63) of each, so a CTA
-// moves as many state bytes as at 128 and builds the token's vectors once for
-// twice the rows. The vectors are built 128 wide with columns 64..127 zero (lanes
-// 16..31 load nothing), which the state never reads. The only decode kernel built
-// for 64: its state traffic is exact.
+// K = V = 64 (kDim), the only decode kernel built for 64 (its state traffic is
+// exact); jj < 4 (columns 0..63). Two builds (kRows, chosen in sm90_decode.cu):
+//  * one row a thread, two CTAs per (sequence, head) of 32 rows each: for a few
+//    pairs, where the grid is far from filling the GPU and a CTA's chain is the
+//    step's time;
+//  * two rows 32 apart, one CTA per (sequence, head): a CTA moves as many state
+//    bytes as at 128 and builds the token's vectors once for twice the rows.
+// The vectors are built 128 wide with columns 64..127 zero (lanes 16..31 load
+// nothing), which the state never reads.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -47,20 +50,13 @@ struct LatencyVectors {
 };
 
 // Token t's inputs for lane `lane` (columns 4·lane .. 4·lane + 3) and for the
-// thread's row of v. Element loads: the API promises these tensors only 2-byte
-// alignment.
-// The rows a thread holds: 1 at K = 128, 2 at 64 (kDecodeRows apart).
-template <int kDim>
-constexpr int latency_rows_per_thread() {
-  return kDim == kDecodeDim ? 1 : 2;
-}
-
+// thread's rows of v (row0 + kDecodeRows·i, i < kRows). Element loads: the API
+// promises these tensors only 2-byte alignment.
 template <int kRows>
 struct WarpTokenInputs {
   float q[kLatColsPerLane], k[kLatColsPerLane], g[kLatColsPerLane], beta, v[kRows];
 };
-// v of rows row0 + kDecodeRows·i.
-template <int kDim, int kRows = latency_rows_per_thread<kDim>()>
+template <int kDim, int kRows>
 __device__ __forceinline__ WarpTokenInputs<kRows> load_warp_token_inputs(const DecodeParams& p, int64_t t, int h,
                                                                          int hv, int lane, int row0) {
   const int64_t qk_off = (t * p.num_heads + h) * kDim + kLatColsPerLane * lane;
@@ -87,11 +83,12 @@ __device__ __forceinline__ WarpTokenInputs<kRows> load_warp_token_inputs(const D
 // each token goes to that token's slot of the sequence's row of indices, and
 // there is no final store (the last token's slot has it). Verify steps are a
 // few tokens for few sequences, the latency regime this kernel is built for.
-template <bool kFp32, int kMinBlocks, bool kVerify = false, int kDim = kDecodeDim>
+// kRows: the rows a thread holds, kDecodeRows apart (2 only at K = 64).
+template <bool kFp32, int kMinBlocks, bool kVerify = false, int kDim = kDecodeDim, int kRows = 1>
 __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     kda_decode_latency_kernel(const __grid_constant__ DecodeParams p) {
   static_assert(kDim == 64 || kDim == kDecodeDim, "K = V = 64 or 128");
-  constexpr int kRows = latency_rows_per_thread<kDim>();  // rows a thread holds
+  static_assert(kRows == 1 || (kRows == 2 && kDim == 64), "two rows a thread only at K = 64");
   constexpr int kSlices = kDim / (kDecodeRows * kRows);   // CTAs per (sequence, head)
   constexpr int kGroups = kDim / 16;                      // jj: the thread's 4-column groups
   using IO = StateIO<kFp32>;
@@ -118,7 +115,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
       dt_bias[e] = p.dt_bias[static_cast<int64_t>(hv) * kDim + kLatColsPerLane * lane + e];
   }
   WarpTokenInputs<kRows> next{};
-  if (t0 < t1) next = load_warp_token_inputs<kDim>(p, t0, h, hv, lane, row);
+  if (t0 < t1) next = load_warp_token_inputs<kDim, kRows>(p, t0, h, hv, lane, row);
   const int64_t slot = seq.slot;
   if (slot < 0 || slot >= p.pool_size) {  // padding entry or index past the pool: no access
     report_decode_faults<kVerify>(p, tile, faults);
@@ -152,7 +149,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     // Verify: this token's slot, requested before the math that precedes its store.
     const int64_t token_slot = kVerify ? index_at(p, p.indices, tile.n * p.verify_slots + (t - t0)) : -1;
     const WarpTokenInputs<kRows> in = next;
-    if (t + 1 < t1) next = load_warp_token_inputs<kDim>(p, t + 1, h, hv, lane, row);
+    if (t + 1 < t1) next = load_warp_token_inputs<kDim, kRows>(p, t + 1, h, hv, lane, row);
     const int64_t vh = t * p.num_v_heads + hv;
 
     // The token's vectors, built by this warp alone.
