@@ -362,7 +362,8 @@ Status segment_summaries(const SegmentSummaryArgs& args, Backend backend);
 
 // count compositions at once: (M, B)[i] = (M1, B1)[i] ∘ (M2, B2)[i], the run of
 // summary 1 followed by the run of summary 2. Sums in float64. The outputs may be
-// the memory of either input (in place).
+// the memory of either input (in place). Every backend; on kCuda (K, V <= 128) the
+// call is asynchronous on `stream` and safe to capture in a CUDA graph.
 struct ComposeSummariesArgs {
   int64_t count = 0;
   int64_t head_dim_k = 0;  // K
@@ -373,6 +374,7 @@ struct ComposeSummariesArgs {
   const float* B2 = nullptr;
   float* M = nullptr;  // fp32 [count, K, K]
   float* B = nullptr;  // fp32 [count, V, K]
+  void* stream = nullptr;  // kCuda: a cudaStream_t (nullptr = the legacy default stream)
 };
 Status compose_summaries(const ComposeSummariesArgs& args, Backend backend);
 

@@ -198,9 +198,9 @@ int32_t flashkda_check_device_faults(void* stream);
 
 /* Segment summaries (flashkda::segment_summaries, compose_summaries; see
  * flashkda.h for the math): for one value head, tokens [begin, end) of a sequence
- * map an incoming state S_in [V, K] to S_in·M + B. CPU backends; the CUDA backend
- * answers FLASHKDA_STATUS_NOT_SUPPORTED for arbitrary ranges (the summaries of whole
- * sequences come from a forward's summaries call, flashkda_forward_args.summaries_M). */
+ * map an incoming state S_in [V, K] to S_in·M + B. Every backend: on the CUDA
+ * backend the summaries of given ranges are synchronous (their ranges are read on
+ * the host), the composition asynchronous on its stream. */
 typedef struct flashkda_segment_summary_args {
   flashkda_forward_args inputs; /* the token tensors, shapes, cu_seqlens, lower_bound; out/states/scale unused */
   const int64_t* segments;      /* int64 [S, 2]: (begin, end) on the flattened B*T token axis */
@@ -222,6 +222,7 @@ typedef struct flashkda_compose_summaries_args {
   const float* B2;
   float* M;
   float* B;
+  void* stream; /* CUDA backend: a cudaStream_t (NULL = the legacy default stream) */
 } flashkda_compose_summaries_args;
 
 int32_t flashkda_compose_summaries(const flashkda_compose_summaries_args* args, int32_t backend);

@@ -341,16 +341,19 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
     return M, B
 
 
-def compose_summaries(M1, B1, M2, B2, *, out=None, backend="auto"):
+def compose_summaries(M1, B1, M2, B2, *, out=None, stream=None, backend="auto"):
     """``(M1, B1)`` followed by ``(M2, B2)``: ``(M1 @ M2, B1 @ M2 + B2)``, summed in float64.
 
     fp32 ``M*`` ``[..., K, K]`` and ``B*`` ``[..., V, K]`` with the same leading dims
-    (up to 3). ``out``: a ``(M, B)`` pair to write (may be either input, in place),
-    else new tensors. Returns ``(M, B)``.
+    (up to 3), all on one device: CPU tensors run on the CPU, CUDA tensors on the GPU
+    (K, V <= 128; asynchronous on ``stream``, torch's current stream when None, and
+    safe to capture in a CUDA graph). ``out``: a ``(M, B)`` pair to write (may be
+    either input, in place), else new tensors. Returns ``(M, B)``.
     """
     if out is None:
         out = (_torch.empty_like(M1), _torch.empty_like(B1))
-    _C.compose_summaries(M1, B1, M2, B2, out[0], out[1], backend)
+    _, raw_stream = _runtime(M1, stream, need_alloc=False)
+    _C.compose_summaries(M1, B1, M2, B2, out[0], out[1], raw_stream, backend)
     return out
 
 

@@ -80,7 +80,8 @@ static_assert(offsetof(flashkda_segment_summary_args, segments) == 376, "");
 static_assert(offsetof(flashkda_segment_summary_args, B) == 400, "");
 static_assert(sizeof(flashkda_segment_summary_args) == 408, "");
 static_assert(offsetof(flashkda_compose_summaries_args, M1) == 24, "");
-static_assert(sizeof(flashkda_compose_summaries_args) == 72, "");
+static_assert(offsetof(flashkda_compose_summaries_args, stream) == 72, "");
+static_assert(sizeof(flashkda_compose_summaries_args) == 80, "");
 #endif
 static_assert(std::is_standard_layout<flashkda_segment_summary_args>::value, "");
 static_assert(std::is_standard_layout<flashkda_compose_summaries_args>::value, "");
@@ -282,6 +283,7 @@ int32_t flashkda_compose_summaries(const flashkda_compose_summaries_args* args, 
     a.B2 = args->B2;
     a.M = args->M;
     a.B = args->B;
+    a.stream = args->stream;
     return record(flashkda::compose_summaries(a, static_cast<Backend>(backend)));
   });
 }

@@ -1,7 +1,7 @@
 // flashkda::segment_summaries / compose_summaries: validation, then dispatch to a
 // CPU backend, or for segment_summaries to kCuda (sm90/sm90_summaries.cu: its
 // ranges and cu_seqlens are copied to the host and checked here, as the CPU
-// backends' are; compose_summaries on kCuda: kNotSupported).
+// backends' are), and for compose_summaries to kCuda (sm90/sm90_compose_summaries.cu).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -19,11 +19,6 @@ using api::guarded;
 using namespace validation;
 
 namespace {
-
-Status cuda_not_yet(const char* what) {
-  return Status::NotSupported(cat(what, ": not on backend kCuda yet; use kCpuReference or kCpuChunked "
-                                        "(host memory)"));
-}
 
 // The token inputs as validate() checks them: the summary reads no out and no
 // states, so those are left out of the check (out pointed at v, states absent).
@@ -143,12 +138,13 @@ Status validate_compose(const ComposeSummariesArgs& a, Backend backend) {
   if (!known_backend(backend))
     return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
                                " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
-  if (backend == Backend::kCuda) return cuda_not_yet("compose_summaries");
   if (a.count < 0) return Status::Invalid(cat("count: expected a value >= 0, got ", a.count));
-  if (a.head_dim_k < 1 || a.head_dim_k > kCpuMaxHeadDim)
-    return Status::Invalid(cat("head_dim_k: expected a value in [1, ", kCpuMaxHeadDim, "], got ", a.head_dim_k));
-  if (a.head_dim_v < 1 || a.head_dim_v > kCpuMaxHeadDim)
-    return Status::Invalid(cat("head_dim_v: expected a value in [1, ", kCpuMaxHeadDim, "], got ", a.head_dim_v));
+  const int64_t max_dim = backend == Backend::kCuda ? sm90::kCudaMaxComposeDim : kCpuMaxHeadDim;
+  const char* on = backend == Backend::kCuda ? " on backend kCuda" : "";
+  if (a.head_dim_k < 1 || a.head_dim_k > max_dim)
+    return Status::Invalid(cat("head_dim_k: expected a value in [1, ", max_dim, "]", on, ", got ", a.head_dim_k));
+  if (a.head_dim_v < 1 || a.head_dim_v > max_dim)
+    return Status::Invalid(cat("head_dim_v: expected a value in [1, ", max_dim, "]", on, ", got ", a.head_dim_v));
   int64_t n = 0;
   if (!tensor_fits({a.count, a.head_dim_k + a.head_dim_v, a.head_dim_k}, 4, &n))
     return Status::Invalid(cat("count: ", a.count, " summaries overflow int64 element counts"));
@@ -160,6 +156,10 @@ Status validate_compose(const ComposeSummariesArgs& a, Backend backend) {
   for (const auto& x : ptrs) {
     if (x.p == nullptr) return Status::Invalid(cat(x.name, ": null pointer"));
     if (!aligned(x.p, 4)) return Status::Invalid(cat(x.name, ": expected a 4-byte aligned pointer"));
+  }
+  if (backend == Backend::kCuda) {
+    std::string why;
+    if (!sm90::device_supported(&why)) return Status::NotSupported(why);
   }
   return Status::Ok();
 }
@@ -184,6 +184,7 @@ Status compose_summaries(const ComposeSummariesArgs& args, Backend backend) {
   return guarded(backend, "compose_summaries", [&]() -> Status {
     Status st = validate_compose(args, backend);
     if (!st.ok() || args.count == 0) return st;
+    if (backend == Backend::kCuda) return sm90::compose_summaries(args);
     return cpu::compose_summaries_f64(args);
   });
 }

@@ -1002,7 +1002,7 @@ void segment_summaries_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g
 // (M, B) = (M1, B1)∘(M2, B2) over any leading dims: M* fp32 [..., K, K], B* fp32
 // [..., V, K], all with the same leading dims; M, B may be M1/B1 or M2/B2.
 void compose_summaries_py(nb::handle M1, nb::handle B1, nb::handle M2, nb::handle B2, nb::handle M, nb::handle B,
-                          const std::string& backend) {
+                          uintptr_t stream, const std::string& backend) {
   Arg m1 = take("M1", M1, {DT::kF32}, false), b1 = take("B1", B1, {DT::kF32}, false);
   Arg m2 = take("M2", M2, {DT::kF32}, false), b2 = take("B2", B2, {DT::kF32}, false);
   Arg m = take("M", M, {DT::kF32}, false), b = take("B", B, {DT::kF32}, false);
@@ -1037,6 +1037,7 @@ void compose_summaries_py(nb::handle M1, nb::handle B1, nb::handle M2, nb::handl
   a.B2 = static_cast<const float*>(b2.cdata());
   a.M = static_cast<float*>(m.data());
   a.B = static_cast<float*>(b.data());
+  a.stream = reinterpret_cast<void*>(stream);
   const flashkda::Backend be = parse_backend(backend, m1.dev);
   flashkda::Status st;
   {
@@ -1098,8 +1099,9 @@ NB_MODULE(_C, m) {
         "Writes the affine summaries (M [S, HV, K, K], B [S, HV, V, K]) of the token ranges in `segments` "
         "(int64 [S, 2]) in place: see flash_kda.segment_summaries.");
   m.def("compose_summaries", &compose_summaries_py, "M1"_a.none(), "B1"_a.none(), "M2"_a.none(), "B2"_a.none(),
-        "M"_a.none(), "B"_a.none(), "backend"_a = "auto",
-        "(M, B) = (M1, B1) o (M2, B2), in place into M, B: see flash_kda.compose_summaries.");
+        "M"_a.none(), "B"_a.none(), "stream"_a = 0, "backend"_a = "auto",
+        "(M, B) = (M1, B1) o (M2, B2), in place into M, B: see flash_kda.compose_summaries. "
+        "`stream`: cudaStream_t as an int (CUDA tensors).");
   m.def(
       "check_device_faults",
       [](int device, uintptr_t stream) {

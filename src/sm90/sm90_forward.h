@@ -22,6 +22,10 @@ Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes,
 // stream, returning when they are done. host_segments: the ranges [S, 2], copied to
 // the host and checked by the caller (api/segment_summaries.cpp).
 Status segment_summaries(const SegmentSummaryArgs& args, const int64_t* host_segments);
+// flashkda::compose_summaries on kCuda (sm90_compose_summaries.cu): K, V <= 128
+// (kCudaMaxComposeDim), asynchronous on args.stream.
+constexpr int64_t kCudaMaxComposeDim = 128;
+Status compose_summaries(const ComposeSummariesArgs& args);
 // `bytes` of device memory to the host, synchronously: the checks of device-resident
 // arguments an entry needs before it can plan (segment_summaries' ranges).
 Status copy_to_host(void* dst, const void* src, size_t bytes);

@@ -21,6 +21,7 @@ Status workspace_size(const ForwardArgs&, size_t*) { return Status::NotSupported
 Status forward(const ForwardArgs&, void*, size_t, void*) { return Status::NotSupported(kNotBuilt); }
 Status segment_summaries(const SegmentSummaryArgs&, const int64_t*) { return Status::NotSupported(kNotBuilt); }
 Status copy_to_host(void*, const void*, size_t) { return Status::NotSupported(kNotBuilt); }
+Status compose_summaries(const ComposeSummariesArgs&) { return Status::NotSupported(kNotBuilt); }
 Status check_decode_supported(const DecodeArgs&) { return Status::NotSupported(kNotBuilt); }
 Status decode(const DecodeArgs&, void*) { return Status::NotSupported(kNotBuilt); }
 int decode_variant_count() { return 0; }

@@ -343,7 +343,7 @@ namespace {
 // the C++ API, and errors with their message.
 TEST(CApi, SegmentSummariesMatchCppBitwise) {
   static_assert(sizeof(void*) != 8 || sizeof(flashkda_segment_summary_args) == 408, "C struct layout changed");
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_compose_summaries_args) == 72, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_compose_summaries_args) == 80, "C struct layout changed");
   const HostProblem p = small_problem(true);  // sequences [0, 19), [19, 19), [19, 40)
   const std::vector<int64_t> segments = {0, 7, 7, 19, 19, 19, 25, 40};
   const int64_t S = 4, HV = p.HV, K = p.K, V = p.V;

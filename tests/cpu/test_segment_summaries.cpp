@@ -340,9 +340,18 @@ TEST(SegmentSummariesApi, BadArgumentsAreNamed) {
   c.head_dim_k = 0;
   st = compose_summaries(c, Backend::kCpuChunked);
   EXPECT_NE(st.message.find("head_dim_k"), std::string::npos) << st.message;
-  c.head_dim_k = p.K;
+  // kCuda takes K, V <= 128 (its M2 in shared memory), checked before the device.
+  c.head_dim_k = 129;
   st = compose_summaries(c, Backend::kCuda);
-  EXPECT_EQ(st.code, StatusCode::kNotSupported) << st.message;
+  EXPECT_EQ(st.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message.find("head_dim_k: expected a value in [1, 128] on backend kCuda"), std::string::npos)
+      << st.message;
+  c.head_dim_k = p.K;
+  // Without a usable device (these pointers are host memory: not run where one is).
+  if (!cuda_backend_available()) {
+    st = compose_summaries(c, Backend::kCuda);
+    EXPECT_EQ(st.code, StatusCode::kNotSupported) << st.message;
+  }
 }
 
 

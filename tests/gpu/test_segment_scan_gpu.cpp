@@ -6,9 +6,12 @@
 // not built or no sm_90 device is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <cstdio>
+#include <random>
 #include <tuple>
 #include <utility>
 #include <string>
@@ -358,6 +361,75 @@ TEST_F(GpuSegmentScan, SummariesOfGivenRangesMatchTheCpu) {
       EXPECT_EQ(refused.code, StatusCode::kInvalidArgument) << refused.message;
       EXPECT_NE(refused.message.find("segments: segment 0"), std::string::npos) << refused.message;
     }
+  }
+}
+
+// compose_summaries on kCuda against the CPU's float64 composition: the same
+// float64 sums rounded to fp32 (they may differ in the last place where the two
+// order or fuse them differently), out of place and in place over either input,
+// on a stream of its own; shapes from the heads' 64 and 128 to odd ones.
+TEST_F(GpuSegmentScan, ComposeSummariesMatchTheCpu) {
+  struct Shape { int64_t count, K, V; };
+  for (const Shape sh : {Shape{6, 128, 128}, Shape{5, 64, 64}, Shape{3, 40, 72}, Shape{2, 128, 1}, Shape{1, 1, 128}}) {
+    const size_t m_elems = static_cast<size_t>(sh.count * sh.K * sh.K), b_elems = static_cast<size_t>(sh.count * sh.V * sh.K);
+    std::mt19937_64 rng(static_cast<uint64_t>(sh.K * 1000 + sh.V));
+    std::normal_distribution<float> normal(0.f, 1.f);
+    auto randn = [&](size_t n, float scale) {
+      std::vector<float> x(n);
+      for (float& e : x) e = scale * normal(rng);
+      return x;
+    };
+    const float ms = 1.f / std::sqrt(static_cast<float>(sh.K));  // keeps M1·M2 of unit size
+    const std::vector<float> M1 = randn(m_elems, ms), M2 = randn(m_elems, ms), B1 = randn(b_elems, 1.f),
+                             B2 = randn(b_elems, 1.f);
+    std::vector<float> M_ref(m_elems), B_ref(b_elems);
+    ComposeSummariesArgs c;
+    c.count = sh.count;
+    c.head_dim_k = sh.K;
+    c.head_dim_v = sh.V;
+    c.M1 = M1.data(); c.B1 = B1.data(); c.M2 = M2.data(); c.B2 = B2.data();
+    c.M = M_ref.data(); c.B = B_ref.data();
+    ASSERT_TRUE(compose_summaries(c, Backend::kCpuReference).ok());
+
+    cudaStream_t stream;
+    FKDA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // 0: new outputs; 1: in place of (M1, B1); 2: in place of (M2, B2).
+    for (int where = 0; where < 3; ++where) {
+      DeviceBuffer<float> dM1(M1), dB1(B1), dM2(M2), dB2(B2), dM(m_elems), dB(b_elems);
+      FKDA_CUDA_CHECK(cudaMemset(dM.ptr, 0xFF, m_elems * 4));  // NaN: an element never written fails
+      FKDA_CUDA_CHECK(cudaMemset(dB.ptr, 0xFF, b_elems * 4));
+      ComposeSummariesArgs g = c;
+      g.M1 = dM1.ptr; g.B1 = dB1.ptr; g.M2 = dM2.ptr; g.B2 = dB2.ptr;
+      g.M = where == 0 ? dM.ptr : where == 1 ? dM1.ptr : dM2.ptr;
+      g.B = where == 0 ? dB.ptr : where == 1 ? dB1.ptr : dB2.ptr;
+      g.stream = stream;
+      const Status st = compose_summaries(g, Backend::kCuda);
+      ASSERT_TRUE(st.ok()) << st.message;
+      FKDA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const std::vector<float> gm = (where == 0 ? dM : where == 1 ? dM1 : dM2).to_host();
+      const std::vector<float> gb = (where == 0 ? dB : where == 1 ? dB1 : dB2).to_host();
+      auto worst_ulps = [](const std::vector<float>& x, const std::vector<float>& ref, size_t* differ) {
+        double worst = 0;
+        *differ = 0;
+        for (size_t i = 0; i < x.size(); ++i) {
+          if (x[i] == ref[i]) continue;
+          ++*differ;
+          const double ulp = std::ldexp(1.0, std::ilogb(ref[i]) - 23);
+          worst = std::max(worst, std::isfinite(x[i]) ? std::fabs(double(x[i]) - ref[i]) / ulp : 1e30);
+        }
+        return worst;
+      };
+      size_t dm = 0, db = 0;
+      const double um = worst_ulps(gm, M_ref, &dm), ub = worst_ulps(gb, B_ref, &db);
+      std::printf("[ errors ] compose count=%lld K=%lld V=%lld (%s): M %zu of %zu differ (<= %.0f ulp), B %zu of %zu "
+                  "(<= %.0f ulp)\n",
+                  static_cast<long long>(sh.count), static_cast<long long>(sh.K), static_cast<long long>(sh.V),
+                  where == 0 ? "new outputs" : where == 1 ? "in place of 1" : "in place of 2", dm, m_elems, um, db,
+                  b_elems, ub);
+      EXPECT_LE(um, 1.0);
+      EXPECT_LE(ub, 1.0);
+    }
+    FKDA_CUDA_CHECK(cudaStreamDestroy(stream));
   }
 }
 

@@ -295,3 +295,46 @@ def test_cuda_summaries_of_given_ranges_match_the_cpu(K):
     with pytest.raises(ValueError, match="past the end of sequence 0"):
         flash_kda.segment_summaries(*cuda_args, torch.tensor([[140, 160]]).cuda(), lower_bound=-5.0,
                                     cu_seqlens=p["cu_seqlens"].cuda())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not flash_kda.cuda_status()[0],
+                    reason="needs a CUDA device and flash_kda's CUDA backend")
+def test_cuda_compose_matches_the_cpu_in_place_and_in_a_graph():
+    """CUDA tensors compose on the GPU: the CPU's float64 sums rounded to fp32 (at most
+    one ulp apart), in place over either input, on a side stream and under graph capture;
+    K above 128 refused on CUDA, naming the argument."""
+    gen = torch.Generator().manual_seed(31)
+    HV, K, V = 3, 128, 128
+    M1, M2 = (torch.randn(2, HV, K, K, generator=gen) / K ** 0.5 for _ in range(2))
+    B1, B2 = (torch.randn(2, HV, V, K, generator=gen) for _ in range(2))
+    M_c, B_c = flash_kda.compose_summaries(M1, B1, M2, B2)
+
+    def ulps(x, ref):
+        spacing = torch.abs(torch.nextafter(ref, torch.full_like(ref, float("inf"))) - ref)
+        return float(((x.cpu() - ref).abs() / spacing).max())
+
+    g = [x.cuda() for x in (M1, B1, M2, B2)]
+    M_g, B_g = flash_kda.compose_summaries(*g)
+    assert ulps(M_g, M_c) <= 1 and ulps(B_g, B_c) <= 1
+    # In place of (M2, B2), on a side stream.
+    side = torch.cuda.Stream()
+    m2, b2 = g[2].clone(), g[3].clone()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flash_kda.compose_summaries(g[0], g[1], m2, b2, out=(m2, b2))
+    side.synchronize()
+    assert torch.equal(m2, M_g) and torch.equal(b2, B_g)
+    # In place of (M1, B1), captured in a graph and replayed.
+    m1, b1 = g[0].clone(), g[1].clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flash_kda.compose_summaries(m1, b1, g[2], g[3], out=(m1, b1))
+    m1.copy_(g[0])
+    b1.copy_(g[1])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(m1, M_g) and torch.equal(b1, B_g)
+    big = torch.zeros(1, 129, 129, device="cuda")
+    with pytest.raises(ValueError, match=r"^head_dim_k: expected a value in \[1, 128\] on backend kCuda"):
+        flash_kda.compose_summaries(big, torch.zeros(1, 4, 129, device="cuda"), big,
+                                    torch.zeros(1, 4, 129, device="cuda"))
