@@ -338,12 +338,12 @@ Status check_device_faults(void* stream = nullptr);
 // the same outputs and final state as one straight run. docs/design.md,
 // "Segment summaries", has the method and its error; spec section 6.
 //
-// Backends: kCpuReference (float64 token recurrence, rounded to fp32 at the end)
-// and kCpuChunked (two runs of the chunked fp32 algorithm: B from a zero state,
-// M from the identity). kCuda answers kNotSupported for arbitrary token ranges;
-// on every backend, a forward's summaries call (ForwardArgs::summaries_M)
-// summarises whole sequences, and the resume call runs from given incoming
-// states.
+// Backends: kCpuReference (float64 token recurrence, rounded to fp32 at the end),
+// kCpuChunked (two runs of the chunked fp32 algorithm: B from a zero state, M
+// from the identity) and kCuda (each range as a one-sequence summaries call;
+// synchronous: the ranges and cu_seqlens are read on the host). On every
+// backend, a forward's summaries call (ForwardArgs::summaries_M) also summarises
+// whole sequences, and the resume call runs from given incoming states.
 struct SegmentSummaryArgs {
   // The tokens: q, k, v, g, beta, A_log, dt_bias, the shapes, cu_seqlens and
   // lower_bound as for forward(). Its out, scale and states are not used (the
