@@ -13,8 +13,8 @@
  * flashkda_decode_args is 16 pointers, 11 int64, 3 int32, 2 float and a reserved
  * int32, 240 bytes (ABI 2 appended cu_seqlens_int32, verify_slots, num_accepted_tokens); flashkda_segment_summary_args is a flashkda_forward_args,
  * a pointer, an int64 and two pointers, 408 bytes; flashkda_compose_summaries_args
- * is 3 int64 and 6 pointers, 72 bytes. A layout change bumps
- * FLASHKDA_C_ABI_VERSION. */
+ * is 3 int64 and 7 pointers, 80 bytes (ABI 3 appended its stream to ABI 2's 72
+ * bytes). A layout change bumps FLASHKDA_C_ABI_VERSION. */
 #ifndef FLASHKDA_FLASHKDA_C_H_
 #define FLASHKDA_FLASHKDA_C_H_
 
@@ -28,7 +28,7 @@ extern "C" {
 #define FLASHKDA_VERSION_MAJOR 0
 #define FLASHKDA_VERSION_MINOR 1
 #define FLASHKDA_VERSION_PATCH 0
-#define FLASHKDA_C_ABI_VERSION 2
+#define FLASHKDA_C_ABI_VERSION 3
 
 /* Status codes (= flashkda::StatusCode). */
 #define FLASHKDA_STATUS_OK 0
