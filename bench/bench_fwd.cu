@@ -4,14 +4,17 @@
 //   flashkda-bench [--heads 96,64] [--states fp32,bf16,none] [--iters 100] [--warmup 10]
 //                  [--cases 8192,varlen6,8x1024] [--table standard|tp] [--v-split 0|1|2] [--stages 0|3|4]
 //                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg];..."]
-//                  [--checkpoints C] [--head-dim 128|64] [--json FILE]
+//                  [--checkpoints C] [--checkpoints-dtype bf16|fp32] [--checkpoints-value-major]
+//                  [--head-dim 128|64] [--json FILE]
 //
 // --cases: the standard table's three (default) and the tensor-parallel rows'
 // 1024, 32768, 4x8192, and 1M (one sequence of 2^20 tokens). --table tp replaces
 // --heads x --cases by the tensor-parallel table of spec section 5: H in {12, 24,
 // 48} x {1024, 8192, 32768}; H = 12 with 4x8192 and varlen6; H = 1 with 1M.
 // --checkpoints C: also write a bf16 checkpoint every C tokens in fla's key-major
-// layout (the prefix-caching call of spec section 7; C a multiple of 16).
+// layout (the prefix-caching call of spec section 7; C a multiple of 16);
+// --checkpoints-dtype fp32 and --checkpoints-value-major ([HV, V, K] entries) change
+// the entries' form, to tell the bytes from the layout.
 // --head-dim 64: every row at K = V = 64 (the FlashKDA design column is for 128 only).
 // --v-split / --stages / --seg-chunks force one part of the launch plan
 // (sm90::LaunchOverride; --seg-chunks -1: never split a sequence, N: segments of
@@ -95,6 +98,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> states = {"fp32", "bf16", "none"};
   int iters = 100, warmup = 10;
   int64_t checkpoint_every = 0;
+  bool checkpoints_fp32 = false, checkpoints_value_major = false;
   int64_t dim = 128;  // K = V of every row (--head-dim)
   flashkda::sm90::LaunchOverride forced;
   bool sweep = false, sweep_plan = false;
@@ -135,6 +139,12 @@ int main(int argc, char** argv) {
     else if (a == "--sweep-plan") sweep_plan = true;
     else if (a == "--json") json = next();
     else if (a == "--checkpoints") checkpoint_every = std::atoll(next().c_str());
+    else if (a == "--checkpoints-dtype") {
+      const std::string d = next();
+      if (d != "bf16" && d != "fp32") { std::fprintf(stderr, "--checkpoints-dtype: expected bf16 or fp32\n"); return 2; }
+      checkpoints_fp32 = d == "fp32";
+    }
+    else if (a == "--checkpoints-value-major") checkpoints_value_major = true;
     else if (a == "--head-dim") {
       dim = std::atoll(next().c_str());
       if (dim != 64 && dim != 128) { std::fprintf(stderr, "--head-dim: expected 64 or 128\n"); return 2; }
@@ -251,9 +261,10 @@ int main(int argc, char** argv) {
         if (checkpoint_every > 0) {
           int64_t entries = 0;
           for (int64_t L : c.seqlens) entries += (L + checkpoint_every - 1) / checkpoint_every;
-          CHECK_CUDA(cudaMalloc(&checkpoints, static_cast<size_t>(entries * H * dim * dim) * 2));
+          CHECK_CUDA(cudaMalloc(&checkpoints, static_cast<size_t>(entries * H * dim * dim) * (checkpoints_fp32 ? 4 : 2)));
           a.checkpoints = checkpoints;
-          a.checkpoints_dtype = flashkda::DType::kBF16;
+          a.checkpoints_dtype = checkpoints_fp32 ? flashkda::DType::kFP32 : flashkda::DType::kBF16;
+          a.checkpoints_value_major = checkpoints_value_major;
           a.checkpoint_interval = checkpoint_every;
           a.checkpoints_capacity = entries;
         }
@@ -289,7 +300,10 @@ int main(int argc, char** argv) {
           const double med = ms[iters / 2];
           const std::string plan = std::to_string(used.stages) + " stages" +
                                    (used.seg_chunks > 0 ? ", segments of " + std::to_string(used.seg_chunks) : "") +
-                                   (checkpoint_every > 0 ? ", checkpoints every " + std::to_string(checkpoint_every) : "");
+                                   (checkpoint_every > 0 ? ", checkpoints every " + std::to_string(checkpoint_every) +
+                                                               (checkpoints_fp32 ? " fp32" : " bf16") +
+                                                               (checkpoints_value_major ? " value-major" : " key-major")
+                                                         : "");
           rows.push_back({H, c.name, st, used.v_split, plan, med, bytes / (med * 1e-3) / 1e9,
                           bytes / kCopyBandwidth * 1e3, st == "fp32" && dim == 128 ? published_ms(H, c.name) : 0.0});
           std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d %s  %.3f ms\n", H, c.name, st.c_str(), used.v_split,
