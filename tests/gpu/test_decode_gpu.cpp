@@ -264,7 +264,10 @@ INSTANTIATE_TEST_SUITE_P(
                                          Case{5, 4, 4, DType::kFP32}, Case{5, 4, 3, DType::kBF16},
                                          Case{1, 32, 1, DType::kFP32, 64}, Case{256, 32, 1, DType::kBF16, 64},
                                          Case{300, 8, 1, DType::kFP32, 64}, Case{5, 4, 4, DType::kFP32, 64},
-                                         Case{5, 4, 3, DType::kBF16, 64}),
+                                         Case{5, 4, 3, DType::kBF16, 64},
+                                         // K = 64 from 128 (sequence, head) pairs: the two-row build,
+                                         // with several tokens a sequence.
+                                         Case{40, 4, 3, DType::kFP32, 64}, Case{33, 4, 2, DType::kBF16, 64}),
                        ::testing::ValuesIn(all_kernel_choices())),
     [](const ::testing::TestParamInfo<std::tuple<Case, KernelChoice>>& info) {
       return case_name(std::get<0>(info.param)) + "_" + kernel_choice_name(std::get<1>(info.param));
@@ -367,13 +370,14 @@ struct DecodeGuardCase {
   bool bad_index;  // else: bad cu_seqlens
   bool int32_cu = false;  // the boundaries as cu_seqlens_int32
   int64_t head_dim = 128;
+  int64_t heads = 2;
 };
 
 void run_decode_guard(const DecodeGuardCase& gc) {
   ASSERT_TRUE(check_device_faults(nullptr).ok()) << "a fault was recorded before this test";
   DecodeSpec spec;
   spec.seq_tokens = {2, 3, 1, 4};
-  spec.heads = 2;
+  spec.heads = gc.heads;
   spec.head_dim = gc.head_dim;
   spec.per_token_states = true;
   DecodeProblem p = make_decode_problem(spec, 13);
@@ -433,6 +437,9 @@ TEST(GpuDecodeGuardBand, EveryVariantBadIndicesAndCuSeqlens) {
   // K = V = 64 (the latency kernel whatever the variant).
   run_decode_guard({"K=64 state_indices", 0, true, false, 64});
   run_decode_guard({"K=64 cu_seqlens", 0, false, false, 64});
+  // And its two-row build (4 sequences x 64 heads = 256 pairs).
+  run_decode_guard({"K=64 H=64 state_indices", 0, true, false, 64, 64});
+  run_decode_guard({"K=64 H=64 cu_seqlens", 0, false, false, 64, 64});
 }
 
 // Speculative verify on pool slots (DecodeArgs::verify_slots, num_accepted_tokens)
@@ -486,39 +493,44 @@ class GpuDecodeVerify : public ::testing::TestWithParam<std::tuple<DType, bool, 
 };
 
 TEST_P(GpuDecodeVerify, MatchesTheCpuVerify) {
-  DecodeSpec spec;
-  spec.seq_tokens = {3, 2, 4, 1};
-  spec.heads = 2;
-  spec.v_heads = 4;
-  spec.extra_slots = 14;  // 18 slots: 0..13 named by the rows, 14..17 by none
-  spec.state_dtype = std::get<0>(GetParam());
-  spec.int64_indices = std::get<1>(GetParam());
-  spec.head_dim = std::get<2>(GetParam());
-  const DecodeProblem p = make_decode_problem(spec, 21);
-  ASSERT_GE(p.pool_size, 14);
-  const VerifyCase vc = verify_case();
-  const DecodeResult gpu = run_verify(p, vc, Backend::kCuda), cpu = run_verify(p, vc, Backend::kCpuReference);
-  ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
-  ASSERT_TRUE(cpu.status.ok()) << cpu.status.message;
-  const auto gs = state_bytes_to_float(gpu.pool, spec.state_dtype), cs = state_bytes_to_float(cpu.pool, spec.state_dtype);
-  const double es = rel_rms(gs.data(), cs.data(), cs.size());
-  size_t beyond_ulp = 0, written_mismatch = 0;
-  for (size_t i = 0; i < cpu.out.size(); ++i) {
-    if ((cpu.out[i] == 0xFFFF) != (gpu.out[i] == 0xFFFF)) ++written_mismatch;
-    if (cpu.out[i] == 0xFFFF) continue;
-    const float a = bf16_to_float(gpu.out[i]), b = bf16_to_float(cpu.out[i]);
-    if (!(std::abs(a - b) <= std::abs(b) / 128 + 1e-6f)) ++beyond_ulp;
+  // At K = 64 also with 32 value heads: 128 (sequence, head) pairs, the two-row build.
+  for (const int64_t v_heads : {int64_t{4}, int64_t{32}}) {
+    if (v_heads == 32 && std::get<2>(GetParam()) != 64) continue;
+    SCOPED_TRACE("v_heads " + std::to_string(v_heads));
+    DecodeSpec spec;
+    spec.seq_tokens = {3, 2, 4, 1};
+    spec.heads = 2;
+    spec.v_heads = v_heads;
+    spec.extra_slots = 14;  // 18 slots: 0..13 named by the rows, 14..17 by none
+    spec.state_dtype = std::get<0>(GetParam());
+    spec.int64_indices = std::get<1>(GetParam());
+    spec.head_dim = std::get<2>(GetParam());
+    const DecodeProblem p = make_decode_problem(spec, 21);
+    ASSERT_GE(p.pool_size, 14);
+    const VerifyCase vc = verify_case();
+    const DecodeResult gpu = run_verify(p, vc, Backend::kCuda), cpu = run_verify(p, vc, Backend::kCpuReference);
+    ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
+    ASSERT_TRUE(cpu.status.ok()) << cpu.status.message;
+    const auto gs = state_bytes_to_float(gpu.pool, spec.state_dtype), cs = state_bytes_to_float(cpu.pool, spec.state_dtype);
+    const double es = rel_rms(gs.data(), cs.data(), cs.size());
+    size_t beyond_ulp = 0, written_mismatch = 0;
+    for (size_t i = 0; i < cpu.out.size(); ++i) {
+      if ((cpu.out[i] == 0xFFFF) != (gpu.out[i] == 0xFFFF)) ++written_mismatch;
+      if (cpu.out[i] == 0xFFFF) continue;
+      const float a = bf16_to_float(gpu.out[i]), b = bf16_to_float(cpu.out[i]);
+      if (!(std::abs(a - b) <= std::abs(b) / 128 + 1e-6f)) ++beyond_ulp;
+    }
+    const std::vector<uint8_t> initial = p.pool_bytes();
+    const size_t slot_bytes = static_cast<size_t>(p.per_slot) * state_elem_bytes(p);
+    for (int64_t s = 14; s < p.pool_size; ++s)
+      EXPECT_EQ(0, std::memcmp(gpu.pool.data() + s * slot_bytes, initial.data() + s * slot_bytes, slot_bytes))
+          << "slot " << s << " is in no row, but was written";
+    std::printf("[ errors ] decode verify K=%lld HV=%lld %s %s: pool %.2e\n", static_cast<long long>(spec.head_dim),
+                static_cast<long long>(v_heads), to_string(spec.state_dtype), spec.int64_indices ? "int64" : "int32", es);
+    EXPECT_LE(es, spec.state_dtype == DType::kFP32 ? 1e-5 : 2e-3);
+    EXPECT_EQ(beyond_ulp, 0u) << "outputs more than one bf16 ulp apart";
+    EXPECT_EQ(written_mismatch, 0u) << "padding outputs written, or real ones not";
   }
-  const std::vector<uint8_t> initial = p.pool_bytes();
-  const size_t slot_bytes = static_cast<size_t>(p.per_slot) * state_elem_bytes(p);
-  for (int64_t s = 14; s < p.pool_size; ++s)
-    EXPECT_EQ(0, std::memcmp(gpu.pool.data() + s * slot_bytes, initial.data() + s * slot_bytes, slot_bytes))
-        << "slot " << s << " is in no row, but was written";
-  std::printf("[ errors ] decode verify K=%lld %s %s: pool %.2e\n", static_cast<long long>(spec.head_dim),
-              to_string(spec.state_dtype), spec.int64_indices ? "int64" : "int32", es);
-  EXPECT_LE(es, spec.state_dtype == DType::kFP32 ? 1e-5 : 2e-3);
-  EXPECT_EQ(beyond_ulp, 0u) << "outputs more than one bf16 ulp apart";
-  EXPECT_EQ(written_mismatch, 0u) << "padding outputs written, or real ones not";
 }
 INSTANTIATE_TEST_SUITE_P(Pools, GpuDecodeVerify,
                          ::testing::Combine(::testing::Values(DType::kFP32, DType::kBF16), ::testing::Bool(),
