@@ -114,6 +114,15 @@ int production_variant(int64_t pairs, bool fp32) {
 // loses can turn it off without an API change.
 bool use_pdl(PdlMode mode) { return mode != PdlMode::kOff; }
 
+// The latency kernel's build for a pool dtype and verify or not, at head dim kDim
+// with kRows rows a thread.
+template <int kDim, int kRows>
+DecodeKernel latency_build(bool fp32, bool verify) {
+  if (verify)
+    return fp32 ? &kda_decode_latency_kernel<true, 4, true, kDim, kRows> : &kda_decode_latency_kernel<false, 4, true, kDim, kRows>;
+  return fp32 ? &kda_decode_latency_kernel<true, 4, false, kDim, kRows> : &kda_decode_latency_kernel<false, 4, false, kDim, kRows>;
+}
+
 std::atomic<int> g_decode_variant_override{-1};
 
 }  // namespace
@@ -180,23 +189,13 @@ Status decode(const DecodeArgs& a, void* stream) {
     variant = kBandwidthDecodeVariantBf16;
   // Speculative verify runs its own build of the latency kernel (a variant
   // override does not apply), and so does K = V = 64 (the latency kernel is the
-  // only one built for it: decode_latency_kernel.cuh).
-  DecodeKernel kernel = verify ? (fp32 ? &kda_decode_latency_kernel<true, 4, true>
-                                       : &kda_decode_latency_kernel<false, 4, true>)
-                        : fp32 ? kDecodeVariants[variant].fp32
-                               : kDecodeVariants[variant].bf16;
-  // K = 64: two rows a thread and one CTA per pair from kTwoRowsFromPairs64 on.
+  // only one built for it: decode_latency_kernel.cuh), with two rows a thread and
+  // one CTA per pair from kTwoRowsFromPairs64 on.
   const bool two_rows = K == 64 && pairs >= kTwoRowsFromPairs64;
-  if (K == 64 && two_rows)
-    kernel = verify ? (fp32 ? &kda_decode_latency_kernel<true, 4, true, 64, 2>
-                            : &kda_decode_latency_kernel<false, 4, true, 64, 2>)
-                    : (fp32 ? &kda_decode_latency_kernel<true, 4, false, 64, 2>
-                            : &kda_decode_latency_kernel<false, 4, false, 64, 2>);
-  else if (K == 64)
-    kernel = verify ? (fp32 ? &kda_decode_latency_kernel<true, 4, true, 64, 1>
-                            : &kda_decode_latency_kernel<false, 4, true, 64, 1>)
-                    : (fp32 ? &kda_decode_latency_kernel<true, 4, false, 64, 1>
-                            : &kda_decode_latency_kernel<false, 4, false, 64, 1>);
+  const DecodeKernel kernel = K == 64 ? (two_rows ? latency_build<64, 2>(fp32, verify) : latency_build<64, 1>(fp32, verify))
+                              : verify ? latency_build<kDecodeDim, 1>(fp32, true)
+                              : fp32   ? kDecodeVariants[variant].fp32
+                                       : kDecodeVariants[variant].bf16;
   const int64_t ctas = two_rows ? pairs : pairs * (K / kDecodeRows);  // below 2^31: check_decode_supported
   if (ctas == 0) return Status::Ok();
 
