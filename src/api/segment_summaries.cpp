@@ -98,15 +98,8 @@ Status validate_segment_summaries(const SegmentSummaryArgs& a, Backend backend, 
       }
       if (!st.ok()) return st;
       // As validate() checks a host copy: the spans below assume valid boundaries.
-      const std::vector<int64_t>& cu = host->cu_seqlens;
-      const int64_t T = in.batch * in.seqlen;
-      if (cu[0] != 0) return Status::Invalid(cat("cu_seqlens: expected cu_seqlens[0] == 0, got ", cu[0]));
-      for (int64_t n = 1; n <= N; ++n)
-        if (cu[n] < cu[n - 1])
-          return Status::Invalid(cat("cu_seqlens: expected non-decreasing values, got cu_seqlens[", n, "]=", cu[n],
-                                     " < cu_seqlens[", n - 1, "]=", cu[n - 1]));
-      if (cu[N] != T)
-        return Status::Invalid(cat("cu_seqlens: expected cu_seqlens[num_seqs=", N, "] == seqlen=", T, ", got ", cu[N]));
+      st = check_host_boundaries("cu_seqlens", host->cu_seqlens.data(), N, in.batch * in.seqlen);
+      if (!st.ok()) return st;
       in.cu_seqlens = host->cu_seqlens.data();
       in.cu_seqlens_int32 = nullptr;
     }

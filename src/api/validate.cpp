@@ -306,14 +306,8 @@ Status validate(const ForwardArgs& a, Backend backend) {
   if (varlen) {
     const int64_t* cu = cuda ? a.cu_seqlens_host : a.cu_seqlens;
     if (cu != nullptr) {
-      const char* name = cuda ? "cu_seqlens_host" : "cu_seqlens";
-      if (cu[0] != 0) return Status::Invalid(cat(name, ": expected ", name, "[0] == 0, got ", cu[0]));
-      for (int64_t n = 1; n <= N; ++n)
-        if (cu[n] < cu[n - 1])
-          return Status::Invalid(cat(name, ": expected non-decreasing values, got ", name, "[", n, "]=", cu[n],
-                                     " < ", name, "[", n - 1, "]=", cu[n - 1]));
-      if (cu[N] != T)
-        return Status::Invalid(cat(name, ": expected ", name, "[num_seqs=", N, "] == seqlen=", T, ", got ", cu[N]));
+      const Status st = check_host_boundaries(cuda ? "cu_seqlens_host" : "cu_seqlens", cu, N, T);
+      if (!st.ok()) return st;
     }
   }
 

@@ -53,6 +53,19 @@ Status validate_as_int64_boundaries(const Args& a, bool cuda, Validate&& validat
   return validate_args(with_int64_cu_seqlens(a, wide));
 }
 
+// Sequence boundaries readable on the host: cu[0] == 0, non-decreasing, cu[N] == T
+// (the flattened B·T tokens); the messages call them `name`.
+inline Status check_host_boundaries(const char* name, const int64_t* cu, int64_t N, int64_t T) {
+  if (cu[0] != 0) return Status::Invalid(cat(name, ": expected ", name, "[0] == 0, got ", cu[0]));
+  for (int64_t n = 1; n <= N; ++n)
+    if (cu[n] < cu[n - 1])
+      return Status::Invalid(cat(name, ": expected non-decreasing values, got ", name, "[", n, "]=", cu[n], " < ",
+                                 name, "[", n - 1, "]=", cu[n - 1]));
+  if (cu[N] != T)
+    return Status::Invalid(cat(name, ": expected ", name, "[num_seqs=", N, "] == seqlen=", T, ", got ", cu[N]));
+  return Status::Ok();
+}
+
 // Element count and byte count of one tensor; false when either overflows int64.
 inline bool tensor_fits(std::initializer_list<int64_t> dims, int64_t elem_bytes, int64_t* elems) {
   int64_t n = 1;

@@ -360,6 +360,20 @@ TEST_F(GpuSegmentScan, SummariesOfGivenRangesMatchTheCpu) {
       const Status refused = segment_summaries(a, Backend::kCuda);
       EXPECT_EQ(refused.code, StatusCode::kInvalidArgument) << refused.message;
       EXPECT_NE(refused.message.find("segments: segment 0"), std::string::npos) << refused.message;
+
+      // Device boundaries that break the rules: read on the host and refused by name.
+      std::vector<int64_t> bad_cu = p.cu_seqlens;
+      bad_cu[2] = bad_cu[1] - 1;
+      DeviceBuffer<int64_t> d_bad_cu(bad_cu);
+      DeviceBuffer<int32_t> d_bad_cu32(std::vector<int32_t>(bad_cu.begin(), bad_cu.end()));
+      a.segments = d_segs.ptr;
+      a.num_segments = S;
+      a.inputs.cu_seqlens = int32_cu ? nullptr : d_bad_cu.ptr;
+      a.inputs.cu_seqlens_int32 = int32_cu ? d_bad_cu32.ptr : nullptr;
+      const Status bad_bounds = segment_summaries(a, Backend::kCuda);
+      EXPECT_EQ(bad_bounds.code, StatusCode::kInvalidArgument) << bad_bounds.message;
+      EXPECT_NE(bad_bounds.message.find("cu_seqlens: expected non-decreasing values"), std::string::npos)
+          << bad_bounds.message;
     }
   }
 }
