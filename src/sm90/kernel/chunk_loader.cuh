@@ -48,12 +48,15 @@ __device__ __forceinline__ void load_token_rows_async(uint16_t* dst, int ld, con
 //   record  the records of consecutive chunks are HV records apart; this thread
 //           copies vectors tid, tid + kThreadCount, ... of each
 //   v       one 16-byte vector per thread: 16 token rows x kVCols/8 vectors
-template <int kVCols, int kThreadCount>
+// kDim: the caller's head dim; only the vectors its recurrence reads are loaded
+// (record_vector, shared_storage.cuh).
+template <int kVCols, int kThreadCount, int kDim>
 struct ChunkCursor {
   static constexpr int kVecPerRow = kVCols / 8;
   static_assert(kChunk * kVecPerRow == kThreadCount, "one v vector per thread");
-  static constexpr int kRecordCopies = (kOperandVectors + kThreadCount - 1) / kThreadCount;
-  static constexpr bool kRecordTail = kOperandVectors % kThreadCount != 0;
+  static constexpr int kRecordVectors = record_vectors<kDim>();
+  static constexpr int kRecordCopies = (kRecordVectors + kThreadCount - 1) / kThreadCount;
+  static constexpr bool kRecordTail = kRecordVectors % kThreadCount != 0;
 
   const cute::uint128_t* record;  // this thread's first vector of chunk 0's record
   const uint16_t* v;              // this thread's v vector of chunk 0
@@ -74,10 +77,31 @@ struct ChunkCursor {
                                         int rows, int tid) const {
     const cute::uint128_t* src = record + c * p.num_v_heads * kOperandVectors;
     auto* dst = reinterpret_cast<cute::uint128_t*>(&ops) + tid;
+    if constexpr (kDim == kHeadDim) {
 #pragma unroll
-    for (int j = 0; j < kRecordCopies; ++j) {
-      if (!kRecordTail || j + 1 < kRecordCopies || tid + j * kThreadCount < kOperandVectors)
-        cp_async_16(dst + j * kThreadCount, src + j * kThreadCount, true);
+      for (int j = 0; j < kRecordCopies; ++j) {
+        if (!kRecordTail || j + 1 < kRecordCopies || tid + j * kThreadCount < kRecordVectors)
+          cp_async_16(dst + j * kThreadCount, src + j * kThreadCount, true);
+      }
+    } else {
+      // record_vector(i) - tid for i = tid + j·kThreadCount, with compile-time j:
+      // the key-0..63 atoms for j < kAtomCopies, then the tiles and decay_last.
+      constexpr int kHalfAtoms = (kRecordSwizzledAtoms / 2) * kRecordAtomVectors;
+      constexpr int kAtomCopies = kHalfAtoms / kThreadCount;
+      constexpr int kTailShift = kRecordSwizzledAtoms * kRecordAtomVectors - kHalfAtoms;
+      static_assert(kHalfAtoms % kThreadCount == 0 && kThreadCount % kRecordAtomVectors == 0,
+                    "whole atoms a copy");
+      const int atom_row = tid & ~(kRecordAtomVectors - 1);  // (tid / 64) · 64
+#pragma unroll
+      for (int j = 0; j < kRecordCopies; ++j) {
+        if (j < kAtomCopies) {
+          const int off = 2 * j * kThreadCount + atom_row;
+          cp_async_16(dst + off, src + off, true);
+        } else if (!kRecordTail || j + 1 < kRecordCopies || tid + j * kThreadCount < kRecordVectors) {
+          const int off = j * kThreadCount + kTailShift;
+          cp_async_16(dst + off, src + off, true);
+        }
+      }
     }
     const bool valid = v_row < rows;
     // A zero-filling copy reads nothing, but its address must still be valid.

@@ -89,14 +89,19 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   build_w(s, warp, lane);
   __syncthreads();
 
-  // Unrolled with a compile-time count (4.5 vectors a thread), like the loads.
+  // The vectors the recurrence reads at this head dim (record_vector), unrolled
+  // with a compile-time count (4.5 vectors a thread at 128), like the loads.
   auto* dst = reinterpret_cast<uint4*>(const_cast<ChunkOperands*>(chunk_record(p, slot, v_head))) + tid;
   const auto* src = reinterpret_cast<const uint4*>(static_cast<const ChunkOperands*>(&s)) + tid;
-  constexpr int kCopies = (kOperandVectors + kPrologueThreads - 1) / kPrologueThreads;
+  constexpr int kVectors = record_vectors<kDim>();
+  constexpr int kCopies = (kVectors + kPrologueThreads - 1) / kPrologueThreads;
 #pragma unroll
   for (int j = 0; j < kCopies; ++j) {
-    if (kOperandVectors % kPrologueThreads == 0 || j + 1 < kCopies || tid + j * kPrologueThreads < kOperandVectors)
-      dst[j * kPrologueThreads] = src[j * kPrologueThreads];
+    const int i = tid + j * kPrologueThreads;
+    if (kVectors % kPrologueThreads == 0 || j + 1 < kCopies || i < kVectors) {
+      const int off = kDim == kHeadDim ? j * kPrologueThreads : record_vector<kDim>(i) - tid;
+      dst[off] = src[off];
+    }
   }
 }
 

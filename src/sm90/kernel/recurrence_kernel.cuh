@@ -53,6 +53,13 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((kSw128AtomBytes - raw_addr % kSw128AtomBytes) % kSw128AtomBytes));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+#ifdef FLASHKDA_DEBUG_POISON_SMEM
+  // Test builds: shared memory starts as NaN, so that a read of a part of a
+  // record the loader skips (record_vector) shows in the results.
+  for (int i = tid; i < static_cast<int>(sizeof(Smem) / 16); i += Cfg::kThreads)
+    reinterpret_cast<uint4*>(&s)[i] = make_uint4(~0u, ~0u, ~0u, ~0u);
+  __syncthreads();
+#endif
 
   const RecurrenceWork w = get_recurrence_work<Cfg::kVCta, kDim>(p);
   if (!w.active) return;
@@ -61,7 +68,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
 
   // Key rows (M) read no v: their v tile stays zero-filled.
   const int v_col0 = w.value_rows ? w.row0 : 0;
-  const ChunkCursor<Cfg::kVCta, Cfg::kThreads> cursor(p, chunk_record(p, w.first_slot, w.v_head), w.token_begin,
+  const ChunkCursor<Cfg::kVCta, Cfg::kThreads, kDim> cursor(p, chunk_record(p, w.first_slot, w.v_head), w.token_begin,
                                                       w.v_head, v_col0, Smem::kLdV, tid);
   const OutCursor<kDim> out(p, w.token_begin, w.v_head, row, lane);
   auto chunk_rows = [&](int64_t c) {

@@ -115,6 +115,35 @@ __host__ __device__ constexpr int tile16_offset(int row, int col) {
 }
 constexpr int kOperandVectors = sizeof(ChunkOperands) / 16;
 
+// The vectors of a record that a head dim's recurrence reads, as a map from
+// 0 .. record_vectors<kDim>() - 1 to vector indices of ChunkOperands (the same
+// in shared and global memory: the prologue stores and the recurrence loads
+// exactly these). K = 128: all of them. K = 64: the recurrence's products run
+// over keys 0..63 only (recurrence.cuh), i.e. the first 1 KB atom of each 2 KB
+// 8-row group of wq, kres_hi and kres_lo (sw128_offset), the 16x16 tiles whole,
+// and the first 64 of decay_last: 10,496 of the record's 18,944 bytes.
+constexpr int kRecordAtomVectors = kSw128AtomBytes / 16;                     // 64
+constexpr int kRecordSwizzledAtoms = offsetof(ChunkOperands, mqk_hi) / kSw128AtomBytes;  // 16: wq, kres_hi, kres_lo
+constexpr int kRecordTileVectors = (offsetof(ChunkOperands, decay_last) - offsetof(ChunkOperands, mqk_hi)) / 16;
+static_assert(offsetof(ChunkOperands, mqk_hi) % kSw128AtomBytes == 0 &&
+                  offsetof(ChunkOperands, decay_last) == offsetof(ChunkOperands, aw_lo) + sizeof(ChunkOperands::aw_lo),
+              "record layout: the swizzled atoms, then the 16x16 tiles, then decay_last");
+template <int kDim>
+__host__ __device__ constexpr int record_vectors() {
+  return kDim == kHeadDim ? kOperandVectors
+                          : (kRecordSwizzledAtoms / 2) * kRecordAtomVectors + kRecordTileVectors + kDim * 4 / 16;
+}
+template <int kDim>
+__host__ __device__ constexpr int record_vector(int i) {
+  if (kDim == kHeadDim) return i;
+  constexpr int kHalfAtoms = (kRecordSwizzledAtoms / 2) * kRecordAtomVectors;  // the even atoms: keys 0..63
+  return i < kHalfAtoms ? (i / kRecordAtomVectors) * 2 * kRecordAtomVectors + i % kRecordAtomVectors
+                        : kRecordSwizzledAtoms * kRecordAtomVectors + (i - kHalfAtoms);
+}
+static_assert(record_vectors<64>() * 16 == 10496 && record_vector<64>(record_vectors<64>() - 1) ==
+                                                        (offsetof(ChunkOperands, decay_last) + 64 * 4) / 16 - 1,
+              "K = 64 records: keys 0..63 of the swizzled operands, the tiles, decay_last[0..63]");
+
 // Prologue kernel (one CTA per chunk and head): raw inputs, intermediates, and
 // the record it writes out (the ChunkOperands base).
 // Arrays in one union are never live at the same time (a barrier separates the
