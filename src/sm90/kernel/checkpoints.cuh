@@ -82,42 +82,84 @@ __device__ __forceinline__ CheckpointCursor checkpoint_cursor(const FwdParams& p
   return ck;
 }
 
-// The warp's rows as element (row, col) -> offset + col·V + row (key-major), V = kDim.
+// Key-major entries: element (row, col) at offset + col·V + row, V = kDim. Per
+// key the warp's 16 rows are one 32-byte run (bf16), but a thread's fragment
+// holds two rows of two keys. So each 8x8 block is transposed in the registers
+// (movmatrix: then a thread holds key g, rows 2t, 2t + 1 of each half) and
+// neighbouring threads swap halves (t even takes rows 2t..2t + 3, t odd rows
+// 8 + 2(t − 1)..): one 8-byte store a tile a thread, whole sectors, a quarter of
+// the stores of element-wise writes. The entry (a multiple of K·V elements),
+// row0 (of 16) and the buffer (16-byte aligned: validate.cpp) keep them aligned.
 template <int kDim>
-__device__ __forceinline__ void store_state_key_major(const StateRows& S, void* dst, int32_t type, int64_t offset,
-                                                      int row0, int lane) {
+__device__ __forceinline__ void store_state_key_major_bf16(const StateRows& S, __nv_bfloat16* entry, int row0,
+                                                           int lane) {
   const int g = lane >> 2, t = lane & 3;
+  const bool odd = (t & 1) != 0;
+  __nv_bfloat16* at = entry + static_cast<int64_t>(g) * kDim + row0 + (odd ? 8 + 2 * (t - 1) : 2 * t);
 #pragma unroll
   for (int j = 0; j < kDim / 8; ++j) {
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int64_t row = row0 + g + 8 * hr, col = 8 * j + 2 * t;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t at = offset + (col + e) * kDim + row;
-        const float x = S.tile[j].x[2 * hr + e];
-        if (type == kStateFP32) static_cast<float*>(dst)[at] = x;
-        else static_cast<__nv_bfloat16*>(dst)[at] = __float2bfloat16_rn(x);
-      }
-    }
+    uint32_t top, bottom;  // key 8j + g: rows 2t, 2t + 1 and 8 + 2t, 9 + 2t
+    cute::SM75_U32x1_MOVM_T::copy(pack_bf16(S.tile[j].x[0], S.tile[j].x[1]), top);
+    cute::SM75_U32x1_MOVM_T::copy(pack_bf16(S.tile[j].x[2], S.tile[j].x[3]), bottom);
+    const uint32_t theirs = __shfl_xor_sync(0xffffffffu, odd ? top : bottom, 1);
+    *reinterpret_cast<uint2*>(at + static_cast<int64_t>(8 * j) * kDim) =
+        odd ? make_uint2(theirs, bottom) : make_uint2(top, theirs);
   }
 }
 
-// After `chunks_done` chunks of the sequence: the checkpoints that fall there.
+// fp32 key-major entries: one 4-byte store an element.
+template <int kDim>
+__device__ __forceinline__ void store_state_key_major_fp32(const StateRows& S, float* entry, int row0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  float* at = entry + static_cast<int64_t>(2 * t) * kDim + row0 + g;
+#pragma unroll
+  for (int j = 0; j < kDim / 8; ++j)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) at[static_cast<int64_t>(8 * j + e) * kDim + 8 * hr] = S.tile[j].x[2 * hr + e];
+}
+
+// The chunk count of periodic entry j, kNoCheckpoint past the last.
+constexpr int64_t kNoCheckpoint = INT64_MAX;
+__device__ __forceinline__ int64_t periodic_stop(const CheckpointCursor& ck, int64_t j) {
+  return j < ck.entries ? j * ck.every : kNoCheckpoint;
+}
+
+// The first periodic entry at or after `from` chunks (one division, before the loop).
+__device__ __forceinline__ int64_t first_periodic_entry(const CheckpointCursor& ck, int64_t from) {
+  return ck.entries > 0 ? (from + ck.every - 1) / ck.every : 0;
+}
+
+// The first chunk count at or after `from` where something is stored, given
+// that the next periodic entry is j; kNoCheckpoint if none. The loop keeps this
+// and j in registers (the cursor itself stays in shared memory, read at stops).
+__device__ __forceinline__ int64_t next_checkpoint_stop(const CheckpointCursor& ck, int64_t j, int64_t from) {
+  int64_t stop = periodic_stop(ck, j);
+#pragma unroll
+  for (int i = 0; i < kSlotCheckpoints; ++i)
+    if (ck.slot_chunks[i] >= from && ck.slot_chunks[i] < stop) stop = ck.slot_chunks[i];
+  return stop;
+}
+
+// At a stop, after `chunks_done` chunks of the sequence: the checkpoints that
+// fall there. j: the next periodic entry, advanced past one stored here.
 template <int kDim>
 __device__ __forceinline__ void store_checkpoints(const StateRows& S, const FwdParams& p, const CheckpointCursor& ck,
-                                                  int64_t chunks_done, int v_head, int row0, int lane) {
-  if (ck.entries > 0 && chunks_done % ck.every == 0 && chunks_done / ck.every < ck.entries) {
-    const int64_t entry = ck.first_entry + chunks_done / ck.every;
-    const int64_t offset = (entry * p.num_v_heads + v_head) * kDim * kDim;
+                                                  int64_t chunks_done, int64_t& j, int v_head, int row0, int lane) {
+  if (chunks_done == periodic_stop(ck, j)) {
+    const int64_t offset = ((ck.first_entry + j) * p.num_v_heads + v_head) * kDim * kDim;
+    ++j;
     if (p.ck_value_major) {
       StateLocation l{};
       l.out = p.checkpoints;
       l.out_type = p.ck_type;
       l.offset = offset;
       store_state<kDim>(S, l, row0, lane);
+    } else if (p.ck_type == kStateBF16) {
+      store_state_key_major_bf16<kDim>(S, static_cast<__nv_bfloat16*>(p.checkpoints) + offset, row0, lane);
     } else {
-      store_state_key_major<kDim>(S, p.checkpoints, p.ck_type, offset, row0, lane);
+      store_state_key_major_fp32<kDim>(S, static_cast<float*>(p.checkpoints) + offset, row0, lane);
     }
   }
 #pragma unroll
@@ -129,23 +171,6 @@ __device__ __forceinline__ void store_checkpoints(const StateRows& S, const FwdP
     l.offset = ck.slot[i] * p.pool_stride + static_cast<int64_t>(v_head) * kDim * kDim;
     store_state<kDim>(S, l, row0, lane);
   }
-}
-
-// The first chunk count after `done` (or at it, with `inclusive`) where something
-// is stored; kNoCheckpoint if none. The loop keeps only this in a register (the
-// cursor itself stays in shared memory, read when a stop is reached).
-constexpr int64_t kNoCheckpoint = INT64_MAX;
-__device__ __forceinline__ int64_t next_checkpoint_stop(const CheckpointCursor& ck, int64_t done, bool inclusive) {
-  const int64_t from = inclusive ? done : done + 1;
-  int64_t stop = kNoCheckpoint;
-  if (ck.entries > 0) {
-    const int64_t j = (from + ck.every - 1) / ck.every;  // the first entry at or after `from`
-    if (j < ck.entries) stop = j * ck.every;
-  }
-#pragma unroll
-  for (int i = 0; i < kSlotCheckpoints; ++i)
-    if (ck.slot_chunks[i] >= from && ck.slot_chunks[i] < stop) stop = ck.slot_chunks[i];
-  return stop;
 }
 
 // Whether the final state may go to the sequence's own slot: not where a slot

@@ -57,22 +57,38 @@ __device__ __forceinline__ void load_state(StateRows& S, const StateLocation& l,
   }
 }
 
+// Calls f(T{}) once with T the element type of a state buffer (float or
+// __nv_bfloat16; nothing for kStateNone), so that the stores inside f are
+// straight-line code. A type test per element compiled to a branch per store,
+// which made a checkpoint cost more than its bytes (docs/perf-log.md).
+template <class F>
+__device__ __forceinline__ void with_state_element(int32_t type, F&& f) {
+  if (type == kStateFP32) f(float{});
+  else if (type == kStateBF16) f(__nv_bfloat16{});
+}
+
+// Two adjacent elements of a row (8 or 4 bytes, aligned: even column).
+__device__ __forceinline__ void store_pair(float* at, float x0, float x1) {
+  *reinterpret_cast<float2*>(at) = make_float2(x0, x1);
+}
+__device__ __forceinline__ void store_pair(__nv_bfloat16* at, float x0, float x1) {
+  *reinterpret_cast<uint32_t*>(at) = pack_bf16(x0, x1);
+}
+
+// The warp's rows row0.. at `l`, rows of kDim keys (value-major: row i, key j at
+// offset + i·kDim + j).
 template <int kDim>
 __device__ __forceinline__ void store_state(const StateRows& S, const StateLocation& l, int row0, int lane) {
   const int g = lane >> 2, t = lane & 3;
+  with_state_element(l.out_type, [&](auto element) {
+    using T = decltype(element);
+    T* rows = static_cast<T*>(l.out) + l.offset + static_cast<int64_t>(row0 + g) * kDim + 2 * t;
 #pragma unroll
-  for (int j = 0; j < kDim / 8; ++j) {
+    for (int j = 0; j < kDim / 8; ++j)
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int64_t off = l.offset + static_cast<int64_t>(row0 + g + 8 * hr) * kDim + 8 * j + 2 * t;
-      const float x0 = S.tile[j].x[2 * hr], x1 = S.tile[j].x[2 * hr + 1];
-      if (l.out_type == kStateFP32) {
-        *reinterpret_cast<float2*>(static_cast<float*>(l.out) + off) = make_float2(x0, x1);
-      } else if (l.out_type == kStateBF16) {
-        *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(l.out) + off) = pack_bf16(x0, x1);
-      }
-    }
-  }
+      for (int hr = 0; hr < 2; ++hr)
+        store_pair(rows + 8 * hr * kDim + 8 * j, S.tile[j].x[2 * hr], S.tile[j].x[2 * hr + 1]);
+  });
 }
 
 // The segment scan's starting rows (tile_scheduler.cuh, StateFrom): zero, the

@@ -85,16 +85,23 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   if (w.from == StateFrom::kInitial) load_state<kDim>(S, state_location<kDim>(p, w.seq, w.v_head), row, lane);
   else load_state_rows<kDim>(S, w.from, w.in_rows, row, lane);
   for (int c = 0; c < kStages - 1; ++c) issue_load(c, c);
-  // Checkpoints: the cursor in shared memory, the next stop in a register.
+  // Checkpoints: the cursor in shared memory; the next stop and the next
+  // periodic entry in registers.
   __shared__ CheckpointCursor ck;
-  int64_t ck_next = kNoCheckpoint;
+  int64_t ck_next = kNoCheckpoint, ck_entry = 0;
   if (kCheckpoints && w.true_state) {
     if (tid == 0) ck = checkpoint_cursor(p, w);
     __syncthreads();
-    ck_next = ck.any ? next_checkpoint_stop(ck, w.first_chunk, w.first_chunk == 0) : kNoCheckpoint;
+    if (ck.any) {
+      // A CTA that starts after chunk 0 does not store the state it starts from
+      // (checkpoints.cuh): its first stop is after its first chunk.
+      const int64_t from = w.first_chunk == 0 ? 0 : w.first_chunk + 1;
+      ck_entry = first_periodic_entry(ck, from);
+      ck_next = next_checkpoint_stop(ck, ck_entry, from);
+    }
     if (ck_next == 0) {
-      store_checkpoints<kDim>(S, p, ck, 0, w.v_head, row, lane);
-      ck_next = next_checkpoint_stop(ck, 0, false);
+      store_checkpoints<kDim>(S, p, ck, 0, ck_entry, w.v_head, row, lane);
+      ck_next = next_checkpoint_stop(ck, ck_entry, 1);
     }
   }
 
@@ -107,8 +114,8 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     const auto& st = s.stage[stage];
     recurrence_step<kDim>(S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane);
     if (kCheckpoints && w.first_chunk + c + 1 == ck_next) {
-      store_checkpoints<kDim>(S, p, ck, ck_next, w.v_head, row, lane);
-      ck_next = next_checkpoint_stop(ck, ck_next, false);
+      store_checkpoints<kDim>(S, p, ck, ck_next, ck_entry, w.v_head, row, lane);
+      ck_next = next_checkpoint_stop(ck, ck_entry, ck_next + 1);
     }
     __syncwarp();
     out.store(p, s.out[warp], c, w.write_out ? chunk_rows(c) : 0);  // 0 rows: stores nothing
