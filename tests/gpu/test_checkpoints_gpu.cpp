@@ -37,10 +37,12 @@ struct CkCase {
   int64_t interval;
   int64_t seg_chunks;  // forced plan: -1 one chain, > 0 segments
   int64_t head_dim = 128;
+  int v_split = 0;  // forced plan: 0 the heuristic's, 1 one 8-warp CTA a head, 2 two 4-warp CTAs
   std::string name() const {
     return std::string(dtype == DType::kFP32 ? "fp32" : "bf16") + (value_major ? "_vk" : "_kv") + "_c" +
            std::to_string(interval) + (seg_chunks < 0 ? "_chain" : "_seg" + std::to_string(seg_chunks)) +
-           (head_dim == 128 ? "" : "_K" + std::to_string(head_dim));
+           (head_dim == 128 ? "" : "_K" + std::to_string(head_dim)) +
+           (v_split == 0 ? "" : "_vsplit" + std::to_string(v_split));
   }
 };
 
@@ -91,7 +93,7 @@ TEST_P(GpuCheckpoints, MatchTheOracleAndLeaveTheResultAlone) {
     ASSERT_TRUE(s.ok()) << s.message;
   }
 
-  sm90::set_launch_override({0, 0, c.seg_chunks});
+  sm90::set_launch_override({c.v_split, 0, c.seg_chunks});
   const RunResult plain = run_cuda(p);
   ASSERT_TRUE(plain.status.ok()) << plain.status.message;
   DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
@@ -135,7 +137,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuCheckpoints,
                                            CkCase{DType::kBF16, false, 64, 3}, CkCase{DType::kFP32, true, 16, 2},
                                            CkCase{DType::kFP32, false, 48, 5}, CkCase{DType::kBF16, false, 64, -1, 64},
                                            CkCase{DType::kFP32, true, 16, -1, 64}, CkCase{DType::kFP32, false, 64, 3, 64},
-                                           CkCase{DType::kBF16, true, 32, 2, 64}),
+                                           CkCase{DType::kBF16, true, 32, 2, 64},
+                                           // bf16 key-major entries (transposed in registers): a stop
+                                           // every chunk, both CTA shapes, segments
+                                           CkCase{DType::kBF16, false, 16, -1, 128, 1}, CkCase{DType::kBF16, false, 16, -1, 128, 2},
+                                           CkCase{DType::kBF16, false, 64, -1, 128, 1}, CkCase{DType::kBF16, false, 16, 3},
+                                           CkCase{DType::kBF16, false, 16, 2, 64}),
                          [](const auto& info) { return info.param.name(); });
 
 // The forward of `p` on the fp32 device pool `pool` (P slots, sequence n on
