@@ -109,9 +109,14 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   for (int64_t c = 0; c < num_chunks; ++c) {
     cute::cp_async_wait<kStages - 2>();
     fence_async_proxy();  // the record's cp.async writes, before wgmma reads them
+    // The stage as a value the compiler knows is warp-uniform (a broadcast from
+    // lane 0): with the checkpoint stops in the loop it can no longer prove that of
+    // the loop counter, and the stage's wgmma descriptors left the uniform datapath
+    // (22 register-to-uniform moves a chunk).
+    const int ustage = kCheckpoints ? __shfl_sync(0xffffffffu, stage, 0) : stage;
     __syncthreads();
-    issue_load(c + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
-    const auto& st = s.stage[stage];
+    issue_load(c + kStages - 1, ustage == 0 ? kStages - 1 : ustage - 1);
+    const auto& st = s.stage[ustage];
     recurrence_step<kDim>(S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane);
     if (kCheckpoints && w.first_chunk + c + 1 == ck_next) {
       store_checkpoints<kDim>(S, p, ck, ck_next, ck_entry, w.v_head, row, lane);
