@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python package on a Hopper GPU machine without network access, from the
 # repository root:
-#   bash scripts/gpu_python.sh [STEP...]     STEP: tests overhead forward decode engine cp
+#   bash scripts/gpu_python.sh [STEP...]     STEP: tests overhead forward decode engine history cp
 #                                            (default: the first four)
 # Expects prebuilt wheels: WHEELS_DIR/flash_kda-*.whl (default .devbuild/wheels;
 # build it with CUDA on: python3.12 -m pip wheel . -w .devbuild/wheels --no-deps)
@@ -22,6 +22,8 @@
 #             fused_recurrent_kda under CUDA graphs (90 s) -> $OUT/compare_fla_decode.md
 #   engine    bench/engine_calls.py: each engine call with its glue against the native
 #             arguments (60 s) -> $OUT/engine_calls.md
+#   history   bench/history_probe.py: one forward row's time first in a process and after
+#             the other rows (HISTORY_ARGS, e.g. --fla) -> $OUT/history_probe.md
 #   cp        two GPUs: tests/python/test_distributed_gpu.py (NCCL), then
 #             torchrun --nproc-per-node 2 bench/cp_bench.py --fla (H = 8, 12 at T = 1M,
 #             fla's context-parallel chunk_kda beside it; 300 s) -> $OUT/cp_bench.md
@@ -72,7 +74,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | h
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(tests overhead forward decode)
 for s in "${steps[@]}"; do
-  case "$s" in tests|overhead|forward|decode|engine|cp) ;; *) echo "gpu_python: unknown step $s" >&2; exit 2 ;; esac
+  case "$s" in tests|overhead|forward|decode|engine|history|cp) ;; *) echo "gpu_python: unknown step $s" >&2; exit 2 ;; esac
 done
 export PYTHONUNBUFFERED=1
 # fla's Triton kernels compile and autotune on first use, for minutes per forward
@@ -109,6 +111,12 @@ for s in "${steps[@]}"; do
       step "bench/engine_calls.py (engine calls: glue against native arguments)"
       timeout 60 python3 bench/engine_calls.py --md "$OUT/engine_calls.md" 2>&1 | tee -a "$OUT/bench.txt"
       rc=${PIPESTATUS[0]} ;;
+    history)
+      step "bench/history_probe.py (a row's time against what ran before it)"
+      # shellcheck disable=SC2086  # HISTORY_ARGS is a list of options
+      timeout "${HISTORY_TIMEOUT:-240}" python3 bench/history_probe.py ${HISTORY_ARGS:-} > "$OUT/history_probe.md" 2> >(tee -a "$OUT/bench.txt" >&2)
+      rc=$?
+      cat "$OUT/history_probe.md" ;;
     cp)
       step "context parallelism on two GPUs (NCCL test, then bench/cp_bench.py)"
       # No NVLink multicast (NCCL's NVLS, torch's symmetric memory): the all-gathers
