@@ -7,7 +7,7 @@ orders them), then again after emptying torch's cache, and with a caller-given
 workspace, each with both of compare_fla.py's timers: triton's do_bench (clears
 L2 before every launch) and CUDA events over back-to-back launches. --fla also
 runs fla's chunk_kda on every other row (its autotuning and its allocations), as
-compare_fla.py does.
+compare_fla.py does, and times the row again after each.
 
   python3 bench/history_probe.py [--heads 64] [--case 8x1024] [--fla] [--iters 100]
 """
@@ -89,6 +89,8 @@ def main():
                     f()
                     torch.cuda.synchronize()
                     measure(f"  {H}/{case} fla", f)
+                    del f
+                    measure(f"{name}, right after fla's {H}/{case}", cf.ours(target, state))
                 del x
         measure(f"{name}, after the other rows", cf.ours(target, state))
         measure(f"{name}, after, caller's workspace", with_workspace(target, state))
