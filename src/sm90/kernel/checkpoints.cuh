@@ -143,13 +143,20 @@ __device__ __forceinline__ int64_t next_checkpoint_stop(const CheckpointCursor& 
 }
 
 // At a stop, after `chunks_done` chunks of the sequence: the checkpoints that
-// fall there. j: the next periodic entry, advanced past one stored here.
+// fall there; returns the next stop. j: the next periodic entry, advanced past
+// one stored here. The cursor is read into registers and the next stop found
+// before the first store: a shared-memory read issued after the stores waits
+// behind them in the SM's memory pipeline (ncu: a fifth of a stop's time).
 template <int kDim>
-__device__ __forceinline__ void store_checkpoints(const StateRows& S, const FwdParams& p, const CheckpointCursor& ck,
-                                                  int64_t chunks_done, int64_t& j, int v_head, int row0, int lane) {
-  if (chunks_done == periodic_stop(ck, j)) {
-    const int64_t offset = ((ck.first_entry + j) * p.num_v_heads + v_head) * kDim * kDim;
-    ++j;
+__device__ __forceinline__ int64_t store_checkpoints(const StateRows& S, const FwdParams& p,
+                                                     const CheckpointCursor& cursor, int64_t chunks_done, int64_t& j,
+                                                     int v_head, int row0, int lane) {
+  const CheckpointCursor ck = cursor;
+  const bool periodic = chunks_done == periodic_stop(ck, j);
+  const int64_t offset = ((ck.first_entry + j) * p.num_v_heads + v_head) * kDim * kDim;
+  if (periodic) ++j;
+  const int64_t next = next_checkpoint_stop(ck, j, chunks_done + 1);
+  if (periodic) {
     if (p.ck_value_major) {
       StateLocation l{};
       l.out = p.checkpoints;
@@ -171,6 +178,7 @@ __device__ __forceinline__ void store_checkpoints(const StateRows& S, const FwdP
     l.offset = ck.slot[i] * p.pool_stride + static_cast<int64_t>(v_head) * kDim * kDim;
     store_state<kDim>(S, l, row0, lane);
   }
+  return next;
 }
 
 // Whether the final state may go to the sequence's own slot: not where a slot

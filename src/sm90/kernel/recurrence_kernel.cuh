@@ -100,8 +100,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
       ck_next = next_checkpoint_stop(ck, ck_entry, from);
     }
     if (ck_next == 0) {
-      store_checkpoints<kDim>(S, p, ck, 0, ck_entry, w.v_head, row, lane);
-      ck_next = next_checkpoint_stop(ck, ck_entry, 1);
+      ck_next = store_checkpoints<kDim>(S, p, ck, 0, ck_entry, w.v_head, row, lane);
     }
   }
 
@@ -119,8 +118,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     const auto& st = s.stage[ustage];
     recurrence_step<kDim>(S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane);
     if (kCheckpoints && w.first_chunk + c + 1 == ck_next) {
-      store_checkpoints<kDim>(S, p, ck, ck_next, ck_entry, w.v_head, row, lane);
-      ck_next = next_checkpoint_stop(ck, ck_entry, ck_next + 1);
+      ck_next = store_checkpoints<kDim>(S, p, ck, ck_next, ck_entry, w.v_head, row, lane);
     }
     __syncwarp();
     out.store(p, s.out[warp], c, w.write_out ? chunk_rows(c) : 0);  // 0 rows: stores nothing
