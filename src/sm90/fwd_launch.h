@@ -53,16 +53,19 @@ struct SmemLimitSet {
 };
 
 // Launches `kernel(p)` with `smem_bytes` of dynamic shared memory on `device`
-// (the current device), raising the kernel's limit there first if not yet done.
-// Returns the launch's error, else any error pending on this thread (cleared),
-// as `kernel<<<...>>>(p); return cudaGetLastError();` does.
-inline cudaError_t launch_with_smem(const void* kernel, SmemLimitSet& limit, int device, dim3 grid, dim3 block,
-                                    size_t smem_bytes, cudaStream_t stream, const FwdParams& p) {
+// (the current device), raising the kernel's limit there to `limit_bytes`
+// (default: smem_bytes; a kernel launched with several sizes passes its largest)
+// first if not yet done. Returns the launch's error, else any error pending on
+// this thread (cleared), as `kernel<<<...>>>(p); return cudaGetLastError();` does.
+template <class Params>
+cudaError_t launch_with_smem(const void* kernel, SmemLimitSet& limit, int device, dim3 grid, dim3 block,
+                             size_t smem_bytes, cudaStream_t stream, const Params& p, size_t limit_bytes = 0) {
+  if (limit_bytes < smem_bytes) limit_bytes = smem_bytes;
   const uint64_t bit = device >= 0 && device < kMaxCachedDevices ? uint64_t{1} << device : 0;
   const bool was_set = bit != 0 && (limit.devices.load(std::memory_order_acquire) & bit) != 0;
   auto raise_limit = [&]() -> cudaError_t {
     const cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit_bytes));
     if (e == cudaSuccess && bit != 0) limit.devices.fetch_or(bit, std::memory_order_release);
     return e;
   };
@@ -70,7 +73,7 @@ inline cudaError_t launch_with_smem(const void* kernel, SmemLimitSet& limit, int
     const cudaError_t e = raise_limit();
     if (e != cudaSuccess) return e;
   }
-  void* args[] = {const_cast<FwdParams*>(&p)};
+  void* args[] = {const_cast<Params*>(&p)};
   cudaError_t err = cudaLaunchKernel(kernel, grid, block, args, smem_bytes, stream);
   if (err != cudaSuccess && was_set) {
     // A failed launch queued nothing, so it may be retried. The cached bit can be

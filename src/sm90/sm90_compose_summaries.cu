@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 
+#include "sm90/fwd_launch.h"
 #include "sm90/sm90_forward.h"
 
 namespace flashkda::sm90 {
@@ -27,16 +28,12 @@ constexpr int kComposeWarps = kComposeThreads / 32;
 // exceed the grid's x limit).
 constexpr int64_t kComposeMaxCtas = int64_t{1} << 20;
 
-struct ComposeParams {
-  const float *M1, *B1, *M2, *B2;
-  float *M, *B;
-  int64_t count;
-  int K, V;
-};
-
-__global__ void __launch_bounds__(kComposeThreads) kda_compose_summaries_kernel(const __grid_constant__ ComposeParams p) {
+// The kernel takes the public arguments as they are (pointers and sizes; the
+// stream is not read on the device).
+__global__ void __launch_bounds__(kComposeThreads)
+    kda_compose_summaries_kernel(const __grid_constant__ ComposeSummariesArgs p) {
   extern __shared__ float smem[];
-  const int K = p.K, V = p.V;
+  const int K = static_cast<int>(p.head_dim_k), V = static_cast<int>(p.head_dim_v);
   float* m2 = smem;                                           // [K][K]
   float* row = smem + K * K + (threadIdx.x / 32) * K;         // the warp's input row
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -61,6 +58,11 @@ __global__ void __launch_bounds__(kComposeThreads) kda_compose_summaries_kernel(
   }
 }
 
+// Dynamic shared memory: M2 [K][K] and one input row a warp.
+constexpr size_t compose_smem_bytes(int64_t K) { return static_cast<size_t>(K * K + kComposeWarps * K) * sizeof(float); }
+// K <= kCudaMaxComposeDim (checked by the caller): the kernel's limit is raised to this once per device.
+constexpr size_t kComposeMaxSmemBytes = compose_smem_bytes(kCudaMaxComposeDim);
+
 Status cuda_error(cudaError_t err, const char* what) {
   return {StatusCode::kCudaError, std::string("backend kCuda: compose_summaries: ") + what + ": " +
                                       cudaGetErrorString(err)};
@@ -69,24 +71,14 @@ Status cuda_error(cudaError_t err, const char* what) {
 }  // namespace
 
 Status compose_summaries(const ComposeSummariesArgs& a) {
-  ComposeParams p{};
-  p.M1 = a.M1;
-  p.B1 = a.B1;
-  p.M2 = a.M2;
-  p.B2 = a.B2;
-  p.M = a.M;
-  p.B = a.B;
-  p.count = a.count;
-  p.K = static_cast<int>(a.head_dim_k);
-  p.V = static_cast<int>(a.head_dim_v);
-  const size_t smem = static_cast<size_t>(p.K * p.K + kComposeWarps * p.K) * sizeof(float);
-  cudaError_t err = cudaFuncSetAttribute(kda_compose_summaries_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
-  if (err != cudaSuccess) return cuda_error(err, "setting the kernel's shared memory");
+  static SmemLimitSet limit;
+  int device = -1;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return cuda_error(err, "querying the current device");
   const int64_t ctas = a.count < kComposeMaxCtas ? a.count : kComposeMaxCtas;
-  kda_compose_summaries_kernel<<<static_cast<unsigned>(ctas), kComposeThreads, smem,
-                                 static_cast<cudaStream_t>(a.stream)>>>(p);
-  err = cudaGetLastError();
+  err = launch_with_smem(reinterpret_cast<const void*>(&kda_compose_summaries_kernel), limit, device,
+                         dim3(static_cast<unsigned>(ctas)), dim3(kComposeThreads), compose_smem_bytes(a.head_dim_k),
+                         static_cast<cudaStream_t>(a.stream), a, kComposeMaxSmemBytes);
   return err == cudaSuccess ? Status::Ok() : cuda_error(err, "launching the kernel");
 }
 
