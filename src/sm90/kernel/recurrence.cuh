@@ -32,51 +32,50 @@ __device__ __forceinline__ FragC (&key_tiles(StateRows& S))[kDim / 8] {
   return *reinterpret_cast<FragC(*)[kDim / 8]>(&S.tile[0]);
 }
 
+// The warp's rows row0.. of the state at `l` (zero where it has none), rows of
+// kDim keys (the columns past them zero); bf16 states widen exactly. The type
+// test per element runs once per CTA; the straight-line form of store_state
+// (with_state_element) here made the checkpoint variant's chunk loop 77
+// instructions longer and 2–4 % slower (docs/perf-log.md), so it stays.
+template <int kDim>
+__device__ __forceinline__ void load_state(StateRows& S, const StateLocation& l, int row0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int64_t off = l.offset + static_cast<int64_t>(row0 + g + 8 * hr) * kDim + 8 * j + 2 * t;
+      float2 x = make_float2(0.f, 0.f);
+      if (8 * j >= kDim) {
+        // padding columns: zero
+      } else if (l.in_type == kStateFP32) {
+        x = *reinterpret_cast<const float2*>(static_cast<const float*>(l.in) + off);
+      } else if (l.in_type == kStateBF16) {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(l.in) + off);
+        x = make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+      }
+      S.tile[j].x[2 * hr] = x.x;
+      S.tile[j].x[2 * hr + 1] = x.y;
+    }
+  }
+}
+
 // Calls f(T{}) once with T the element type of a state buffer (float or
-// __nv_bfloat16; nothing for kStateNone), so that the loads and stores inside f
-// are straight-line code. A type test per element compiled to a branch per
-// access, which made a checkpoint cost more than its bytes (docs/perf-log.md).
+// __nv_bfloat16; nothing for kStateNone), so that the stores inside f are
+// straight-line code. A type test per element compiled to a branch per store,
+// which made a checkpoint cost more than its bytes (docs/perf-log.md).
 template <class F>
 __device__ __forceinline__ void with_state_element(int32_t type, F&& f) {
   if (type == kStateFP32) f(float{});
   else if (type == kStateBF16) f(__nv_bfloat16{});
 }
 
-// Two adjacent elements of a row (8 or 4 bytes, aligned: even column); bf16
-// widens exactly.
+// Two adjacent elements of a row (8 or 4 bytes, aligned: even column).
 __device__ __forceinline__ void store_pair(float* at, float x0, float x1) {
   *reinterpret_cast<float2*>(at) = make_float2(x0, x1);
 }
 __device__ __forceinline__ void store_pair(__nv_bfloat16* at, float x0, float x1) {
   *reinterpret_cast<uint32_t*>(at) = pack_bf16(x0, x1);
-}
-__device__ __forceinline__ void load_pair(const float* at, float& x0, float& x1) {
-  const float2 x = *reinterpret_cast<const float2*>(at);
-  x0 = x.x;
-  x1 = x.y;
-}
-__device__ __forceinline__ void load_pair(const __nv_bfloat16* at, float& x0, float& x1) {
-  const uint32_t w = *reinterpret_cast<const uint32_t*>(at);
-  x0 = __uint_as_float(w << 16);
-  x1 = __uint_as_float(w & 0xffff0000u);
-}
-
-// The warp's rows row0.. of the state at `l` (zero where it has none), rows of
-// kDim keys (the columns past them zero).
-template <int kDim>
-__device__ __forceinline__ void load_state(StateRows& S, const StateLocation& l, int row0, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j) zero(S.tile[j]);
-  with_state_element(l.in_type, [&](auto element) {
-    using T = decltype(element);
-    const T* rows = static_cast<const T*>(l.in) + l.offset + static_cast<int64_t>(row0 + g) * kDim + 2 * t;
-#pragma unroll
-    for (int j = 0; j < kDim / 8; ++j)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr)
-        load_pair(rows + 8 * hr * kDim + 8 * j, S.tile[j].x[2 * hr], S.tile[j].x[2 * hr + 1]);
-  });
 }
 
 // The warp's rows row0.. at `l`, rows of kDim keys (value-major: row i, key j at
