@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -23,21 +22,6 @@ import compare_fla as cf  # noqa: E402  (sets FLA_FLASH_KDA=0 before fla is impo
 import torch  # noqa: E402
 
 import flash_kda  # noqa: E402
-
-
-def events_ms(fn, iters):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def with_workspace(x, state_dtype):
@@ -70,7 +54,7 @@ def main():
 
     def measure(label, fn):
         t_bench = cf.median_ms(fn, args.iters)
-        t_events = events_ms(fn, args.iters)
+        t_events = cf.events_ms(fn, args.iters)
         rows.append((label, t_bench, t_events))
         cf.log(f"{label}: do_bench {t_bench:.3f} ms, events {t_events:.3f} ms")
 
