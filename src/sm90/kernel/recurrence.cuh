@@ -36,7 +36,7 @@ __device__ __forceinline__ FragC (&key_tiles(StateRows& S))[kDim / 8] {
 // kDim keys (the columns past them zero); bf16 states widen exactly. The type
 // test per element runs once per CTA; the straight-line form of store_state
 // (with_state_element) here made the checkpoint variant's chunk loop 77
-// instructions longer and 2–4 % slower (docs/perf-log.md), so it stays.
+// instructions longer and its checkpoints slower (docs/perf-log.md), so it stays.
 template <int kDim>
 __device__ __forceinline__ void load_state(StateRows& S, const StateLocation& l, int row0, int lane) {
   const int g = lane >> 2, t = lane & 3;
