@@ -133,7 +133,8 @@ __device__ __forceinline__ int64_t first_periodic_entry(const CheckpointCursor& 
 
 // The first chunk count at or after `from` where something is stored, given
 // that the next periodic entry is j; kNoCheckpoint if none. The loop keeps this
-// and j in registers (the cursor itself stays in shared memory, read at stops).
+// and j in registers (the cursor itself stays in shared memory, copied into
+// registers at each stop).
 __device__ __forceinline__ int64_t next_checkpoint_stop(const CheckpointCursor& ck, int64_t j, int64_t from) {
   int64_t stop = periodic_stop(ck, j);
 #pragma unroll

@@ -77,30 +77,11 @@ struct ChunkCursor {
                                         int rows, int tid) const {
     const cute::uint128_t* src = record + c * p.num_v_heads * kOperandVectors;
     auto* dst = reinterpret_cast<cute::uint128_t*>(&ops) + tid;
-    if constexpr (kDim == kHeadDim) {
 #pragma unroll
-      for (int j = 0; j < kRecordCopies; ++j) {
-        if (!kRecordTail || j + 1 < kRecordCopies || tid + j * kThreadCount < kRecordVectors)
-          cp_async_16(dst + j * kThreadCount, src + j * kThreadCount, true);
-      }
-    } else {
-      // record_vector(i) - tid for i = tid + j·kThreadCount, with compile-time j:
-      // the key-0..63 atoms for j < kAtomCopies, then the tiles and decay_last.
-      constexpr int kHalfAtoms = (kRecordSwizzledAtoms / 2) * kRecordAtomVectors;
-      constexpr int kAtomCopies = kHalfAtoms / kThreadCount;
-      constexpr int kTailShift = kRecordSwizzledAtoms * kRecordAtomVectors - kHalfAtoms;
-      static_assert(kHalfAtoms % kThreadCount == 0 && kThreadCount % kRecordAtomVectors == 0,
-                    "whole atoms a copy");
-      const int atom_row = tid & ~(kRecordAtomVectors - 1);  // (tid / 64) · 64
-#pragma unroll
-      for (int j = 0; j < kRecordCopies; ++j) {
-        if (j < kAtomCopies) {
-          const int off = 2 * j * kThreadCount + atom_row;
-          cp_async_16(dst + off, src + off, true);
-        } else if (!kRecordTail || j + 1 < kRecordCopies || tid + j * kThreadCount < kRecordVectors) {
-          const int off = j * kThreadCount + kTailShift;
-          cp_async_16(dst + off, src + off, true);
-        }
+    for (int j = 0; j < kRecordCopies; ++j) {
+      if (!kRecordTail || j + 1 < kRecordCopies || tid + j * kThreadCount < kRecordVectors) {
+        const int off = record_copy_offset<kDim, kThreadCount>(j, tid);
+        cp_async_16(dst + off, src + off, true);
       }
     }
     const bool valid = v_row < rows;

@@ -97,9 +97,8 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   constexpr int kCopies = (kVectors + kPrologueThreads - 1) / kPrologueThreads;
 #pragma unroll
   for (int j = 0; j < kCopies; ++j) {
-    const int i = tid + j * kPrologueThreads;
-    if (kVectors % kPrologueThreads == 0 || j + 1 < kCopies || i < kVectors) {
-      const int off = kDim == kHeadDim ? j * kPrologueThreads : record_vector<kDim>(i) - tid;
+    if (kVectors % kPrologueThreads == 0 || j + 1 < kCopies || tid + j * kPrologueThreads < kVectors) {
+      const int off = record_copy_offset<kDim, kPrologueThreads>(j, tid);
       dst[off] = src[off];
     }
   }

@@ -140,6 +140,32 @@ __host__ __device__ constexpr int record_vector(int i) {
   return i < kHalfAtoms ? (i / kRecordAtomVectors) * 2 * kRecordAtomVectors + i % kRecordAtomVectors
                         : kRecordSwizzledAtoms * kRecordAtomVectors + (i - kHalfAtoms);
 }
+// Copy j of a record by kThreads threads (vector tid + j·kThreads of the map above)
+// moves record_vector<kDim>(tid + j·kThreads) = tid + record_copy_offset(j, tid):
+// with a compile-time j the offset is a constant, or a constant plus tid's whole
+// atoms (the copies of keys 0..63 move whole 64-vector atoms), so the prologue's
+// stores and the recurrence's loads need no index arithmetic per vector.
+template <int kDim, int kThreads>
+__host__ __device__ constexpr int record_copy_offset(int j, int tid) {
+  if constexpr (kDim == kHeadDim) {
+    return j * kThreads;
+  } else {
+    constexpr int kHalfAtoms = (kRecordSwizzledAtoms / 2) * kRecordAtomVectors;  // the even atoms: keys 0..63
+    static_assert(kHalfAtoms % kThreads == 0 && kThreads % kRecordAtomVectors == 0, "whole atoms a copy");
+    return j * kThreads < kHalfAtoms ? 2 * j * kThreads + (tid & ~(kRecordAtomVectors - 1))
+                                     : j * kThreads + (kRecordSwizzledAtoms * kRecordAtomVectors - kHalfAtoms);
+  }
+}
+template <int kDim, int kThreads>
+constexpr bool record_copy_offsets_match() {
+  for (int i = 0; i < record_vectors<kDim>(); ++i)
+    if (i % kThreads + record_copy_offset<kDim, kThreads>(i / kThreads, i % kThreads) != record_vector<kDim>(i))
+      return false;
+  return true;
+}
+static_assert(record_copy_offsets_match<64, 128>() && record_copy_offsets_match<64, 256>() &&
+                  record_copy_offsets_match<128, 128>() && record_copy_offsets_match<128, 256>(),
+              "record_copy_offset is record_vector for the thread counts of the recurrence and the prologue");
 static_assert(record_vectors<64>() * 16 == 10496 && record_vector<64>(record_vectors<64>() - 1) ==
                                                         (offsetof(ChunkOperands, decay_last) + 64 * 4) / 16 - 1,
               "K = 64 records: keys 0..63 of the swizzled operands, the tiles, decay_last[0..63]");
