@@ -149,9 +149,18 @@ __device__ __forceinline__ void finish_state_update(StateRows& S) {
 // either is the largest term of the state's error (docs/design.md, "Accuracy").
 // kDim = 64: the products run over the first 64 keys only (the others are zero,
 // shared_storage.cuh): four k16 steps, and an n64 state update on eight tiles.
-template <int kDim>
+// Work of the kernel's that the chain of chunks does not wait for runs in the
+// shadows of the two products: during_first() (the loads of a later chunk) while
+// the first runs, during_update() (the out tile's stores: it is staged by then)
+// while the state update runs.
+struct NoWork {
+  __device__ __forceinline__ void operator()() const {}
+};
+template <int kDim, class First = NoWork, class Update = NoWork>
 __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperands& ops, const uint16_t* v, int ldv,
-                                                int vw, __nv_bfloat16 (*out_tile)[kLdT], int lane) {
+                                                int vw, __nv_bfloat16 (*out_tile)[kLdT], int lane,
+                                                const First& during_first = First{},
+                                                const Update& during_update = Update{}) {
   constexpr int kKeySteps = kDim / 16;
   const int g = lane >> 2, t = lane & 3;
   // [−S wᵀ | S Q_decᵀ] (16 V rows x 32: tokens of −w, then of Q_dec), from the
@@ -170,6 +179,7 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     wgmma_m64n32k16(uo, sa[kk], sw128_descriptor(b, 16, kSw128GroupBytes));
   }
   wgmma_commit();
+  during_first();
   // uᵀ's state-free part Vᵀ A_wᵀ with A_w = hi + lo (v is exact in bf16), while the wgmma runs.
   FragC uv[2];
   zero(uv[0]);
@@ -235,6 +245,8 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     out_tile[tok][g + 8] = __float2bfloat16_rn(o[nt].x[2]);
     out_tile[tok + 1][g + 8] = __float2bfloat16_rn(o[nt].x[3]);
   }
+  __syncwarp();  // the staged tile, before during_update reads it
+  during_update();
   finish_state_update<kDim>(S);
 }
 

@@ -114,15 +114,16 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     // (22 register-to-uniform moves a chunk).
     const int ustage = kCheckpoints ? __shfl_sync(0xffffffffu, stage, 0) : stage;
     __syncthreads();
-    issue_load(c + kStages - 1, ustage == 0 ? kStages - 1 : ustage - 1);
     const auto& st = s.stage[ustage];
-    recurrence_step<kDim>(S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane);
+    // The refill of the stage released at the barrier above, and the out tile's
+    // stores, run in the shadows of the step's products (recurrence_step).
+    recurrence_step<kDim>(
+        S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane,
+        [&] { issue_load(c + kStages - 1, ustage == 0 ? kStages - 1 : ustage - 1); },
+        [&] { out.store(p, s.out[warp], c, w.write_out ? chunk_rows(c) : 0); });  // 0 rows: stores nothing
     if (kCheckpoints && w.first_chunk + c + 1 == ck_next) {
       ck_next = store_checkpoints<kDim>(S, p, ck, ck_next, ck_entry, w.v_head, row, lane);
     }
-    __syncwarp();
-    out.store(p, s.out[warp], c, w.write_out ? chunk_rows(c) : 0);  // 0 rows: stores nothing
-    __syncwarp();
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
   if (w.to == StateTo::kFinal) {
