@@ -182,6 +182,35 @@ __device__ __forceinline__ int64_t store_checkpoints(const StateRows& S, const F
   return next;
 }
 
+// The common case, periodic bf16 key-major entries and no slot checkpoints:
+// the stops keep the next entry's address and the entries left in registers
+// instead of reading the cursor (its 64-bit arithmetic and slot tests were ~80
+// of a stop's ~230 instructions; docs/perf-log.md).
+struct PeriodicBf16Entries {
+  __nv_bfloat16* at = nullptr;  // the next entry; null: the stops take store_checkpoints
+  int64_t left = 0;             // entries from `at` on
+
+  // From periodic entry j on, where the call's checkpoints are of this kind.
+  template <int kDim>
+  __device__ __forceinline__ static PeriodicBf16Entries from(const FwdParams& p, const CheckpointCursor& ck,
+                                                             int64_t j, int v_head) {
+    PeriodicBf16Entries e;
+    if (ck.entries > j && p.slot_ck_offsets == nullptr && !p.ck_value_major && p.ck_type == kStateBF16) {
+      e.at = static_cast<__nv_bfloat16*>(p.checkpoints) + ((ck.first_entry + j) * p.num_v_heads + v_head) * kDim * kDim;
+      e.left = ck.entries - j;
+    }
+    return e;
+  }
+
+  // At the stop after `stop` chunks: the entry; returns the next stop.
+  template <int kDim>
+  __device__ __forceinline__ int64_t store(const StateRows& S, const FwdParams& p, int64_t stop, int row0, int lane) {
+    store_state_key_major_bf16<kDim>(S, at, row0, lane);
+    at += static_cast<int64_t>(p.num_v_heads) * kDim * kDim;
+    return --left > 0 ? stop + p.ck_chunks : kNoCheckpoint;
+  }
+};
+
 // Whether the final state may go to the sequence's own slot: not where a slot
 // checkpoint names that slot (the CPU backends write those after the final state).
 __device__ __forceinline__ bool final_state_kept(const CheckpointCursor& ck, const FwdParams& p, int seq) {

@@ -149,10 +149,11 @@ __device__ __forceinline__ void finish_state_update(StateRows& S) {
 // either is the largest term of the state's error (docs/design.md, "Accuracy").
 // kDim = 64: the products run over the first 64 keys only (the others are zero,
 // shared_storage.cuh): four k16 steps, and an n64 state update on eight tiles.
-// Work of the kernel's that the chain of chunks does not wait for runs in the
-// shadows of the two products: during_first() (the loads of a later chunk) while
-// the first runs, during_update() (the out tile's stores: it is staged by then)
-// while the state update runs.
+// The caller's work that the next chunk does not wait for runs in the shadows
+// of the two products, off the chain of dependent steps: during_first() (the
+// kernel: a later chunk's loads) while the first runs, during_update() (the out
+// tile's stores, staged by then) while the state update runs. Issued before the
+// step, they held it back by 4 % where one chain bounds the call (docs/perf-log.md).
 struct NoWork {
   __device__ __forceinline__ void operator()() const {}
 };

@@ -89,8 +89,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   // periodic entry in registers.
   __shared__ CheckpointCursor ck;
   int64_t ck_next = kNoCheckpoint, ck_entry = 0;
-  __nv_bfloat16* ck_periodic_at = nullptr;  // the fast stops' next entry (null: the general stops)
-  int64_t ck_periodic_left = 0;
+  PeriodicBf16Entries ck_periodic;  // the common case's stops (checkpoints.cuh)
   if (kCheckpoints && w.true_state) {
     if (tid == 0) ck = checkpoint_cursor(p, w);
     __syncthreads();
@@ -104,15 +103,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     if (ck_next == 0) {
       ck_next = store_checkpoints<kDim>(S, p, ck, 0, ck_entry, w.v_head, row, lane);
     }
-    // The common case, periodic bf16 key-major entries and no slot checkpoints:
-    // the stops keep the entry's address and count in registers instead of
-    // reading the cursor (its 64-bit arithmetic and tests were ~80 of a stop's
-    // ~230 instructions).
-    if (ck.any && p.slot_ck_offsets == nullptr && !p.ck_value_major && p.ck_type == kStateBF16) {
-      ck_periodic_at = static_cast<__nv_bfloat16*>(p.checkpoints) +
-                       ((ck.first_entry + ck_entry) * p.num_v_heads + w.v_head) * kDim * kDim;
-      ck_periodic_left = ck.entries - ck_entry;
-    }
+    ck_periodic = PeriodicBf16Entries::from<kDim>(p, ck, ck_entry, w.v_head);
   }
 
   int stage = 0;  // c % kStages, without 64-bit division
@@ -133,13 +124,8 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
         [&] { issue_load(c + kStages - 1, ustage == 0 ? kStages - 1 : ustage - 1); },
         [&] { out.store(p, s.out[warp], c, w.write_out ? chunk_rows(c) : 0); });  // 0 rows: stores nothing
     if (kCheckpoints && w.first_chunk + c + 1 == ck_next) {
-      if (ck_periodic_at != nullptr) {
-        store_state_key_major_bf16<kDim>(S, ck_periodic_at, row, lane);
-        ck_periodic_at += static_cast<int64_t>(p.num_v_heads) * kDim * kDim;
-        ck_next = --ck_periodic_left > 0 ? ck_next + p.ck_chunks : kNoCheckpoint;
-      } else {
-        ck_next = store_checkpoints<kDim>(S, p, ck, ck_next, ck_entry, w.v_head, row, lane);
-      }
+      ck_next = ck_periodic.at != nullptr ? ck_periodic.store<kDim>(S, p, ck_next, row, lane)
+                                          : store_checkpoints<kDim>(S, p, ck, ck_next, ck_entry, w.v_head, row, lane);
     }
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
