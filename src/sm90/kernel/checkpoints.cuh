@@ -126,6 +126,13 @@ __device__ __forceinline__ int64_t periodic_stop(const CheckpointCursor& ck, int
   return j < ck.entries ? j * ck.every : kNoCheckpoint;
 }
 
+// Periodic entry j of the CTA's sequence, value head v_head: its first element.
+template <int kDim>
+__device__ __forceinline__ int64_t periodic_entry_offset(const FwdParams& p, const CheckpointCursor& ck, int64_t j,
+                                                         int v_head) {
+  return ((ck.first_entry + j) * p.num_v_heads + v_head) * kDim * kDim;
+}
+
 // The first periodic entry at or after `from` chunks (one division, before the loop).
 __device__ __forceinline__ int64_t first_periodic_entry(const CheckpointCursor& ck, int64_t from) {
   return ck.entries > 0 ? (from + ck.every - 1) / ck.every : 0;
@@ -154,7 +161,7 @@ __device__ __forceinline__ int64_t store_checkpoints(const StateRows& S, const F
                                                      int v_head, int row0, int lane) {
   const CheckpointCursor ck = cursor;
   const bool periodic = chunks_done == periodic_stop(ck, j);
-  const int64_t offset = ((ck.first_entry + j) * p.num_v_heads + v_head) * kDim * kDim;
+  const int64_t offset = periodic_entry_offset<kDim>(p, ck, j, v_head);
   if (periodic) ++j;
   const int64_t next = next_checkpoint_stop(ck, j, chunks_done + 1);
   if (periodic) {
@@ -196,7 +203,7 @@ struct PeriodicBf16Entries {
                                                              int64_t j, int v_head) {
     PeriodicBf16Entries e;
     if (ck.entries > j && p.slot_ck_offsets == nullptr && !p.ck_value_major && p.ck_type == kStateBF16) {
-      e.at = static_cast<__nv_bfloat16*>(p.checkpoints) + ((ck.first_entry + j) * p.num_v_heads + v_head) * kDim * kDim;
+      e.at = static_cast<__nv_bfloat16*>(p.checkpoints) + periodic_entry_offset<kDim>(p, ck, j, v_head);
       e.left = ck.entries - j;
     }
     return e;
