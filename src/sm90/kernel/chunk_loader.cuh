@@ -3,6 +3,7 @@
 //   recurrence kernel: one ChunkOperands record and this CTA's slice of v
 #pragma once
 #include <cute/arch/copy_sm80.hpp>
+#include <cute/arch/copy_sm90_desc.hpp>
 
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/shared_storage.cuh"
@@ -71,17 +72,21 @@ struct ChunkCursor {
     v_dst = v_row * ld_v + 8 * vc;
   }
 
-  // cp.async of chunk c's record and v rows into (ops, v_tile); token rows at or
-  // past `rows` read as zeros.
+  // cp.async of chunk c's record (unless kBulkRecord: the kernel's one bulk copy,
+  // bulk_copy_record) and v rows into (ops, v_tile); token rows at or past `rows`
+  // read as zeros.
+  template <bool kBulkRecord>
   __device__ __forceinline__ void issue(const FwdParams& p, ChunkOperands& ops, uint16_t* v_tile, int64_t c,
                                         int rows, int tid) const {
-    const cute::uint128_t* src = record + c * p.num_v_heads * kOperandVectors;
-    auto* dst = reinterpret_cast<cute::uint128_t*>(&ops) + tid;
+    if constexpr (!kBulkRecord) {
+      const cute::uint128_t* src = record + c * p.num_v_heads * kOperandVectors;
+      auto* dst = reinterpret_cast<cute::uint128_t*>(&ops) + tid;
 #pragma unroll
-    for (int j = 0; j < kRecordCopies; ++j) {
-      if (!kRecordTail || j + 1 < kRecordCopies || tid + j * kThreadCount < kRecordVectors) {
-        const int off = record_copy_offset<kDim, kThreadCount>(j, tid);
-        cp_async_16(dst + off, src + off, true);
+      for (int j = 0; j < kRecordCopies; ++j) {
+        if (!kRecordTail || j + 1 < kRecordCopies || tid + j * kThreadCount < kRecordVectors) {
+          const int off = record_copy_offset<kDim, kThreadCount>(j, tid);
+          cp_async_16(dst + off, src + off, true);
+        }
       }
     }
     const bool valid = v_row < rows;
@@ -89,5 +94,19 @@ struct ChunkCursor {
     cp_async_16(v_tile + v_dst, valid ? v + c * (int64_t{kChunk} * p.v_tok) : p.v, valid);
   }
 };
+
+// One whole record (K = 128 reads all of it) by the bulk-copy engine, completing
+// on `full` (an mbarrier expecting its bytes). Its writes are in the async proxy,
+// which wgmma reads through, so no proxy fence stands between them; the threads'
+// reads after the mbarrier wait see them too.
+__device__ __forceinline__ void bulk_copy_record(ChunkOperands& dst, const ChunkOperands* src, uint64_t& full) {
+  constexpr uint32_t kBytes = sizeof(ChunkOperands);
+  static_assert(kBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
+  cute::set_barrier_transaction_bytes(full, kBytes);
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(&dst))),
+               "l"(src), "r"(kBytes), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(&full)))
+               : "memory");
+}
 
 }  // namespace flashkda::sm90

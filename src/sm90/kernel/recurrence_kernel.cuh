@@ -68,16 +68,33 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
 
   // Key rows (M) read no v: their v tile stays zero-filled.
   const int v_col0 = w.value_rows ? w.row0 : 0;
-  const ChunkCursor<Cfg::kVCta, Cfg::kThreads, kDim> cursor(p, chunk_record(p, w.first_slot, w.v_head), w.token_begin,
-                                                      w.v_head, v_col0, Smem::kLdV, tid);
+  const ChunkOperands* const first_record = chunk_record(p, w.first_slot, w.v_head);
+  const ChunkCursor<Cfg::kVCta, Cfg::kThreads, kDim> cursor(p, first_record, w.token_begin, w.v_head, v_col0,
+                                                      Smem::kLdV, tid);
+  // K = 128 reads whole records: each arrives by one bulk copy that thread 0
+  // issues and the stage's mbarrier completes, in the async proxy, so the chunk
+  // loop needs no proxy fence (a memory barrier on the SM, 2-5 % of a chain-bound
+  // call: docs/perf-log.md). K = 64 reads parts of a record: cp.async.
+  constexpr bool kBulkRecord = kDim == kHeadDim;
+  if constexpr (kBulkRecord) {
+    if (tid == 0) {
+      for (int st = 0; st < kStages; ++st) cute::initialize_barrier(s.record_full[st], 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+  }
   const OutCursor<kDim> out(p, w.token_begin, w.v_head, row, lane);
   auto chunk_rows = [&](int64_t c) {
     const int64_t rem = w.length - c * kChunk;
     return static_cast<int>(rem < kChunk ? rem : kChunk);
   };
   auto issue_load = [&](int64_t c, int stage) {
-    if (c < num_chunks)
-      cursor.issue(p, s.stage[stage].ops, &s.stage[stage].v[0][0], c, w.value_rows ? chunk_rows(c) : 0, tid);
+    if (c < num_chunks) {
+      if (kBulkRecord && tid == 0)
+        bulk_copy_record(s.stage[stage].ops, first_record + c * p.num_v_heads, s.record_full[stage]);
+      cursor.template issue<kBulkRecord>(p, s.stage[stage].ops, &s.stage[stage].v[0][0], c,
+                                         w.value_rows ? chunk_rows(c) : 0, tid);
+    }
     cute::cp_async_fence();  // one group per chunk, empty past the end: keeps the wait count uniform
   };
 
@@ -107,14 +124,16 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   }
 
   int stage = 0;  // c % kStages, without 64-bit division
+  int phase = 0;  // of the stages' mbarriers: flips each time the ring wraps
   for (int64_t c = 0; c < num_chunks; ++c) {
     cute::cp_async_wait<kStages - 2>();
-    fence_async_proxy();  // the record's cp.async writes, before wgmma reads them
     // The stage as a value the compiler knows is warp-uniform (a broadcast from
     // lane 0): with the checkpoint stops in the loop it can no longer prove that of
     // the loop counter, and the stage's wgmma descriptors left the uniform datapath
     // (22 register-to-uniform moves a chunk).
     const int ustage = kCheckpoints ? __shfl_sync(0xffffffffu, stage, 0) : stage;
+    if constexpr (kBulkRecord) cute::wait_barrier(s.record_full[ustage], phase);
+    else fence_async_proxy();  // the record's cp.async writes, before wgmma reads them
     __syncthreads();
     const auto& st = s.stage[ustage];
     // The refill of the stage released at the barrier above, and the out tile's
@@ -127,6 +146,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
       ck_next = ck_periodic.at != nullptr ? ck_periodic.store<kDim>(S, p, ck_next, row, lane)
                                           : store_checkpoints<kDim>(S, p, ck, ck_next, ck_entry, w.v_head, row, lane);
     }
+    if (stage + 1 == kStages) phase ^= 1;
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
   if (w.to == StateTo::kFinal) {

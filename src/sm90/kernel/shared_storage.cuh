@@ -212,6 +212,7 @@ struct RecurrenceSmem {
   };
   Stage stage[kStages];
   alignas(16) __nv_bfloat16 out[kStateWarps][kChunk][kLdT];  // [warp][token][v]
+  uint64_t record_full[kStages];  // K = 128: the stage's record has arrived (bulk copy, chunk_loader.cuh)
 };
 
 }  // namespace flashkda::sm90
