@@ -3,7 +3,7 @@
 //
 //   flashkda-bench [--heads 96,64] [--states fp32,bf16,none] [--iters 100] [--warmup 10]
 //                  [--cases 8192,varlen6,8x1024] [--table standard|tp] [--v-split 0|1|2] [--stages 0|3|4]
-//                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg];..."]
+//                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg[,rec]];..."]
 //                  [--checkpoints C] [--checkpoints-dtype bf16|fp32] [--checkpoints-value-major]
 //                  [--head-dim 128|64] [--json FILE]
 //
@@ -20,7 +20,9 @@
 // (sm90::LaunchOverride; --seg-chunks -1: never split a sequence, N: segments of
 // N chunks); unset parts keep the heuristic's choice. --sweep-plan times the plans worth
 // comparing (V split 1; V split 2 with 4 or 3 stages) one after the other on the
-// same inputs; --plans lists overrides to time the same way (v_split,stages).
+// same inputs; --plans lists overrides to time the same way (v_split,stages, and
+// optionally seg_chunks and how 4-warp CTAs load records at K = 128: 1 cp.async,
+// 2 bulk copy).
 //
 // Timing: CUDA events around each launch, median of --iters launches after
 // --warmup. Inputs are random (never zeros), generated on the device; one
@@ -132,6 +134,7 @@ int main(int argc, char** argv) {
         if (f.size() > 0) o.v_split = f[0];
         if (f.size() > 1) o.stages = f[1];
         if (f.size() > 2) o.seg_chunks = f[2];
+        if (f.size() > 3) o.records = f[3];
         listed_plans.push_back(o);
       }
     }

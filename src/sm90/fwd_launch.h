@@ -22,15 +22,28 @@ cudaError_t launch_prologue(const FwdParams& p, int device, cudaStream_t stream)
 // V each; kStages chunks in flight.
 // kCheckpoints: the variant that writes checkpoints (4 stages only).
 // kDim: the caller's K = V; 64 runs one 4-warp CTA per (sequence, head).
-template <int kStateWarps, int kStages, bool kCheckpoints, int kDim = 128>
+// kBulkRecords: how a CTA loads its chunk records (recurrence_kernel.cuh); K = 128 only.
+constexpr bool kRecordsByBulkCopy = true, kRecordsByCpAsync = false;
+template <int kStateWarps, int kStages, bool kCheckpoints, int kDim = 128, bool kBulkRecords = kRecordsByCpAsync>
 cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream);
 
-extern template cudaError_t launch_recurrence<8, 4, false>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 1
-extern template cudaError_t launch_recurrence<4, 4, false>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2
-extern template cudaError_t launch_recurrence<4, 3, false>(const FwdParams&, int64_t, int, cudaStream_t);  // V split 2, 3 stages
-extern template cudaError_t launch_recurrence<8, 4, true>(const FwdParams&, int64_t, int, cudaStream_t);
+// V split 1: records by bulk copy.
+extern template cudaError_t launch_recurrence<8, 4, false, 128, kRecordsByBulkCopy>(const FwdParams&, int64_t, int,
+                                                                                     cudaStream_t);
+extern template cudaError_t launch_recurrence<8, 4, true, 128, kRecordsByBulkCopy>(const FwdParams&, int64_t, int,
+                                                                                    cudaStream_t);
+// V split 2 and the segment scan: both ways (which one: sm90_forward.cu, records_by_bulk_copy).
+extern template cudaError_t launch_recurrence<4, 4, false>(const FwdParams&, int64_t, int, cudaStream_t);
 extern template cudaError_t launch_recurrence<4, 4, true>(const FwdParams&, int64_t, int, cudaStream_t);
-extern template cudaError_t launch_recurrence<4, 4, false, 64>(const FwdParams&, int64_t, int, cudaStream_t);  // K = V = 64
+extern template cudaError_t launch_recurrence<4, 4, false, 128, kRecordsByBulkCopy>(const FwdParams&, int64_t, int,
+                                                                                     cudaStream_t);
+extern template cudaError_t launch_recurrence<4, 4, true, 128, kRecordsByBulkCopy>(const FwdParams&, int64_t, int,
+                                                                                    cudaStream_t);
+// V split 2, 3 stages (chosen where many CTAs share each SM): bulk copy.
+extern template cudaError_t launch_recurrence<4, 3, false, 128, kRecordsByBulkCopy>(const FwdParams&, int64_t, int,
+                                                                                     cudaStream_t);
+// K = V = 64: cp.async (a part of each record).
+extern template cudaError_t launch_recurrence<4, 4, false, 64>(const FwdParams&, int64_t, int, cudaStream_t);
 extern template cudaError_t launch_recurrence<4, 4, true, 64>(const FwdParams&, int64_t, int, cudaStream_t);
 
 // Kernel 3, pass 2 of the segment scan (p.seg_chunks > 0): composes the segment

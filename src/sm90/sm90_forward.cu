@@ -20,6 +20,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 std::atomic<int> g_force_v_split{0};
 std::atomic<int> g_force_stages{0};
 std::atomic<int64_t> g_force_seg_chunks{0};
+std::atomic<int> g_force_records{0};
 
 Status cuda_status(cudaError_t err, const char* what) {
   return {StatusCode::kCudaError, std::string("backend kCuda: ") + what + ": " + cudaGetErrorString(err)};
@@ -212,7 +213,7 @@ size_t records_bytes(const ForwardArgs& args) {
 }
 
 // The plan for these arguments on the current device (the SM count read once).
-Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device) {
+Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device, int* sms = nullptr) {
   int dev = 0, num_sms = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cached_attribute(&DeviceFacts::num_sms, cudaDevAttrMultiProcessorCount, dev, &num_sms);
@@ -243,6 +244,7 @@ Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device) {
     plan->seg_chunks = 0;
   }
   if (device != nullptr) *device = dev;
+  if (sms != nullptr) *sms = num_sms;
   return Status::Ok();
 }
 // Bytes of the workspace's segment-scan states for `seg_chunks` (0 when 0).
@@ -333,6 +335,7 @@ void set_launch_override(const LaunchOverride& forced) {
   g_force_v_split.store(forced.v_split);
   g_force_stages.store(forced.stages);
   g_force_seg_chunks.store(forced.seg_chunks);
+  g_force_records.store(forced.records);
 }
 
 LaunchPlan effective_launch_plan(const ProblemShape& shape, int num_sms) {
@@ -414,8 +417,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   // Checkpoints run the recurrence variant that writes them (4 stages).
   const bool checkpoints = p.checkpoints != nullptr || p.slot_ck_offsets != nullptr;
   LaunchPlan plan;
-  int dev = 0;
-  Status planned = plan_for(args, &plan, &dev);
+  int dev = 0, num_sms = 0;
+  Status planned = plan_for(args, &plan, &dev, &num_sms);
   if (!planned.ok()) return planned;
   // K = V = 64: one 4-warp CTA per (sequence, head) holds the whole state (the
   // 64-wide instantiations, 4 stages); the plan's segment count still applies.
@@ -435,14 +438,25 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     if (err != cudaSuccess) return cuda_status(err, "launching the prologue kernel");
   }
   // The 4-warp recurrence CTAs (64 rows of the state each): the segment scan's
-  // passes, V split 2, and every launch at K = 64.
+  // passes, V split 2, and every launch at K = 64. At K = 128 their records come
+  // by bulk copy (no proxy fence in the chunk loop) where CTAs share SMs, and by
+  // cp.async where each has an SM to itself: there the bulk copies measured 2-3 %
+  // slower, in two runs, for a reason not yet known (docs/perf-log.md).
+  auto records_by_bulk_copy = [&](int64_t ctas) {
+    const int forced = g_force_records.load();
+    return forced != 0 ? forced == 2 : ctas > num_sms;
+  };
   auto launch_4warps = [&](int64_t ctas) {
     if (dim64)
       return checkpoints ? launch_recurrence<4, 4, true, 64>(p, ctas, dev, s)
                          : launch_recurrence<4, 4, false, 64>(p, ctas, dev, s);
-    if (checkpoints) return launch_recurrence<4, 4, true>(p, ctas, dev, s);
-    return plan.stages == 3 ? launch_recurrence<4, 3, false>(p, ctas, dev, s)
-                            : launch_recurrence<4, 4, false>(p, ctas, dev, s);
+    const bool bulk = records_by_bulk_copy(ctas);
+    if (checkpoints)
+      return bulk ? launch_recurrence<4, 4, true, 128, kRecordsByBulkCopy>(p, ctas, dev, s)
+                  : launch_recurrence<4, 4, true>(p, ctas, dev, s);
+    if (plan.stages == 3) return launch_recurrence<4, 3, false, 128, kRecordsByBulkCopy>(p, ctas, dev, s);
+    return bulk ? launch_recurrence<4, 4, false, 128, kRecordsByBulkCopy>(p, ctas, dev, s)
+                : launch_recurrence<4, 4, false>(p, ctas, dev, s);
   };
   if (plan.seg_chunks > 0) {
     // The segment scan: summaries, their composition, the segments from their states.
@@ -469,8 +483,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   if (dim64 || p.v_split == 2) {
     err = launch_4warps(num_ctas);
   } else if (p.v_split == 1) {
-    err = checkpoints ? launch_recurrence<8, 4, true>(p, num_ctas, dev, s)
-                      : launch_recurrence<8, 4, false>(p, num_ctas, dev, s);
+    err = checkpoints ? launch_recurrence<8, 4, true, 128, kRecordsByBulkCopy>(p, num_ctas, dev, s)
+                      : launch_recurrence<8, 4, false, 128, kRecordsByBulkCopy>(p, num_ctas, dev, s);
   } else {
     err = cudaErrorInvalidValue;
   }

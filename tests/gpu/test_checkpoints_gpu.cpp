@@ -38,11 +38,13 @@ struct CkCase {
   int64_t seg_chunks;  // forced plan: -1 one chain, > 0 segments
   int64_t head_dim = 128;
   int v_split = 0;  // forced plan: 0 the heuristic's, 1 one 8-warp CTA a head, 2 two 4-warp CTAs
+  int records = 0;  // forced 4-warp record loads: 0 the heuristic's, 1 cp.async, 2 bulk copy
   std::string name() const {
     return std::string(dtype == DType::kFP32 ? "fp32" : "bf16") + (value_major ? "_vk" : "_kv") + "_c" +
            std::to_string(interval) + (seg_chunks < 0 ? "_chain" : "_seg" + std::to_string(seg_chunks)) +
            (head_dim == 128 ? "" : "_K" + std::to_string(head_dim)) +
-           (v_split == 0 ? "" : "_vsplit" + std::to_string(v_split));
+           (v_split == 0 ? "" : "_vsplit" + std::to_string(v_split)) +
+           (records == 1 ? "_cp_async" : records == 2 ? "_bulk_copy" : "");
   }
 };
 
@@ -93,7 +95,7 @@ TEST_P(GpuCheckpoints, MatchTheOracleAndLeaveTheResultAlone) {
     ASSERT_TRUE(s.ok()) << s.message;
   }
 
-  sm90::set_launch_override({c.v_split, 0, c.seg_chunks});
+  sm90::set_launch_override({c.v_split, 0, c.seg_chunks, c.records});
   const RunResult plain = run_cuda(p);
   ASSERT_TRUE(plain.status.ok()) << plain.status.message;
   DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
@@ -142,7 +144,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuCheckpoints,
                                            // every chunk, both CTA shapes, segments
                                            CkCase{DType::kBF16, false, 16, -1, 128, 1}, CkCase{DType::kBF16, false, 16, -1, 128, 2},
                                            CkCase{DType::kBF16, false, 64, -1, 128, 1}, CkCase{DType::kBF16, false, 16, 3},
-                                           CkCase{DType::kBF16, false, 16, 2, 64}),
+                                           CkCase{DType::kBF16, false, 16, 2, 64},
+                                           // 4-warp CTAs with records by bulk copy (the heuristic's
+                                           // choice where CTAs share SMs, larger than these)
+                                           CkCase{DType::kBF16, false, 16, -1, 128, 2, 2},
+                                           CkCase{DType::kFP32, true, 16, -1, 128, 2, 2},
+                                           CkCase{DType::kBF16, false, 64, 3, 128, 0, 2}),
                          [](const auto& info) { return info.param.name(); });
 
 // The forward of `p` on the fp32 device pool `pool` (P slots, sequence n on

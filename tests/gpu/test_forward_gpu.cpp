@@ -20,7 +20,7 @@
 namespace flashkda::sm90 {
 // How gtest prints a launch-plan parameter (found by argument-dependent lookup).
 inline void PrintTo(const LaunchOverride& o, std::ostream* os) {
-  *os << "v_split " << o.v_split << ", stages " << o.stages;
+  *os << "v_split " << o.v_split << ", stages " << o.stages << ", records " << o.records;
 }
 }  // namespace flashkda::sm90
 #endif
@@ -265,8 +265,9 @@ INSTANTIATE_TEST_SUITE_P(States, GpuForwardStates,
 
 class GpuForwardPlan : public GpuForward, public ::testing::WithParamInterface<sm90::LaunchOverride> {};
 
-// Every recurrence instantiation (V split over 1 or 2 CTAs; 4 or 3 stages)
-// computes the same thing, on sequences that end mid-chunk and one of length 1.
+// Every recurrence instantiation (V split over 1 or 2 CTAs; 4 or 3 stages;
+// 4-warp CTAs loading records by cp.async or by bulk copy) computes the same
+// thing, on sequences that end mid-chunk and one of length 1.
 TEST_P(GpuForwardPlan, EveryLaunchPlanMatchesOracle) {
   sm90::set_launch_override(GetParam());
   ProblemSpec spec;
@@ -275,12 +276,36 @@ TEST_P(GpuForwardPlan, EveryLaunchPlanMatchesOracle) {
   expect_within_bars(check_against_oracle(spec), spec);
 }
 INSTANTIATE_TEST_SUITE_P(Plans, GpuForwardPlan,
-                         ::testing::Values(sm90::LaunchOverride{1, 4}, sm90::LaunchOverride{2, 4},
-                                           sm90::LaunchOverride{2, 3}),
+                         ::testing::Values(sm90::LaunchOverride{1, 4}, sm90::LaunchOverride{2, 4, 0, 1},
+                                           sm90::LaunchOverride{2, 4, 0, 2}, sm90::LaunchOverride{2, 3}),
                          [](const ::testing::TestParamInfo<sm90::LaunchOverride>& info) {
+                           const int rec = info.param.records;
                            return "vsplit" + std::to_string(info.param.v_split) + "_stages" +
-                                  std::to_string(info.param.stages);
+                                  std::to_string(info.param.stages) +
+                                  (rec == 1 ? "_cp_async" : rec == 2 ? "_bulk_copy" : "");
                          });
+
+// The two ways a 4-warp CTA loads its records (cp.async, or one bulk copy on an
+// mbarrier: sm90_forward.cu picks by whether CTAs share SMs) put the same bytes
+// in shared memory: the same bits out, one chain or segments.
+TEST_F(GpuForward, RecordsByBulkCopyOrCpAsyncGiveTheSameBits) {
+  ProblemSpec spec;
+  spec.seqlens = {400, 17, 1, 900};
+  spec.heads = 2;
+  spec.v_heads = 4;
+  const HostProblem p = make_problem(spec, fresh_seed());
+  for (const int64_t seg : {int64_t{-1}, int64_t{5}}) {
+    sm90::set_launch_override({2, 4, seg, 1});
+    const RunResult a = run_cuda(p);
+    sm90::set_launch_override({2, 4, seg, 2});
+    const RunResult b = run_cuda(p);
+    ASSERT_TRUE(a.status.ok()) << a.status.message;
+    ASSERT_TRUE(b.status.ok()) << b.status.message;
+    EXPECT_EQ(a.out_bits, b.out_bits) << "segments of " << seg;
+    EXPECT_EQ(a.state_bytes, b.state_bytes) << "segments of " << seg;
+    expect_within_bars(judge(p, b), spec);
+  }
+}
 
 // Captured in a CUDA graph on a non-default stream and replayed three times on
 // one workspace: the same bits as a direct call.
@@ -317,7 +342,7 @@ TEST_F(GpuForward, EveryLaunchPlanRunsAgainAfterDeviceReset) {
   spec.heads = 2;
   const HostProblem p = make_problem(spec, fresh_seed());
   for (const sm90::LaunchOverride plan : {sm90::LaunchOverride{1, 0}, sm90::LaunchOverride{2, 3},
-                                          sm90::LaunchOverride{2, 4}}) {
+                                          sm90::LaunchOverride{2, 4, 0, 1}, sm90::LaunchOverride{2, 4, 0, 2}}) {
     sm90::set_launch_override(plan);
     const RunResult before = run_cuda(p);
     ASSERT_TRUE(before.status.ok()) << before.status.message;

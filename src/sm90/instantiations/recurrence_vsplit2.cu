@@ -1,4 +1,5 @@
-// The recurrence kernel with V split over 2 CTA(s), 4 chunks in flight: 4 warps, 64 rows of V per CTA.
+// The recurrence kernel with V split over 2 CTA(s), 4 chunks in flight: 4 warps, 64 rows of V per CTA; records by
+// cp.async.
 #include "sm90/fwd_launch.cuh"
 
 namespace flashkda::sm90 {

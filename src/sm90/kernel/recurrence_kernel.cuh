@@ -2,8 +2,9 @@
 // head) in order with its rows of a state in registers (fp32): a V-slice of the
 // whole sequence, or, in the segment scan, of one segment (tile_scheduler.cuh,
 // get_recurrence_work).
-//   load      cp.async of chunk records and v, kStages deep, through a per-thread
-//             cursor (chunk_loader.cuh)
+//   load      chunk records and v, kStages deep: v by cp.async through a
+//             per-thread cursor (chunk_loader.cuh), a record the same way or by
+//             one bulk copy onto the stage's mbarrier (kBulkRecords)
 //   state     every warp: 16 rows of V, the recurrence step (recurrence.cuh)
 //   epilogue  every warp stores its own 16x16 output tile (epilogue.cuh)
 // One barrier per chunk: after it a stage is visible to all warps, and the stage
@@ -43,10 +44,16 @@ struct RecurrenceConfig {
 // calls without checkpoints run a variant without them.
 // kDim: the caller's K = V (shared_storage.cuh); 64 runs 4-warp CTAs, one per
 // (sequence, head), on the state's first 64 rows.
-template <int kStateWarps, int kStages, bool kCheckpoints, int kDim>
+// kBulkRecords: each chunk record arrives by one bulk copy that thread 0 issues
+// and the stage's mbarrier completes. Its writes are in the async proxy, so the
+// chunk loop needs no proxy fence (a memory barrier on the SM, 2-5 % of a
+// chain-bound call: docs/perf-log.md). Else every thread's cp.async, then the
+// fence. K = 128 only: K = 64 reads parts of a record.
+template <int kStateWarps, int kStages, bool kCheckpoints, int kDim, bool kBulkRecords>
 __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThreads, 1)
     kda_recurrence_kernel(const __grid_constant__ FwdParams p) {
   static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
+  static_assert(!kBulkRecords || kDim == kHeadDim, "bulk copies move whole records: K = 128");
   using Cfg = RecurrenceConfig<kStateWarps, kStages>;
   using Smem = typename Cfg::Smem;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -71,12 +78,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   const ChunkOperands* const first_record = chunk_record(p, w.first_slot, w.v_head);
   const ChunkCursor<Cfg::kVCta, Cfg::kThreads, kDim> cursor(p, first_record, w.token_begin, w.v_head, v_col0,
                                                       Smem::kLdV, tid);
-  // K = 128 reads whole records: each arrives by one bulk copy that thread 0
-  // issues and the stage's mbarrier completes, in the async proxy, so the chunk
-  // loop needs no proxy fence (a memory barrier on the SM, 2-5 % of a chain-bound
-  // call: docs/perf-log.md). K = 64 reads parts of a record: cp.async.
-  constexpr bool kBulkRecord = kDim == kHeadDim;
-  if constexpr (kBulkRecord) {
+  if constexpr (kBulkRecords) {
     if (tid == 0) {
       for (int st = 0; st < kStages; ++st) cute::initialize_barrier(s.record_full[st], 1);
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -90,10 +92,10 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   };
   auto issue_load = [&](int64_t c, int stage) {
     if (c < num_chunks) {
-      if (kBulkRecord && tid == 0)
+      if (kBulkRecords && tid == 0)
         bulk_copy_record(s.stage[stage].ops, first_record + c * p.num_v_heads, s.record_full[stage]);
-      cursor.template issue<kBulkRecord>(p, s.stage[stage].ops, &s.stage[stage].v[0][0], c,
-                                         w.value_rows ? chunk_rows(c) : 0, tid);
+      cursor.template issue<kBulkRecords>(p, s.stage[stage].ops, &s.stage[stage].v[0][0], c,
+                                          w.value_rows ? chunk_rows(c) : 0, tid);
     }
     cute::cp_async_fence();  // one group per chunk, empty past the end: keeps the wait count uniform
   };
@@ -132,7 +134,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     // the loop counter, and the stage's wgmma descriptors left the uniform datapath
     // (22 register-to-uniform moves a chunk).
     const int ustage = kCheckpoints ? __shfl_sync(0xffffffffu, stage, 0) : stage;
-    if constexpr (kBulkRecord) cute::wait_barrier(s.record_full[ustage], phase);
+    if constexpr (kBulkRecords) cute::wait_barrier(s.record_full[ustage], phase);
     else fence_async_proxy();  // the record's cp.async writes, before wgmma reads them
     __syncthreads();
     const auto& st = s.stage[ustage];
