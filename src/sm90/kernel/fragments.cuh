@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include <cute/arch/copy_sm75.hpp>
+#include <cute/arch/copy_sm90.hpp>
 #include <cute/arch/mma_sm80.hpp>
 
 #include "sm90/kernel/shared_storage.cuh"

@@ -163,7 +163,7 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
                                                 const First& during_first = First{},
                                                 const Update& during_update = Update{}) {
   constexpr int kKeySteps = kDim / 16;
-  const int g = lane >> 2, t = lane & 3;
+  const int t = lane & 3;
   // [−S wᵀ | S Q_decᵀ] (16 V rows x 32: tokens of −w, then of Q_dec), from the
   // state before this chunk's update: kDim / 16 k16 steps over the keys.
   FragC uo[4];
@@ -237,15 +237,16 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     mma_bf16(o[nt], ua_lo, m_hi[nt]);
     mma_bf16(o[nt], ua_hi, m_lo[nt]);
   }
-  // outᵀ tile (V rows x tokens) → staging [token][v]
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    const int tok = 8 * nt + 2 * t;
-    out_tile[tok][g] = __float2bfloat16_rn(o[nt].x[0]);
-    out_tile[tok + 1][g] = __float2bfloat16_rn(o[nt].x[1]);
-    out_tile[tok][g + 8] = __float2bfloat16_rn(o[nt].x[2]);
-    out_tile[tok + 1][g + 8] = __float2bfloat16_rn(o[nt].x[3]);
-  }
+  // outᵀ tile (V rows x tokens) → staging [token][v]: its four 8x8 blocks, each
+  // transposed on the way, by one stmatrix (lanes 8i..8i+7 address the token rows
+  // of block i: V rows 8(i & 1).., tokens 8(i >> 1)..). Element by element it was
+  // eight 2-byte stores and four byte permutes a lane, in the state update's
+  // shadow where the out tile's global stores wait for them.
+  const int block = lane >> 3;
+  cute::SM90_U16x8_STSM_T::copy(
+      pack_bf16(o[0].x[0], o[0].x[1]), pack_bf16(o[0].x[2], o[0].x[3]), pack_bf16(o[1].x[0], o[1].x[1]),
+      pack_bf16(o[1].x[2], o[1].x[3]),
+      *reinterpret_cast<cute::uint128_t*>(&out_tile[8 * (block >> 1) + (lane & 7)][8 * (block & 1)]));
   __syncwarp();  // the staged tile, before during_update reads it
   during_update();
   finish_state_update<kDim>(S);
