@@ -180,15 +180,18 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     wgmma_m64n32k16(uo, sa[kk], sw128_descriptor(b, 16, kSw128GroupBytes));
   }
   wgmma_commit();
-  during_first();
   // uᵀ's state-free part Vᵀ A_wᵀ with A_w = hi + lo (v is exact in bf16), while the wgmma runs.
-  FragC uv[2];
-  zero(uv[0]);
-  zero(uv[1]);
+  // Its operands are read before during_first issues the caller's copies: after
+  // them, an ldmatrix whose destination registers were the copies' address
+  // registers waited for the copies to leave the memory pipeline.
   const FragA vt = load_a_trans(v, ldv, 0, vw, lane);
   FragB aw_hi[2], aw_lo[2];
   ldsm_b2_tile16(ops.aw_hi, lane, aw_hi[0], aw_hi[1]);
   ldsm_b2_tile16(ops.aw_lo, lane, aw_lo[0], aw_lo[1]);
+  during_first();
+  FragC uv[2];
+  zero(uv[0]);
+  zero(uv[1]);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     mma_bf16(uv[nt], vt, aw_hi[nt]);
