@@ -60,7 +60,7 @@ struct LaunchOverride {
   int v_split = 0;         // 1 or 2
   int stages = 0;          // 3 or 4
   int64_t seg_chunks = 0;  // > 0: segments of this many chunks; < 0: never split
-  int records = 0;         // 4-warp launches at K = 128: 1 records by cp.async, 2 by bulk copy
+  int records = 0;         // 4-warp, 4-stage launches at K = 128: 1 records by cp.async, 2 by bulk copy
 };
 void set_launch_override(const LaunchOverride& forced);
 // The plan forward() uses now: the heuristic's, with any override applied.

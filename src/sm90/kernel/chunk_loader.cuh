@@ -72,13 +72,13 @@ struct ChunkCursor {
     v_dst = v_row * ld_v + 8 * vc;
   }
 
-  // cp.async of chunk c's record (unless kBulkRecord: the kernel's one bulk copy,
+  // cp.async of chunk c's record (unless kBulkRecords: the kernel's one bulk copy,
   // bulk_copy_record) and v rows into (ops, v_tile); token rows at or past `rows`
   // read as zeros.
-  template <bool kBulkRecord>
+  template <bool kBulkRecords>
   __device__ __forceinline__ void issue(const FwdParams& p, ChunkOperands& ops, uint16_t* v_tile, int64_t c,
                                         int rows, int tid) const {
-    if constexpr (!kBulkRecord) {
+    if constexpr (!kBulkRecords) {
       const cute::uint128_t* src = record + c * p.num_v_heads * kOperandVectors;
       auto* dst = reinterpret_cast<cute::uint128_t*>(&ops) + tid;
 #pragma unroll
