@@ -21,6 +21,32 @@ namespace flashkda::sm90 {
 // Four CTAs per SM fit (54 KB of shared memory, <= 64 registers a thread): while
 // one waits on its loads or on its warp-0 inverse, the others compute.
 constexpr int kPrologueMinCtasPerSm = 4;
+// Warps 0 and 1 build the chunk's matrices (build_inverse, build_mqk); the others
+// store the record's early part meanwhile.
+constexpr int kMatrixWarps = 2;
+
+// One part of the record (RecordPart, shared_storage.cuh) from shared to global
+// memory by kThreads threads, t = 0..kThreads-1: vectors t, t + kThreads, ... of
+// the part, with compile-time counts so that, as in the loads, each copy is a
+// constant offset (or a constant and t's whole atoms at K = 64).
+template <int kDim, bool kEarly, int kThreads>
+__device__ __forceinline__ void store_record_part(uint4* record, const PrologueSmem& s, int t) {
+  constexpr RecordPart kPart = record_part<kDim>(kEarly);
+  constexpr int kFirst = kPart.end0 - kPart.begin0, kVectors = kPart.size();
+  constexpr int kCopies = (kVectors + kThreads - 1) / kThreads;
+  const auto* src = reinterpret_cast<const uint4*>(static_cast<const ChunkOperands*>(&s));
+#pragma unroll
+  for (int j = 0; j < kCopies; ++j) {
+    const int e = j * kThreads + t;
+    if (kVectors % kThreads != 0 && j + 1 == kCopies && e >= kVectors) break;
+    int i;
+    if ((j + 1) * kThreads <= kFirst) i = kPart.begin0 + e;         // the copy lies in the first range
+    else if (j * kThreads >= kFirst) i = kPart.begin1 + e - kFirst;  // in the second
+    else i = kPart.index(e);
+    const int v = record_vector<kDim>(i);
+    record[v] = src[v];
+  }
+}
 
 // kDim: the caller's K = V (shared_storage.cuh): the columns past it load as zeros.
 template <int kDim>
@@ -83,25 +109,14 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   __syncthreads();
   write_decayed_operands(s, m, G, p.scale);
   __syncthreads();
+  uint4* const record = reinterpret_cast<uint4*>(const_cast<ChunkOperands*>(chunk_record(p, slot, v_head)));
   if (warp == 0) build_inverse<kDim>(s, lane);
   else if (warp == 1) build_mqk<kDim>(s, lane);
+  else store_record_part<kDim, true, kPrologueThreads - kMatrixWarps * 32>(record, s, tid - kMatrixWarps * 32);
   __syncthreads();
   build_w(s, warp, lane);
   __syncthreads();
-
-  // The vectors the recurrence reads at this head dim (record_vector), unrolled
-  // with a compile-time count (4.5 vectors a thread at 128), like the loads.
-  auto* dst = reinterpret_cast<uint4*>(const_cast<ChunkOperands*>(chunk_record(p, slot, v_head))) + tid;
-  const auto* src = reinterpret_cast<const uint4*>(static_cast<const ChunkOperands*>(&s)) + tid;
-  constexpr int kVectors = record_vectors<kDim>();
-  constexpr int kCopies = (kVectors + kPrologueThreads - 1) / kPrologueThreads;
-#pragma unroll
-  for (int j = 0; j < kCopies; ++j) {
-    if (kVectors % kPrologueThreads == 0 || j + 1 < kCopies || tid + j * kPrologueThreads < kVectors) {
-      const int off = record_copy_offset<kDim, kPrologueThreads>(j, tid);
-      dst[off] = src[off];
-    }
-  }
+  store_record_part<kDim, false, kPrologueThreads>(record, s, tid);
 }
 
 }  // namespace flashkda::sm90
