@@ -171,11 +171,14 @@ static_assert(record_vectors<64>() * 16 == 10496 && record_vector<64>(record_vec
               "K = 64 records: keys 0..63 of the swizzled operands, the tiles, decay_last[0..63]");
 
 // The record in two parts by when the prologue has them final: Q_dec (rows
-// 16-31 of wq), K_res hi + lo and decay_last after the decayed operands; −w
-// (rows 0-15 of wq), Mqk and A_w only after the inverse and w. The prologue
-// stores the early part while warps 0 and 1 build the matrices (the other six
-// warps would wait at the barrier), the late part at the end. Each part is two
-// ranges of the map indices of record_vector: [begin0, end0) and [begin1, end1).
+// 16-31 of wq) and K_res hi + lo after the decayed operands; −w (rows 0-15 of
+// wq), Mqk and A_w only after the inverse and w. The prologue stores the early
+// part while warps 0 and 1 build the matrices (the other six warps would wait at
+// the barrier), the late part at the end. The late part also takes decay_last
+// and, at 128, the record's alignment padding: in PrologueSmem that padding is
+// where the derived members begin (q, A_w in fp16), which build_inverse writes
+// meanwhile. Each part is two ranges of the map indices of record_vector:
+// [begin0, end0) and [begin1, end1).
 struct RecordPart {
   int begin0, end0, begin1, end1;
   __host__ __device__ constexpr int size() const { return (end0 - begin0) + (end1 - begin1); }
@@ -183,13 +186,11 @@ struct RecordPart {
   __host__ __device__ constexpr int index(int e) const { return e < end0 - begin0 ? begin0 + e : begin1 + e - (end0 - begin0); }
 };
 // Per kDim, map indices run: −w (2·kDim), Q_dec and K_res hi, lo (6·kDim), the
-// 16x16 tiles (Mqk, then A_w), decay_last to the record's end (at 128 with the
-// alignment padding, which is copied so that the global record is all written).
+// 16x16 tiles (Mqk, then A_w), decay_last, padding.
 template <int kDim>
 __host__ __device__ constexpr RecordPart record_part(bool early) {
   constexpr int kW = 2 * kDim, kSwizzled = 8 * kDim;
-  return early ? RecordPart{kW, kSwizzled, kSwizzled + kRecordTileVectors, record_vectors<kDim>()}
-               : RecordPart{0, kW, kSwizzled, kSwizzled + kRecordTileVectors};
+  return early ? RecordPart{kW, kSwizzled, kSwizzled, kSwizzled} : RecordPart{0, kW, kSwizzled, record_vectors<kDim>()};
 }
 // Each vector of the record is in exactly one part, and in the one its field says.
 template <int kDim>
@@ -203,8 +204,7 @@ constexpr bool record_parts_hold() {
       const int i = r.index(e);
       if (i < 0 || i >= record_vectors<kDim>()) return false;
       const int byte = record_vector<kDim>(i) * 16;
-      const bool is_early = (byte >= kQdec && byte < static_cast<int>(offsetof(ChunkOperands, mqk_hi))) ||
-                            byte >= static_cast<int>(offsetof(ChunkOperands, decay_last));
+      const bool is_early = byte >= kQdec && byte < static_cast<int>(offsetof(ChunkOperands, mqk_hi));
       if (is_early != (part == 0)) return false;
     }
   }
