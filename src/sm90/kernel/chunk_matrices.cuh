@@ -20,14 +20,8 @@ namespace flashkda::sm90 {
 template <int kDim, class Smem, class LoadHi>
 __device__ __forceinline__ void times_kinv_t(FragC (&c)[2], LoadHi load_x_hi, const __nv_bfloat16 (*x_lo)[kLdRow],
                                              const Smem& s, int lane) {
-  // Two partial sums a tile (even and odd key blocks), added at the end: the
-  // dependent mma chain of warp 0, which the other warps wait for, is half as long.
-  FragC part[2][2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    zero(part[h][0]);
-    zero(part[h][1]);
-  }
+  zero(c[0]);
+  zero(c[1]);
 #pragma unroll
   for (int kk = 0; kk < kDim / 16; ++kk) {
     const FragA a_hi = load_x_hi(kk, lane);
@@ -37,15 +31,11 @@ __device__ __forceinline__ void times_kinv_t(FragC (&c)[2], LoadHi load_x_hi, co
     ldsm_b2(&s.kinv_lo[0][0], kLdRow, 0, 16 * kk, lane, b_lo[0], b_lo[1]);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      mma_bf16(part[kk & 1][nt], a_hi, b_hi[nt]);
-      mma_bf16(part[kk & 1][nt], a_lo, b_hi[nt]);
-      mma_bf16(part[kk & 1][nt], a_hi, b_lo[nt]);
+      mma_bf16(c[nt], a_hi, b_hi[nt]);
+      mma_bf16(c[nt], a_lo, b_hi[nt]);
+      mma_bf16(c[nt], a_hi, b_lo[nt]);
     }
   }
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) c[nt].x[e] = part[0][nt].x[e] + part[1][nt].x[e];
 }
 
 template <int kDim, class Smem>
