@@ -21,30 +21,25 @@ namespace flashkda::sm90 {
 // Four CTAs per SM fit (54 KB of shared memory, <= 64 registers a thread): while
 // one waits on its loads or on its warp-0 inverse, the others compute.
 constexpr int kPrologueMinCtasPerSm = 4;
-// Warps 0 and 1 build the chunk's matrices (build_inverse, build_mqk); the others
-// store the record's early part meanwhile.
+// Warps 0 and 1 build the chunk's matrices (build_inverse, build_mqk); at K = 128
+// the others store the record's early part meanwhile (shared_storage.cuh).
 constexpr int kMatrixWarps = 2;
 
-// One part of the record (RecordPart, shared_storage.cuh) from shared to global
-// memory by kThreads threads, t = 0..kThreads-1: vectors t, t + kThreads, ... of
-// the part, with compile-time counts so that, as in the loads, each copy is a
-// constant offset (or a constant and t's whole atoms at K = 64).
-template <int kDim, bool kEarly, int kThreads>
-__device__ __forceinline__ void store_record_part(uint4* record, const PrologueSmem& s, int t) {
-  constexpr RecordPart kPart = record_part<kDim>(kEarly);
-  constexpr int kFirst = kPart.end0 - kPart.begin0, kVectors = kPart.size();
-  constexpr int kCopies = (kVectors + kThreads - 1) / kThreads;
-  const auto* src = reinterpret_cast<const uint4*>(static_cast<const ChunkOperands*>(&s));
+// The record's vectors with map indices (record_vector) [kBegin, kEnd) whose
+// index in the range is t, t + kThreads, ... (t < kThreads), from shared to global
+// memory; unrolled with compile-time counts, so each copy's offset is a constant
+// (or a constant and t's whole atoms at K = 64: record_copy_offset).
+template <int kDim, int kBegin, int kEnd, int kThreads>
+__device__ __forceinline__ void store_record_range(uint4* record, const PrologueSmem& s, int t) {
+  constexpr int kVectors = kEnd - kBegin, kCopies = (kVectors + kThreads - 1) / kThreads;
+  static_assert(kBegin == 0 || kDim == kHeadDim, "K = 64 stores its whole record (record_copy_offset)");
+  uint4* const dst = record + kBegin + t;
+  const uint4* const src = reinterpret_cast<const uint4*>(static_cast<const ChunkOperands*>(&s)) + kBegin + t;
 #pragma unroll
   for (int j = 0; j < kCopies; ++j) {
-    const int e = j * kThreads + t;
-    if (kVectors % kThreads != 0 && j + 1 == kCopies && e >= kVectors) break;
-    int i;
-    if ((j + 1) * kThreads <= kFirst) i = kPart.begin0 + e;         // the copy lies in the first range
-    else if (j * kThreads >= kFirst) i = kPart.begin1 + e - kFirst;  // in the second
-    else i = kPart.index(e);
-    const int v = record_vector<kDim>(i);
-    record[v] = src[v];
+    if (kVectors % kThreads != 0 && j + 1 == kCopies && j * kThreads + t >= kVectors) break;
+    const int off = record_copy_offset<kDim, kThreads>(j, t);
+    dst[off] = src[off];
   }
 }
 
@@ -109,14 +104,25 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   __syncthreads();
   write_decayed_operands(s, m, G, p.scale);
   __syncthreads();
-  uint4* const record = reinterpret_cast<uint4*>(const_cast<ChunkOperands*>(chunk_record(p, slot, v_head)));
+  constexpr bool kEarlyPart = kDim == kHeadDim;
+  constexpr int kStoreThreads = kPrologueThreads - kMatrixWarps * 32;
+  auto record_address = [&] { return reinterpret_cast<uint4*>(const_cast<ChunkOperands*>(chunk_record(p, slot, v_head))); };
+  // K = 64 computes it at the end: no address held across the matrices there.
+  uint4* record = kEarlyPart ? record_address() : nullptr;
   if (warp == 0) build_inverse<kDim>(s, lane);
   else if (warp == 1) build_mqk<kDim>(s, lane);
-  else store_record_part<kDim, true, kPrologueThreads - kMatrixWarps * 32>(record, s, tid - kMatrixWarps * 32);
+  else if constexpr (kEarlyPart)
+    store_record_range<kDim, kRecordQdecVector, kRecordEarlyEnd, kStoreThreads>(record, s, tid - kMatrixWarps * 32);
   __syncthreads();
   build_w(s, warp, lane);
   __syncthreads();
-  store_record_part<kDim, false, kPrologueThreads>(record, s, tid);
+  if constexpr (kEarlyPart) {
+    store_record_range<kDim, 0, kRecordQdecVector, kPrologueThreads>(record, s, tid);
+    store_record_range<kDim, kRecordEarlyEnd, record_vectors<kDim>(), kPrologueThreads>(record, s, tid);
+  } else {
+    record = record_address();
+    store_record_range<kDim, 0, record_vectors<kDim>(), kPrologueThreads>(record, s, tid);
+  }
 }
 
 }  // namespace flashkda::sm90

@@ -170,47 +170,18 @@ static_assert(record_vectors<64>() * 16 == 10496 && record_vector<64>(record_vec
                                                         (offsetof(ChunkOperands, decay_last) + 64 * 4) / 16 - 1,
               "K = 64 records: keys 0..63 of the swizzled operands, the tiles, decay_last[0..63]");
 
-// The record in two parts by when the prologue has them final: Q_dec (rows
-// 16-31 of wq) and K_res hi + lo after the decayed operands; −w (rows 0-15 of
-// wq), Mqk and A_w only after the inverse and w. The prologue stores the early
-// part while warps 0 and 1 build the matrices (the other six warps would wait at
-// the barrier), the late part at the end. The late part also takes decay_last
-// and, at 128, the record's alignment padding: in PrologueSmem that padding is
-// where the derived members begin (q, A_w in fp16), which build_inverse writes
-// meanwhile. Each part is two ranges of the map indices of record_vector:
-// [begin0, end0) and [begin1, end1).
-struct RecordPart {
-  int begin0, end0, begin1, end1;
-  __host__ __device__ constexpr int size() const { return (end0 - begin0) + (end1 - begin1); }
-  // The map index of the part's e-th vector.
-  __host__ __device__ constexpr int index(int e) const { return e < end0 - begin0 ? begin0 + e : begin1 + e - (end0 - begin0); }
-};
-// Per kDim, map indices run: −w (2·kDim), Q_dec and K_res hi, lo (6·kDim), the
-// 16x16 tiles (Mqk, then A_w), decay_last, padding.
-template <int kDim>
-__host__ __device__ constexpr RecordPart record_part(bool early) {
-  constexpr int kW = 2 * kDim, kSwizzled = 8 * kDim;
-  return early ? RecordPart{kW, kSwizzled, kSwizzled, kSwizzled} : RecordPart{0, kW, kSwizzled, record_vectors<kDim>()};
-}
-// Each vector of the record is in exactly one part, and in the one its field says.
-template <int kDim>
-constexpr bool record_parts_hold() {
-  constexpr RecordPart early = record_part<kDim>(true), late = record_part<kDim>(false);
-  if (early.size() + late.size() != record_vectors<kDim>()) return false;
-  constexpr int kQdec = offsetof(ChunkOperands, wq) + kChunk * kHeadDim * 2;  // row 16 of wq, bytes
-  for (int part = 0; part < 2; ++part) {
-    const RecordPart r = part == 0 ? early : late;
-    for (int e = 0; e < r.size(); ++e) {
-      const int i = r.index(e);
-      if (i < 0 || i >= record_vectors<kDim>()) return false;
-      const int byte = record_vector<kDim>(i) * 16;
-      const bool is_early = byte >= kQdec && byte < static_cast<int>(offsetof(ChunkOperands, mqk_hi));
-      if (is_early != (part == 0)) return false;
-    }
-  }
-  return true;
-}
-static_assert(record_parts_hold<64>() && record_parts_hold<128>(), "the record's early and late parts");
+// At K = 128 the prologue stores the record in two parts, by when they are final:
+// Q_dec (rows 16-31 of wq) and K_res hi + lo after the decayed operands, while
+// warps 0 and 1 build the matrices (the other six warps would wait at the
+// barrier); −w (rows 0-15 of wq), Mqk, A_w, decay_last and the alignment padding
+// at the end. (The padding stays in the late part: in PrologueSmem it is where
+// the derived members begin, q and A_w in fp16, which build_inverse writes.)
+// K = 64 stores its half record at the end in one piece: the early part measured
+// 0.5-1 % slower there (docs/perf-log.md). Vector indices of ChunkOperands:
+constexpr int kRecordQdecVector = kChunk * kHeadDim * 2 / 16;                            // row 16 of wq
+constexpr int kRecordEarlyEnd = static_cast<int>(offsetof(ChunkOperands, mqk_hi)) / 16;  // K_res lo's end
+static_assert(kRecordQdecVector == 256 && kRecordEarlyEnd == 1024 && offsetof(ChunkOperands, kres_hi) == 8192,
+              "the early part: Q_dec, K_res hi, K_res lo, contiguous");
 
 // Prologue kernel (one CTA per chunk and head): raw inputs, intermediates, and
 // the record it writes out (the ChunkOperands base).
