@@ -4,7 +4,9 @@
 //   prologue  norms, gates, decay prefix, decayed operands (prologue.cuh);
 //             warp 0: L and its inverse (fp32 forward substitution), warp 1: Mqk;
 //             all: w (chunk_matrices.cuh)
-//   store     the ChunkOperands record, 16-byte coalesced stores
+//   store     the ChunkOperands record, 16-byte coalesced stores; at K = 128 its
+//             early part (Q_dec, K_res) by warps 2-7 while warps 0 and 1 build
+//             the matrices, the rest at the end
 #pragma once
 #include "sm90/kernel/checkpoints.cuh"
 #include "sm90/kernel/chunk_loader.cuh"
