@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   constexpr int kStoreThreads = kPrologueThreads - kMatrixWarps * 32;
   auto record_address = [&] { return reinterpret_cast<uint4*>(const_cast<ChunkOperands*>(chunk_record(p, slot, v_head))); };
   // K = 64 computes it at the end: no address held across the matrices there.
-  uint4* record = kEarlyPart ? record_address() : nullptr;
+  uint4* const record = kEarlyPart ? record_address() : nullptr;
   if (warp == 0) build_inverse<kDim>(s, lane);
   else if (warp == 1) build_mqk<kDim>(s, lane);
   else if constexpr (kEarlyPart)
@@ -122,8 +122,7 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
     store_record_range<kDim, 0, kRecordQdecVector, kPrologueThreads>(record, s, tid);
     store_record_range<kDim, kRecordEarlyEnd, record_vectors<kDim>(), kPrologueThreads>(record, s, tid);
   } else {
-    record = record_address();
-    store_record_range<kDim, 0, record_vectors<kDim>(), kPrologueThreads>(record, s, tid);
+    store_record_range<kDim, 0, record_vectors<kDim>(), kPrologueThreads>(record_address(), s, tid);
   }
 }
 

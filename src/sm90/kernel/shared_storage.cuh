@@ -178,9 +178,11 @@ static_assert(record_vectors<64>() * 16 == 10496 && record_vector<64>(record_vec
 // the derived members begin, q and A_w in fp16, which build_inverse writes.)
 // K = 64 stores its half record at the end in one piece: the early part measured
 // 0.5-1 % slower there (docs/perf-log.md). Vector indices of ChunkOperands:
-constexpr int kRecordQdecVector = kChunk * kHeadDim * 2 / 16;                            // row 16 of wq
+constexpr int kRecordQdecVector =  // row 16 of wq
+    static_cast<int>(offsetof(ChunkOperands, wq) + kChunk * kHeadDim * sizeof(__nv_bfloat16)) / 16;
 constexpr int kRecordEarlyEnd = static_cast<int>(offsetof(ChunkOperands, mqk_hi)) / 16;  // K_res lo's end
-static_assert(kRecordQdecVector == 256 && kRecordEarlyEnd == 1024 && offsetof(ChunkOperands, kres_hi) == 8192,
+static_assert(offsetof(ChunkOperands, kres_hi) == offsetof(ChunkOperands, wq) + sizeof(ChunkOperands::wq) &&
+                  offsetof(ChunkOperands, kres_lo) + sizeof(ChunkOperands::kres_lo) == offsetof(ChunkOperands, mqk_hi),
               "the early part: Q_dec, K_res hi, K_res lo, contiguous");
 
 // Prologue kernel (one CTA per chunk and head): raw inputs, intermediates, and
