@@ -110,7 +110,13 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   int64_t ck_next = kNoCheckpoint, ck_entry = 0;
   PeriodicBf16Entries ck_periodic;  // the common case's stops (checkpoints.cuh)
   if (kCheckpoints && w.true_state) {
-    if (tid == 0) ck = checkpoint_cursor(p, w);
+    // Every thread finds the cursor, one writes it: with the search (a loop
+    // over the sequences before this one) under `tid == 0`, the compiler could
+    // no longer prove the chunk loop warp-uniform, and the stage's wgmma
+    // descriptors left the uniform datapath (a broadcast of the stage, a
+    // register-to-uniform move and a warp sync a chunk: 1-4 % of a call).
+    const CheckpointCursor mine = checkpoint_cursor(p, w);
+    if (tid == 0) ck = mine;
     __syncthreads();
     if (ck.any) {
       // A CTA that starts after chunk 0 does not store the state it starts from
@@ -129,20 +135,15 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   int phase = 0;  // of the stages' mbarriers: flips each time the ring wraps
   for (int64_t c = 0; c < num_chunks; ++c) {
     cute::cp_async_wait<kStages - 2>();
-    // The stage as a value the compiler knows is warp-uniform (a broadcast from
-    // lane 0): with the checkpoint stops in the loop it can no longer prove that of
-    // the loop counter, and the stage's wgmma descriptors left the uniform datapath
-    // (22 register-to-uniform moves a chunk).
-    const int ustage = kCheckpoints ? __shfl_sync(0xffffffffu, stage, 0) : stage;
-    if constexpr (kBulkRecords) cute::wait_barrier(s.record_full[ustage], phase);
+    if constexpr (kBulkRecords) cute::wait_barrier(s.record_full[stage], phase);
     else fence_async_proxy();  // the record's cp.async writes, before wgmma reads them
     __syncthreads();
-    const auto& st = s.stage[ustage];
+    const auto& st = s.stage[stage];
     // The refill of the stage released at the barrier above, and the out tile's
     // stores, run in the shadows of the step's products (recurrence_step).
     recurrence_step<kDim>(
         S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane,
-        [&] { issue_load(c + kStages - 1, ustage == 0 ? kStages - 1 : ustage - 1); },
+        [&] { issue_load(c + kStages - 1, stage == 0 ? kStages - 1 : stage - 1); },
         [&] { out.store(p, s.out[warp], c, w.write_out ? chunk_rows(c) : 0); });  // 0 rows: stores nothing
     if (kCheckpoints && w.first_chunk + c + 1 == ck_next) {
       ck_next = ck_periodic.at != nullptr ? ck_periodic.store<kDim>(S, p, ck_next, row, lane)
