@@ -135,15 +135,16 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   int phase = 0;  // of the stages' mbarriers: flips each time the ring wraps
   for (int64_t c = 0; c < num_chunks; ++c) {
     cute::cp_async_wait<kStages - 2>();
-    if constexpr (kBulkRecords) cute::wait_barrier(s.record_full[stage], phase);
+    const int ustage = stage;  // the refill's lambda takes this constant, not the loop's variable
+    if constexpr (kBulkRecords) cute::wait_barrier(s.record_full[ustage], phase);
     else fence_async_proxy();  // the record's cp.async writes, before wgmma reads them
     __syncthreads();
-    const auto& st = s.stage[stage];
+    const auto& st = s.stage[ustage];
     // The refill of the stage released at the barrier above, and the out tile's
     // stores, run in the shadows of the step's products (recurrence_step).
     recurrence_step<kDim>(
         S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane,
-        [&] { issue_load(c + kStages - 1, stage == 0 ? kStages - 1 : stage - 1); },
+        [&] { issue_load(c + kStages - 1, ustage == 0 ? kStages - 1 : ustage - 1); },
         [&] { out.store(p, s.out[warp], c, w.write_out ? chunk_rows(c) : 0); });  // 0 rows: stores nothing
     if (kCheckpoints && w.first_chunk + c + 1 == ck_next) {
       ck_next = ck_periodic.at != nullptr ? ck_periodic.store<kDim>(S, p, ck_next, row, lane)
