@@ -205,11 +205,21 @@ int64_t segment_slots_for(const ForwardArgs& args, int64_t seg_chunks) {
   return num_sequences(args) + (args.batch * args.seqlen + kChunk * seg_chunks - 1) / (kChunk * seg_chunks);
 }
 constexpr int64_t kMaxGridCtas = 0x7fffffff;
-// The segment states start on a 256-byte boundary after the records.
+// The segment states (or the sequence order) start on a 256-byte boundary after the records.
 constexpr size_t kSegmentStateAlign = 256;
 size_t records_bytes(const ForwardArgs& args) {
   const size_t b = static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
   return (b + kSegmentStateAlign - 1) / kSegmentStateAlign * kSegmentStateAlign;
+}
+
+// A one-pass plan of a varlen batch runs its sequences longest first
+// (tile_scheduler.cuh): N int32 after the records.
+bool orders_sequences(const ForwardArgs& args, const LaunchPlan& plan) {
+  const bool varlen = args.cu_seqlens != nullptr || args.cu_seqlens_int32 != nullptr;
+  return varlen && num_sequences(args) > 1 && plan.seg_chunks == 0;
+}
+size_t sequence_order_bytes(const ForwardArgs& args) {
+  return static_cast<size_t>(num_sequences(args)) * sizeof(int32_t);
 }
 
 // The plan for these arguments on the current device (the SM count read once).
@@ -260,13 +270,15 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // shared-memory layout (swizzled where it would otherwise need padding):
   // unpacking a dense record cost the recurrence kernel more instructions than
   // the bytes saved (docs/perf-log.md). When the plan splits sequences, 128 KB
-  // of fp32 segment states per (segment slot, value head) follow.
+  // of fp32 segment states per (segment slot, value head) follow; else, in a
+  // varlen batch, the sequences' order (4 bytes a sequence).
   LaunchPlan plan;
   Status s = plan_for(args, &plan, nullptr);
   if (!s.ok()) return s;
   const size_t seg = segment_state_bytes(args, plan.seg_chunks);
-  *bytes = seg > 0 ? records_bytes(args) + seg
-                   : static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
+  if (seg > 0) *bytes = records_bytes(args) + seg;
+  else if (orders_sequences(args, plan)) *bytes = records_bytes(args) + sequence_order_bytes(args);
+  else *bytes = static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
   return Status::Ok();
 }
 
@@ -424,6 +436,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   // 64-wide instantiations, 4 stages); the plan's segment count still applies.
   const bool dim64 = K == 64;
   p.v_split = dim64 ? 1 : plan.v_split;
+  if (orders_sequences(args, plan))
+    p.seq_order = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + records_bytes(args));
   const int64_t num_ctas = n * hv * p.v_split;
   auto s = static_cast<cudaStream_t>(stream);
   cudaError_t err = cudaSuccess;

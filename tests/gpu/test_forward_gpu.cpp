@@ -237,6 +237,32 @@ TEST_F(GpuForward, VarlenSpecCase) {
   expect_within_bars(check_against_oracle(spec), spec);
 }
 
+// A varlen batch's one-pass recurrence runs its sequences longest first (the
+// prologue's counting sort, tile_scheduler.cuh): more sequences than that CTA
+// has threads, lengths in the exact bins and in the bins of an octave above 128
+// chunks, empty ones, and many of one length (whose places follow the atomics):
+// every sequence against the oracle, and the same bits from a second call.
+TEST_F(GpuForward, VarlenManySequencesRunLongestFirst) {
+  sm90::set_launch_override({0, 0, -1});  // one pass: the order is not used by the segment scan
+  for (const int64_t head_dim : {int64_t{128}, int64_t{64}}) {
+    ProblemSpec spec;
+    const uint64_t seed = fresh_seed();
+    for (int i = 0; i < 300; ++i)
+      spec.seqlens.push_back(i % 7 == 0 ? 0 : i % 3 == 0 ? 16 : 1 + static_cast<int64_t>((seed >> (i % 40)) % 70));
+    spec.seqlens[17] = 2300;   // 144 chunks
+    spec.seqlens[123] = 2100;  // 132 chunks: the same octave, another step
+    spec.seqlens[299] = 4111;  // the longest, last
+    spec.heads = 2;
+    spec.head_dim = head_dim;
+    const HostProblem p = make_problem(spec, seed);
+    const RunResult a = run_cuda(p), b = run_cuda(p);
+    ASSERT_TRUE(b.status.ok()) << b.status.message;
+    EXPECT_EQ(a.out_bits, b.out_bits) << "K = " << head_dim;
+    EXPECT_EQ(a.state_bytes, b.state_bytes) << "K = " << head_dim;
+    expect_within_bars(judge(p, a), spec);
+  }
+}
+
 TEST_F(GpuForward, GroupedValueHeads) {
   ProblemSpec spec = fixed(500, 2);
   spec.v_heads = 6;

@@ -71,6 +71,11 @@ struct FwdParams {
   const int64_t* slot_ck_offsets;  // [N, 2] or null
   const void* slot_ck_slots;       // [N, 2], index type as state_indices
 
+  // Varlen, one pass: the sequences longest first, a permutation of 0..N-1 in the
+  // workspace that the prologue writes and the recurrence's CTAs take their
+  // sequence from (tile_scheduler.cuh); null: in order.
+  int32_t* seq_order;
+
   int32_t num_seqs;    // N
   int32_t num_heads;   // H
   int32_t num_v_heads; // HV

@@ -70,6 +70,11 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
          slot_checkpoint_fault(p, slot, 1, span.end - span.begin)))
       record_fault(kFaultForwardSlotCheckpoint, slot);
   }
+  static_assert(sizeof(PrologueSmem) >= kOrderBins * sizeof(int32_t), "the order's bins fit the chunk's shared memory");
+  if (p.seq_order != nullptr && slot == 0 && v_head == 0) {
+    order_sequences_longest_first<kPrologueThreads>(p, reinterpret_cast<int32_t*>(smem_raw), tid);
+    __syncthreads();  // the bins' shared memory, before the chunk's loads reuse it
+  }
   const ChunkTile chunk = locate_chunk(p, slot);
   if (!chunk.valid) return;
 

@@ -89,12 +89,73 @@ __device__ __forceinline__ SequenceTile get_sequence_tile(const FwdParams& p) {
   w.v_slice = static_cast<int>(idx % p.v_split);
   const int64_t sh = idx / p.v_split;
   w.v_head = static_cast<int>(sh % p.num_v_heads);
-  w.seq = static_cast<int>(sh / p.num_v_heads);
+  const int64_t rank = sh / p.num_v_heads;
+  w.seq = p.seq_order != nullptr ? p.seq_order[rank] : static_cast<int>(rank);
   const ClampedSpan span = sequence_span(p, w.seq);
   w.token_begin = span.begin;
   w.length = span.end - span.begin;
   w.first_slot = w.seq + span.begin / kChunk;
   return w;
+}
+
+// The one-pass recurrence's CTAs start in blockIdx order, a wave at a time: in a
+// varlen batch in sequence order, a long sequence late in the batch started
+// after the short ones and ran alone at the end (H = 64, varlen-6: its 3063
+// tokens last, 5 % of the call). So the prologue's first CTA orders the
+// sequences longest first (a greedy longest-processing-time schedule), by
+// chunk count, exactly below kOrderExactChunks and to 1/16 above it, and the
+// recurrence's CTAs take their sequence from that order. The order within a
+// bin follows the atomics and may differ from call to call: it moves only
+// when a CTA starts, never what it computes.
+constexpr int kOrderExactChunks = 128;
+constexpr int kOrderStepsPerOctave = 16;
+constexpr int kOrderBins = 1024;  // 128 exact + 16 an octave from 2^7 to 2^62 chunks
+constexpr int kOrderBinsPerLane = kOrderBins / 32;
+
+__device__ __forceinline__ int order_bin(int64_t chunks) {
+  if (chunks < kOrderExactChunks) return static_cast<int>(chunks);
+  const int octave = 63 - __clzll(chunks);  // >= 7
+  const int step = static_cast<int>((chunks >> (octave - 4)) & (kOrderStepsPerOctave - 1));
+  const int bin = kOrderExactChunks + (octave - 7) * kOrderStepsPerOctave + step;
+  return bin < kOrderBins ? bin : kOrderBins - 1;
+}
+__device__ __forceinline__ int sequence_order_bin(const FwdParams& p, int64_t n) {
+  const ClampedSpan span = sequence_span(p, n);
+  return order_bin((span.end - span.begin + kChunk - 1) / kChunk);
+}
+
+// A counting sort of the N sequences by bin, largest first, into p.seq_order,
+// by the kThreads threads of one CTA; `bins`: kOrderBins ints of shared memory.
+// Every sequence takes one place below N: a permutation, whatever cu_seqlens holds.
+template <int kThreads>
+__device__ __forceinline__ void order_sequences_longest_first(const FwdParams& p, int32_t* bins, int tid) {
+  static_assert(kOrderBins % 32 == 0, "one warp scans the bins");
+  for (int b = tid; b < kOrderBins; b += kThreads) bins[b] = 0;
+  __syncthreads();
+  for (int64_t n = tid; n < p.num_seqs; n += kThreads) atomicAdd(&bins[sequence_order_bin(p, n)], 1);
+  __syncthreads();
+  // Warp 0: bins[b] = the sequences in the bins above b. Lane l owns the
+  // kOrderBinsPerLane bins from the top down, starting at kOrderBins − 1 − l·kOrderBinsPerLane.
+  if (tid < 32) {
+    const int top = kOrderBins - 1 - tid * kOrderBinsPerLane;
+    int mine = 0;
+    for (int i = 0; i < kOrderBinsPerLane; ++i) mine += bins[top - i];
+    int above = mine;  // inclusive scan over the lanes, then exclusive
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int x = __shfl_up_sync(0xffffffffu, above, d);
+      if (tid >= d) above += x;
+    }
+    above -= mine;
+    for (int i = 0; i < kOrderBinsPerLane; ++i) {
+      const int count = bins[top - i];
+      bins[top - i] = above;
+      above += count;
+    }
+  }
+  __syncthreads();
+  for (int64_t n = tid; n < p.num_seqs; n += kThreads)
+    p.seq_order[atomicAdd(&bins[sequence_order_bin(p, n)], 1)] = static_cast<int32_t>(n);
 }
 
 // Segment slots index the segment states the way chunk slots index the records:
