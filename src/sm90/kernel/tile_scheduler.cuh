@@ -1,6 +1,7 @@
 // Who works on what.
 //   Prologue kernel: one CTA per (chunk slot, value head).
-//   Recurrence kernel, one pass: one CTA per (sequence, value head, V-slice).
+//   Recurrence kernel, one pass: one CTA per (sequence, value head, V-slice),
+//   a varlen batch's sequences longest first (order_sequences_longest_first).
 //   Recurrence kernel, segment scan (docs/design.md): one CTA per (segment
 //   slot, value head, 64-row slice of the state rows that pass computes).
 //
@@ -100,12 +101,12 @@ __device__ __forceinline__ SequenceTile get_sequence_tile(const FwdParams& p) {
 
 // The one-pass recurrence's CTAs start in blockIdx order, a wave at a time: in a
 // varlen batch in sequence order, a long sequence late in the batch started
-// after the short ones and ran alone at the end (H = 64, varlen-6: its 3063
-// tokens last, 5 % of the call). So the prologue's first CTA orders the
-// sequences longest first (a greedy longest-processing-time schedule), by
-// chunk count, exactly below kOrderExactChunks and to 1/16 above it, and the
-// recurrence's CTAs take their sequence from that order. The order within a
-// bin follows the atomics and may differ from call to call: it moves only
+// after the short ones and ran alone at the end (H = 64, varlen-6, its 3063
+// tokens last: the order below took 8 % off the call). So the prologue's first
+// CTA orders the sequences longest first (a greedy longest-processing-time
+// schedule) by chunk count, exactly below kOrderExactChunks and to 1/16 above
+// it, and the recurrence's CTAs take their sequence from that order. Within a
+// bin the places follow the atomics and may differ from call to call: they move
 // when a CTA starts, never what it computes.
 constexpr int kOrderExactChunks = 128;
 constexpr int kOrderStepsPerOctave = 16;
