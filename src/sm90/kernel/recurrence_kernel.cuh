@@ -40,8 +40,8 @@ struct RecurrenceConfig {
 // 8-warp one, held to 128 for two CTAs an SM, spilled and had ptxas serialize
 // its wgmma). Occupancy is then bounded by registers and shared memory alike.
 // kCheckpoints: the variant that writes checkpoints (checkpoints.cuh). Their
-// stores inside the chunk loop cost ~20 registers a thread (176 -> 196 in the 8-warp variant), so the
-// calls without checkpoints run a variant without them.
+// stores inside the chunk loop cost ~20 registers a thread (176 -> 196 in the
+// 8-warp variant), so the calls without checkpoints run a variant without them.
 // kDim: the caller's K = V (shared_storage.cuh); 64 runs 4-warp CTAs, one per
 // (sequence, head), on the state's first 64 rows.
 // kBulkRecords: each chunk record arrives by one bulk copy that thread 0 issues
