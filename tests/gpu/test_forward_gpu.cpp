@@ -263,6 +263,51 @@ TEST_F(GpuForward, VarlenManySequencesRunLongestFirst) {
   }
 }
 
+// The order itself (the workspace's last N int32, after the records:
+// sm90_forward.cu): a permutation of the sequences whose sort keys never increase
+// (the chunk count below 128 chunks; above, its octave and 1/16 step), for a batch
+// of ties, empty sequences and lengths in both ranges, in shuffled order.
+int64_t order_key(int64_t chunks) {
+  if (chunks < 128) return chunks;
+  int octave = 63;
+  while (!((chunks >> octave) & 1)) --octave;
+  return 128 + (octave - 7) * 16 + ((chunks >> (octave - 4)) & 15);
+}
+TEST_F(GpuForward, VarlenOrderIsLongestFirstPermutation) {
+  sm90::set_launch_override({0, 0, -1});
+  ProblemSpec spec;
+  const uint64_t seed = fresh_seed();
+  for (int i = 0; i < 700; ++i)
+    spec.seqlens.push_back(i % 11 == 0 ? 0 : i % 5 == 0 ? 48 : 1 + static_cast<int64_t>((seed >> (i % 37)) % 300));
+  for (const int i : {5, 222, 640}) spec.seqlens[i] = 2100 + 20 * i;  // 138, 409 and 932 chunks
+  spec.heads = 1;
+  spec.initial_state = spec.final_state = DType::kNone;
+  const HostProblem p = make_problem(spec, seed);
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
+  DeviceBuffer<int64_t> cu(p.cu_seqlens);
+  ForwardArgs a = p.host_args(out.ptr, nullptr);
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
+  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
+  a.cu_seqlens = cu.ptr;
+  size_t ws_bytes = 0;
+  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &ws_bytes).ok());
+  const size_t order_bytes = static_cast<size_t>(p.N) * sizeof(int32_t);
+  ASSERT_GT(ws_bytes, order_bytes);
+  DeviceBuffer<uint8_t> ws(ws_bytes);
+  const Status st = forward(a, Backend::kCuda, ws.ptr, ws_bytes, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message;
+  std::vector<int32_t> order(static_cast<size_t>(p.N));
+  FKDA_CUDA_CHECK(cudaMemcpy(order.data(), ws.ptr + ws_bytes - order_bytes, order_bytes, cudaMemcpyDeviceToHost));
+  std::vector<int32_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  for (int32_t i = 0; i < static_cast<int32_t>(p.N); ++i) ASSERT_EQ(sorted[static_cast<size_t>(i)], i) << "not a permutation";
+  auto key = [&](int32_t n) { return order_key((spec.seqlens[static_cast<size_t>(n)] + 15) / 16); };
+  for (size_t i = 1; i < order.size(); ++i)
+    ASSERT_GE(key(order[i - 1]), key(order[i])) << "place " << i << ": sequence " << order[i] << " after " << order[i - 1];
+  EXPECT_EQ(order[0], 640);  // the longest
+}
+
 TEST_F(GpuForward, GroupedValueHeads) {
   ProblemSpec spec = fixed(500, 2);
   spec.v_heads = 6;
