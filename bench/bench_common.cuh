@@ -34,6 +34,35 @@ __global__ inline void fill_uniform_f32(float* x, int64_t n, uint64_t seed, floa
     x[i] = hash32(seed + i) * 2.3283064e-10f * scale;
 }
 
+// The SM clock the GPU runs at now, in MHz: one warp counts its SM's cycles
+// (clock64) against the global nanosecond timer for kClockProbeNs. Run right after
+// a row's timed launches, it shows the clock those launches ran at; under a
+// sustained load the GPU's power management lowers it (reported by nvidia-smi as
+// the software power cap), which a row's time follows.
+constexpr uint64_t kClockProbeNs = 200000;  // long against the timer's resolution (~1 us)
+__device__ inline uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+__global__ inline void clock_probe(double* mhz) {
+  const uint64_t t0 = global_ns();
+  const long long c0 = clock64();
+  uint64_t t1 = t0;
+  while (t1 - t0 < kClockProbeNs) t1 = global_ns();
+  const long long c1 = clock64();
+  if (threadIdx.x == 0) *mhz = static_cast<double>(c1 - c0) * 1e3 / static_cast<double>(t1 - t0);
+}
+inline double sm_clock_mhz() {
+  double* d = nullptr;
+  double mhz = 0;
+  CHECK_CUDA(cudaMalloc(&d, sizeof(double)));
+  clock_probe<<<1, 32>>>(d);
+  CHECK_CUDA(cudaMemcpy(&mhz, d, sizeof(double), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaFree(d));
+  return mhz;
+}
+
 // A comma-separated option value, "a,b,,c" -> {"a", "b", "c"}.
 inline std::vector<std::string> split_list(const std::string& s, char sep = ',') {
   std::vector<std::string> out;

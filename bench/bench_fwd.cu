@@ -25,7 +25,8 @@
 // 2 bulk copy).
 //
 // Timing: CUDA events around each launch, median of --iters launches after
-// --warmup. Inputs are random (never zeros), generated on the device; one
+// --warmup; the SM clock measured right after them is printed with each row
+// (under a sustained load the GPU lowers it, and a row's time follows). Inputs are random (never zeros), generated on the device; one
 // problem's inputs (0.8 GB at T = 8192, H = 96) are far larger than the 60 MB L2.
 #include <cuda_runtime.h>
 
@@ -90,7 +91,7 @@ struct Row {
   std::string name, state;
   int v_split;
   std::string plan;
-  double ms, gbps, floor_ms, published;
+  double ms, gbps, floor_ms, published, sm_mhz;
 };
 
 }  // namespace
@@ -299,6 +300,7 @@ int main(int argc, char** argv) {
             CHECK_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
           }
           CHECK_CUDA(cudaGetLastError());
+          const double mhz = sm_clock_mhz();
           std::sort(ms.begin(), ms.end());
           const double med = ms[iters / 2];
           const std::string plan = std::to_string(used.stages) + " stages" +
@@ -308,9 +310,10 @@ int main(int argc, char** argv) {
                                                                (checkpoints_value_major ? " value-major" : " key-major")
                                                          : "");
           rows.push_back({H, c.name, st, used.v_split, plan, med, bytes / (med * 1e-3) / 1e9,
-                          bytes / kCopyBandwidth * 1e3, st == "fp32" && dim == 128 ? published_ms(H, c.name) : 0.0});
-          std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d %s  %.3f ms\n", H, c.name, st.c_str(), used.v_split,
-                       plan.c_str(), med);
+                          bytes / kCopyBandwidth * 1e3, st == "fp32" && dim == 128 ? published_ms(H, c.name) : 0.0,
+                          mhz});
+          std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d %s  %4.0f MHz  %.3f ms\n", H, c.name, st.c_str(),
+                       used.v_split, plan.c_str(), mhz, med);
           CHECK_CUDA(cudaFree(ws));
         }
         flashkda::sm90::set_launch_override({});
@@ -322,16 +325,16 @@ int main(int argc, char** argv) {
   }
 
   if (dim != 128) std::printf("\nK = V = %lld\n", static_cast<long long>(dim));
-  std::printf("\n| H | case | state | v_split | launch | median ms | GB/s | x IO floor | FlashKDA design ms | ratio |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| H | case | state | v_split | launch | median ms | GB/s | x IO floor | FlashKDA design ms | ratio | SM MHz |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
     char pub[64] = "-", ratio[64] = "-";
     if (r.published > 0) {
       std::snprintf(pub, sizeof pub, "%.3f", r.published);
       std::snprintf(ratio, sizeof ratio, "%.2fx", r.ms / r.published);
     }
-    std::printf("| %d | %s | %s | %d | %s | %.3f | %.0f | %.2f | %s | %s |\n", r.heads, r.name.c_str(),
-                r.state.c_str(), r.v_split, r.plan.c_str(), r.ms, r.gbps, r.ms / r.floor_ms, pub, ratio);
+    std::printf("| %d | %s | %s | %d | %s | %.3f | %.0f | %.2f | %s | %s | %.0f |\n", r.heads, r.name.c_str(),
+                r.state.c_str(), r.v_split, r.plan.c_str(), r.ms, r.gbps, r.ms / r.floor_ms, pub, ratio, r.sm_mhz);
   }
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
@@ -342,9 +345,9 @@ int main(int argc, char** argv) {
       std::fprintf(f,
                    "  {\"heads\": %d, \"case\": \"%s\", \"state\": \"%s\", \"v_split\": %d, \"launch\": \"%s\", "
                    "\"median_ms\": %.5f, "
-                   "\"gbps\": %.1f, \"io_floor_ms\": %.5f, \"flashkda_design_ms\": %.3f}%s\n",
+                   "\"gbps\": %.1f, \"io_floor_ms\": %.5f, \"flashkda_design_ms\": %.3f, \"sm_mhz\": %.0f}%s\n",
                    r.heads, r.name.c_str(), r.state.c_str(), r.v_split, r.plan.c_str(), r.ms, r.gbps, r.floor_ms,
-                   r.published,
+                   r.published, r.sm_mhz,
                    i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "]\n");
