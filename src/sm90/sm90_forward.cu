@@ -316,8 +316,9 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   // the longest chain of chunks bounds the kernel (the longest sequence has more
   // chunks than half of what each of the 2 x SMs resident 8-warp CTAs would get
   // of the whole) four records in flight are best (varlen-6: 3 stages lose 6 %);
-  // when the total work does (8 x 1024 at H = 96), three, which fit a third
-  // CTA on each SM. A varlen call without cu_seqlens_host may hide a long
+  // when the total work does (8 x 1024 at H = 96), three (measured faster
+  // there, though at its registers two CTAs an SM still bound it, as with four:
+  // recurrence_kernel.cuh). A varlen call without cu_seqlens_host may hide a long
   // sequence: treated as chain-bound.
   constexpr int64_t kResidentCtasPerSm = 2;
   const int64_t work_per_cta =

@@ -22,8 +22,10 @@ namespace flashkda::sm90 {
 
 // kStages: chunk records in flight. The per-chunk step takes over a
 // microsecond, so two records ahead already cover a DRAM round trip; four
-// (the default) leave slack, three fit one more 4-warp CTA on an SM
-// (docs/perf-log.md).
+// (the default) leave slack. Three leave shared memory for a third 4-warp CTA
+// on an SM, but at 174 registers a thread the 3-stage variant still runs two:
+// held to 168 so that three fit, the segment scan's passes ran slower on most
+// few-heads rows (docs/perf-log.md).
 template <int kStateWarps, int kStages>
 struct RecurrenceConfig {
   static_assert(kStateWarps % 4 == 0, "the state's products are warpgroup MMAs: whole warpgroups of 4 warps");
