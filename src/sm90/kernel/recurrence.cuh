@@ -172,12 +172,12 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
   FragA sa[kKeySteps];
 #pragma unroll
   for (int kk = 0; kk < kKeySteps; ++kk) sa[kk] = to_a_bf16(S.tile[2 * kk], S.tile[2 * kk + 1]);
+  const uint64_t wq = sw128_descriptor(ops.wq, 16, kSw128GroupBytes);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kKeySteps; ++kk) {
     constexpr uint32_t kKStepBytes = 16 * 2;  // 16 keys of a 128-byte swizzled row
-    const char* b = reinterpret_cast<const char*>(ops.wq) + (kk / 4) * kSw128AtomBytes + (kk % 4) * kKStepBytes;
-    wgmma_m64n32k16(uo, sa[kk], sw128_descriptor(b, 16, kSw128GroupBytes));
+    wgmma_m64n32k16(uo, sa[kk], sw128_descriptor_advance(wq, (kk / 4) * kSw128AtomBytes + (kk % 4) * kKStepBytes));
   }
   wgmma_commit();
   // uᵀ's state-free part Vᵀ A_wᵀ with A_w = hi + lo (v is exact in bf16), while the wgmma runs.
@@ -220,7 +220,9 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
   }
   // MN-major: LBO = the stride of the 64-key atoms, SBO = of the 8-token groups.
   const uint64_t kres_hi = sw128_descriptor(ops.kres_hi, kSw128AtomBytes, kSw128GroupBytes);
-  const uint64_t kres_lo = sw128_descriptor(ops.kres_lo, kSw128AtomBytes, kSw128GroupBytes);
+  static_assert(offsetof(ChunkOperands, kres_lo) == offsetof(ChunkOperands, kres_hi) + sizeof(ops.kres_hi),
+                "K_res lo follows K_res hi");
+  const uint64_t kres_lo = sw128_descriptor_advance(kres_hi, sizeof(ops.kres_hi));
   wgmma_fence();
   if constexpr (kDim == kHeadDim) {
     wgmma_m64n128k16_bt(S.tile, ua_hi, kres_hi);

@@ -29,6 +29,14 @@ __device__ __forceinline__ uint64_t sw128_descriptor(const void* smem, uint32_t 
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
 }
 
+// The descriptor of the operand `bytes` further on (16-byte multiples): the
+// start address is bits 0-13 in 16-byte units, and a CTA's shared memory (under
+// 228 KB) never carries out of them. One add where rebuilding the descriptor
+// from the address took a chain of four uniform instructions before each wgmma.
+__device__ __forceinline__ uint64_t sw128_descriptor_advance(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
