@@ -26,8 +26,9 @@
 //
 // Timing: CUDA events around each launch, median of --iters launches after
 // --warmup; the SM clock measured right after them is printed with each row
-// (under a sustained load the GPU lowers it, and a row's time follows). Inputs are random (never zeros), generated on the device; one
-// problem's inputs (0.8 GB at T = 8192, H = 96) are far larger than the 60 MB L2.
+// (under a sustained load the GPU lowers it, and a row's time follows). Inputs
+// are random (never zeros), generated on the device; one problem's inputs
+// (0.8 GB at T = 8192, H = 96) are far larger than the 60 MB L2.
 #include <cuda_runtime.h>
 
 #include <algorithm>
