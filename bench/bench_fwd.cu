@@ -21,8 +21,9 @@
 // N chunks); unset parts keep the heuristic's choice. --sweep-plan times the plans worth
 // comparing (V split 1; V split 2 with 4 or 3 stages) one after the other on the
 // same inputs; --plans lists overrides to time the same way (v_split,stages, and
-// optionally seg_chunks and how 4-warp CTAs load records at K = 128: 1 cp.async,
-// 2 bulk copy).
+// optionally seg_chunks, how 4-warp CTAs load records at K = 128: 1 cp.async,
+// 2 bulk copy, and how a segment scan forms out: 1 chains again (pass 3), 2 by
+// superposition).
 //
 // Timing: CUDA events around each launch, median of --iters launches after
 // --warmup; the SM clock measured right after them is printed with each row
@@ -137,6 +138,7 @@ int main(int argc, char** argv) {
         if (f.size() > 1) o.stages = f[1];
         if (f.size() > 2) o.seg_chunks = f[2];
         if (f.size() > 3) o.records = f[3];
+        if (f.size() > 4) o.outputs = f[4];
         listed_plans.push_back(o);
       }
     }
@@ -305,7 +307,9 @@ int main(int argc, char** argv) {
           std::sort(ms.begin(), ms.end());
           const double med = ms[iters / 2];
           const std::string plan = std::to_string(used.stages) + " stages" +
-                                   (used.seg_chunks > 0 ? ", segments of " + std::to_string(used.seg_chunks) : "") +
+                                   (used.seg_chunks > 0 ? ", segments of " + std::to_string(used.seg_chunks) +
+                                                              (used.superposed_outputs ? " superposed" : "")
+                                                        : "") +
                                    (checkpoint_every > 0 ? ", checkpoints every " + std::to_string(checkpoint_every) +
                                                                (checkpoints_fp32 ? " fp32" : " bf16") +
                                                                (checkpoints_value_major ? " value-major" : " key-major")

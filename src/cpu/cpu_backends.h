@@ -37,6 +37,20 @@ SegmentSummary compose(const SegmentSummary& first, const SegmentSummary& second
 // S_in·M + B for a [V, K] state.
 std::vector<double> apply(const SegmentSummary& s, const std::vector<double>& S_in);
 
+// A run's outputs are affine in its incoming state too: token t's out row is
+//   o_t = o⁰_t + S_in · P_t
+// with o⁰ the outputs from a zero state (B's run, [tokens][V]) and P_t [K] the
+// outputs of M's run (K rows from the identity, v = 0): row r of P is what row r
+// of S_in contributes. The GPU's segment scan computes both in pass 1 and forms
+// the outputs once S_in is known, without a second chain (docs/design.md).
+struct SegmentOutputs {
+  int64_t K = 0, V = 0, tokens = 0;
+  std::vector<double> out0, P;  // [tokens][V], [tokens][K]; scale included
+};
+SegmentOutputs segment_outputs_f64(const ForwardArgs& args, int64_t token_begin, int64_t token_end, int64_t hv);
+// o⁰_t + S_in · P_t for every token of the run: [tokens][V].
+std::vector<double> superpose(const SegmentOutputs& o, const std::vector<double>& S_in);
+
 // The forward on a state pool (ForwardArgs::state_pool) for the CPU backends:
 // gathers each sequence's slot into a dense initial state (zero without a slot
 // or a state), calls `run` on dense states, scatters the final states back to

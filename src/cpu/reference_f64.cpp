@@ -168,6 +168,52 @@ SegmentSummary segment_summary_f64(const ForwardArgs& args, int64_t token_begin,
   return s;
 }
 
+SegmentOutputs segment_outputs_f64(const ForwardArgs& args, int64_t token_begin, int64_t token_end, int64_t hv) {
+  const int64_t K = args.head_dim_k, V = args.head_dim_v, HV = value_heads(args);
+  const auto* v = static_cast<const uint16_t*>(args.v);
+  SegmentOutputs o;
+  o.K = K;
+  o.V = V;
+  o.tokens = token_end - token_begin;
+  o.out0.assign(static_cast<size_t>(o.tokens * V), 0.0);
+  o.P.assign(static_cast<size_t>(o.tokens * K), 0.0);
+  // The two runs of segment_summary_f64, each row's output taken after its update.
+  std::vector<double> B(static_cast<size_t>(V * K), 0.0), M(static_cast<size_t>(K * K), 0.0);
+  for (int64_t r = 0; r < K; ++r) M[static_cast<size_t>(r * K + r)] = 1.0;
+  auto out_of = [&](const double* row, const TokenInputs& x) {
+    double s = 0;
+    for (int64_t d = 0; d < K; ++d) s += row[d] * x.qn[d];
+    return static_cast<double>(args.scale) * s;
+  };
+  TokenInputs x;
+  for (int64_t t = token_begin; t < token_end; ++t) {
+    token_inputs(args, t, hv, x);
+    const uint16_t* vt = v + (t * HV + hv) * V;
+    const int64_t i = t - token_begin;
+    for (int64_t e = 0; e < V; ++e) {
+      update_row(B.data() + e * K, K, x, bf16_to_float(vt[e]));
+      o.out0[static_cast<size_t>(i * V + e)] = out_of(B.data() + e * K, x);
+    }
+    for (int64_t r = 0; r < K; ++r) {
+      update_row(M.data() + r * K, K, x, 0.0);
+      o.P[static_cast<size_t>(i * K + r)] = out_of(M.data() + r * K, x);
+    }
+  }
+  return o;
+}
+
+std::vector<double> superpose(const SegmentOutputs& o, const std::vector<double>& S_in) {
+  std::vector<double> out = o.out0;
+  for (int64_t t = 0; t < o.tokens; ++t)
+    for (int64_t i = 0; i < o.V; ++i) {
+      double s = 0;
+      for (int64_t r = 0; r < o.K; ++r)
+        s += S_in[static_cast<size_t>(i * o.K + r)] * o.P[static_cast<size_t>(t * o.K + r)];
+      out[static_cast<size_t>(t * o.V + i)] += s;
+    }
+  return out;
+}
+
 SegmentSummary compose(const SegmentSummary& first, const SegmentSummary& second) {
   const int64_t K = first.K, V = first.V;
   SegmentSummary c;

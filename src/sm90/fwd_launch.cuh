@@ -8,13 +8,15 @@
 
 namespace flashkda::sm90 {
 
-template <int kStateWarps, int kStages, bool kCheckpoints, int kDim, bool kBulkRecords>
+template <int kStateWarps, int kStages, bool kCheckpoints, int kDim, bool kBulkRecords, bool kSuperposed>
 cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream) {
   using Cfg = RecurrenceConfig<kStateWarps, kStages>;
   constexpr size_t kSmemBytes = Cfg::kSmemBytes;
   static SmemLimitSet limit;  // one per instantiation: each is its own kernel
-  return launch_with_smem(reinterpret_cast<const void*>(&kda_recurrence_kernel<kStateWarps, kStages, kCheckpoints, kDim, kBulkRecords>), limit, device,
-                          dim3(static_cast<unsigned>(num_ctas)), dim3(Cfg::kThreads), kSmemBytes, stream, p);
+  const void* kernel = reinterpret_cast<const void*>(
+      &kda_recurrence_kernel<kStateWarps, kStages, kCheckpoints, kDim, kBulkRecords, kSuperposed>);
+  return launch_with_smem(kernel, limit, device, dim3(static_cast<unsigned>(num_ctas)), dim3(Cfg::kThreads), kSmemBytes,
+                          stream, p);
 }
 
 }  // namespace flashkda::sm90

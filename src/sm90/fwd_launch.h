@@ -23,8 +23,11 @@ cudaError_t launch_prologue(const FwdParams& p, int device, cudaStream_t stream)
 // kCheckpoints: the variant that writes checkpoints (4 stages only).
 // kDim: the caller's K = V; 64 runs one 4-warp CTA per (sequence, head).
 // kBulkRecords: how a CTA loads its chunk records (recurrence_kernel.cuh); K = 128 only.
+// kSuperposed: the segment scan's pass 1 writing o⁰ and P for the output kernel
+// (segment_outputs.cuh).
 constexpr bool kRecordsByBulkCopy = true, kRecordsByCpAsync = false;
-template <int kStateWarps, int kStages, bool kCheckpoints, int kDim = 128, bool kBulkRecords = kRecordsByCpAsync>
+template <int kStateWarps, int kStages, bool kCheckpoints, int kDim = 128, bool kBulkRecords = kRecordsByCpAsync,
+          bool kSuperposed = false>
 cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream);
 
 // V split 1: records by bulk copy.
@@ -46,6 +49,13 @@ extern template cudaError_t launch_recurrence<4, 3, false, 128, kRecordsByBulkCo
 extern template cudaError_t launch_recurrence<4, 4, false, 64>(const FwdParams&, int64_t, int, cudaStream_t);
 extern template cudaError_t launch_recurrence<4, 4, true, 64>(const FwdParams&, int64_t, int, cudaStream_t);
 
+// The segment scan's pass 1 with outputs by superposition: K = 128 by bulk copy
+// (its grids are several CTAs an SM), K = 64 by cp.async.
+extern template cudaError_t launch_recurrence<4, 4, false, 128, kRecordsByBulkCopy, true>(const FwdParams&, int64_t,
+                                                                                           int, cudaStream_t);
+extern template cudaError_t launch_recurrence<4, 4, false, 64, kRecordsByCpAsync, true>(const FwdParams&, int64_t, int,
+                                                                                         cudaStream_t);
+
 // Kernel 3, pass 2 of the segment scan (p.seg_chunks > 0): composes the segment
 // summaries of pass 1 into every segment's incoming state (the instantiation of
 // p.head_dim).
@@ -54,6 +64,15 @@ cudaError_t launch_segment_compose(const FwdParams& p, cudaStream_t stream);
 // step's latency is its loads of M, the same for any row count, and more CTAs
 // spread the FMAs (segment_compose_kernel.cuh).
 constexpr int64_t kComposeCtasPerSeqHead = 32;
+
+// Kernel 4, the segment scan's outputs by superposition (p.superpose): out = o⁰ +
+// S_in·P, token-parallel, p.output_parts CTAs per (segment slot, value head),
+// kOutputChunksPerCta chunks each (segment_output_kernel.cuh).
+cudaError_t launch_segment_output(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream);
+// Enough chunks a CTA that loading and splitting its S_in (64 KB from L2) is a
+// small part of its traffic (8 x 16 KB of o⁰ and P), few enough that a segment
+// of 32 chunks (kMinSegmentChunks) still spreads over four CTAs.
+constexpr int64_t kOutputChunksPerCta = 8;
 
 // Which devices one kernel's dynamic shared memory limit has been raised on
 // (bit d: device d). The attribute belongs to the kernel's per-context function

@@ -8,6 +8,7 @@
 #include "common/sequences.h"
 #include "sm90/fwd_launch.h"
 #include "sm90/kernel/params.h"
+#include "sm90/kernel/segment_outputs.cuh"
 #include "sm90/kernel/shared_storage.cuh"
 #include "sm90/kernel/tile_scheduler.cuh"
 #include "sm90/sm90_forward.h"
@@ -21,6 +22,7 @@ std::atomic<int> g_force_v_split{0};
 std::atomic<int> g_force_stages{0};
 std::atomic<int64_t> g_force_seg_chunks{0};
 std::atomic<int> g_force_records{0};
+std::atomic<int> g_force_outputs{0};
 
 Status cuda_status(cudaError_t err, const char* what) {
   return {StatusCode::kCudaError, std::string("backend kCuda: ") + what + ": " + cudaGetErrorString(err)};
@@ -128,16 +130,20 @@ Status check_supported(const ForwardArgs& args) {
 namespace {
 
 // The segment scan (spec section 6) when the chains of chunk steps, not the
-// GPU's throughput, bound the call: few heads, long sequences. With G segments
-// a sequence's chain shrinks from C chunk steps to about 2·C/G (pass 1 and pass
-// 3 each walk one segment), for about 3x the state arithmetic: pass 1 runs 2·R
+// GPU's throughput, bound the call: few heads, long sequences. Pass 1 runs 2·R
 // 4-warp CTAs per segment and head (value rows B, key rows M; R = K / 64 CTAs
-// per state), except R for the first segment (it runs for real) and none for
-// the last; pass 3 R per segment but the first. G is the most segments whose
-// pass 1 fills one wave of kSegmentCtasPerSm CTAs on every SM:
-// heads · (2R·G_total − 3R·N) <= that wave.
-// A sequence that would get fewer than 3 segments gains nothing (pass 3 of
-// segment 1 waits for all of segment 0), so then no sequence is cut.
+// per state), except R for the first segment (it runs for real). G is the most
+// segments whose pass 1 fills one wave of kSegmentCtasPerSm CTAs on every SM.
+//   Pass 3 by chains: the last segment needs no summary, and pass 3 walks each
+//   segment but the first again, so a chain is about 2·C/G: heads · (2R·G_total
+//   − 3R·N) <= the wave, and a sequence that would get fewer than 3 segments
+//   gains nothing (pass 3 of segment 1 waits for all of segment 0), so then no
+//   sequence is cut.
+//   Outputs by superposition (calls without checkpoints): pass 1 also summarises
+//   the last segment and out follows token-parallel, so a chain is C/G_s steps,
+//   with heads · (2R·G_s − R·N) <= the wave: one or two segments fewer than above
+//   at a few heads, about as many at one head. It replaces pass 3's chains where
+//   that pays (superposition_pays).
 constexpr int64_t kSegmentCtasPerSm = 2;   // 4-warp recurrence CTAs resident on an SM (4 stages)
 constexpr int kSegmentStages = 4;
 // Shorter segments lose: at T = 1024 (64 chunks) H = 12 and 24 ran 2-35 %
@@ -146,6 +152,26 @@ constexpr int kSegmentStages = 4;
 // more than the shorter chain saves.
 constexpr int64_t kMinSegmentChunks = 32;
 constexpr int64_t kMinSegmentsPerChain = 3;
+constexpr int64_t kMinSuperposedSegmentsPerChain = 2;
+
+// Outputs by superposition against pass 3 by chains (both measured on the H200,
+// docs/perf-log.md, "Outputs by superposition"): a chunk step takes ~0.9 µs in
+// either pass 1, and the output kernel moves ~20 KB a chunk and head (o⁰ and P
+// read, out written) at ~2.6 TB/s, so one step's time covers about 110 chunk-heads
+// of it at K = 128 (220 at K = 64: half the bytes). The chains' chain is 2·seg_c
+// steps, the superposed one seg_s steps plus the output kernel; superposition is
+// taken when it saves a tenth of the chains' chain or more (the model's error
+// across the measured shapes was under 4 %).
+constexpr int64_t kOutputChunkHeadsPerStepAndRowPart = 220;  // a row part: 64 rows of V and of K
+constexpr int64_t kSuperpositionMinGainTenths = 1;
+bool superposition_pays(const ProblemShape& shape, int64_t seg_chains, int64_t seg_superposed) {
+  const int64_t longest = shape.longest_chunks >= 0 ? shape.longest_chunks : shape.total_chunks;
+  const int64_t chains = 2 * std::min(seg_chains, longest);
+  const int64_t output_steps =
+      shape.total_chunks * shape.heads * shape.row_parts / kOutputChunkHeadsPerStepAndRowPart;
+  const int64_t superposed = std::min(seg_superposed, longest) + output_steps;
+  return 10 * (chains - superposed) >= kSuperpositionMinGainTenths * chains;
+}
 
 // The shortest segment (in chunks) that cuts the sequences into at most
 // `segments` in all. One sequence of C chunks: ceil(C / G) makes at most G.
@@ -160,13 +186,15 @@ int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
   if (shape.seqs <= 0 || shape.heads <= 0 || shape.total_chunks <= 0) return 0;
   const int64_t wave = kSegmentCtasPerSm * num_sms;
   const int64_t r = shape.row_parts;
-  const int64_t segments = (wave + 3 * r * shape.seqs * shape.heads) / (2 * r * shape.heads);
+  const int64_t first_saving = shape.superposable ? 1 : 3;  // CTAs of R the first (and last) segments need fewer
+  const int64_t segments = (wave + first_saving * r * shape.seqs * shape.heads) / (2 * r * shape.heads);
   if (segments <= shape.seqs) return 0;
   const int64_t seg = std::max(kMinSegmentChunks, chunks_per_segment(shape, segments));
   // Unknown lengths (varlen without cu_seqlens_host): assume equal ones.
   const int64_t longest =
       shape.longest_chunks >= 0 ? shape.longest_chunks : (shape.total_chunks + shape.seqs - 1) / shape.seqs;
-  if (longest < kMinSegmentsPerChain * seg - (seg - 1)) return 0;
+  const int64_t min_segments = shape.superposable ? kMinSuperposedSegmentsPerChain : kMinSegmentsPerChain;
+  if (longest < min_segments * seg - (seg - 1)) return 0;
   return seg;
 }
 
@@ -197,6 +225,9 @@ int64_t split_segment_chunks(const ProblemShape& shape, int num_sms) {
   if (segments <= shape.seqs) return 0;
   return std::max(kMinSegmentChunks, chunks_per_segment(shape, segments));
 }
+
+// The output kernel's CTAs per (segment slot, value head).
+int64_t output_parts(int64_t seg_chunks) { return (seg_chunks + kOutputChunksPerCta - 1) / kOutputChunksPerCta; }
 
 int64_t slots_for(const ForwardArgs& args) {
   return num_chunk_slots(num_sequences(args), args.batch * args.seqlen);
@@ -241,6 +272,7 @@ Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device, int* sms
       plan->seg_chunks = std::max<int64_t>(1, (args.batch * args.seqlen + kChunk - 1) / kChunk);
     plan->v_split = 2;
     plan->stages = kSegmentStages;
+    plan->superposed_outputs = false;
   }
   // The segment scan's grids (pass 1: 4 CTAs per segment slot and head; pass 2:
   // kComposeCtasPerSeqHead per sequence and head, twice in a summaries call)
@@ -252,7 +284,11 @@ Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device, int* sms
       return Status::NotSupported("num_seqs x num_v_heads: too many (sequence, head) pairs for the summaries and "
                                   "resume calls of backend kCuda");
     plan->seg_chunks = 0;
+    plan->superposed_outputs = false;
   }
+  if (plan->superposed_outputs && segment_slots_for(args, plan->seg_chunks) * value_heads(args) *
+                                          output_parts(plan->seg_chunks) > kMaxGridCtas)
+    plan->superposed_outputs = false;
   if (device != nullptr) *device = dev;
   if (sms != nullptr) *sms = num_sms;
   return Status::Ok();
@@ -262,6 +298,12 @@ size_t segment_state_bytes(const ForwardArgs& args, int64_t seg_chunks) {
   if (seg_chunks <= 0) return 0;
   return static_cast<size_t>(segment_slots_for(args, seg_chunks) * value_heads(args)) * sizeof(SegmentState);
 }
+// Bytes of the chunks' o⁰ and P (outputs by superposition): one ChunkOutputs per
+// chunk slot and value head, 16 KB at K = 128 (8 at 64).
+size_t chunk_output_bytes(const ForwardArgs& args) {
+  const size_t tile = args.head_dim_k == 64 ? sizeof(ChunkOutputs<64>) : sizeof(ChunkOutputs<kHeadDim>);
+  return static_cast<size_t>(slots_for(args) * value_heads(args)) * tile;
+}
 }  // namespace
 
 Status workspace_size(const ForwardArgs& args, size_t* bytes) {
@@ -270,13 +312,14 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // shared-memory layout (swizzled where it would otherwise need padding):
   // unpacking a dense record cost the recurrence kernel more instructions than
   // the bytes saved (docs/perf-log.md). When the plan splits sequences, 128 KB
-  // of fp32 segment states per (segment slot, value head) follow; else, in a
-  // varlen batch, the sequences' order (4 bytes a sequence).
+  // of fp32 segment states per (segment slot, value head) follow, and, with
+  // outputs by superposition, 16 KB of o⁰ and P per (chunk slot, value head);
+  // else, in a varlen batch, the sequences' order (4 bytes a sequence).
   LaunchPlan plan;
   Status s = plan_for(args, &plan, nullptr);
   if (!s.ok()) return s;
   const size_t seg = segment_state_bytes(args, plan.seg_chunks);
-  if (seg > 0) *bytes = records_bytes(args) + seg;
+  if (seg > 0) *bytes = records_bytes(args) + seg + (plan.superposed_outputs ? chunk_output_bytes(args) : 0);
   else if (orders_sequences(args, plan)) *bytes = records_bytes(args) + sequence_order_bytes(args);
   else *bytes = static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
   return Status::Ok();
@@ -288,6 +331,8 @@ ProblemShape problem_shape(const ForwardArgs& args) {
   shape.seqs = n;
   shape.heads = value_heads(args);
   shape.row_parts = args.head_dim_k / 64;
+  shape.superposable = args.checkpoints == nullptr && args.slot_checkpoint_offsets == nullptr &&
+                       args.summaries_M == nullptr && !args.resume_from_summaries;
   auto chunks = [](int64_t len) { return (len + kChunk - 1) / kChunk; };
   if (args.cu_seqlens == nullptr && args.cu_seqlens_int32 == nullptr) {
     shape.longest_chunks = chunks(args.seqlen);
@@ -336,7 +381,19 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
     plan.v_split = 1;
     plan.stages = 4;
   }
-  plan.seg_chunks = choose_segment_chunks(shape, num_sms);
+  // Only where pass 3 by chains would cut too: at T = 1024 two segments
+  // superposed measured slower than one chain (the extra launches and the
+  // composition cost more than 32 steps).
+  ProblemShape by_chains = shape;
+  by_chains.superposable = false;
+  plan.seg_chunks = choose_segment_chunks(by_chains, num_sms);
+  if (plan.seg_chunks > 0 && shape.superposable) {
+    const int64_t seg = choose_segment_chunks(shape, num_sms);
+    if (seg > 0 && superposition_pays(shape, plan.seg_chunks, seg)) {
+      plan.seg_chunks = seg;
+      plan.superposed_outputs = true;
+    }
+  }
   if (plan.seg_chunks > 0) {
     plan.v_split = 2;
     plan.stages = kSegmentStages;
@@ -349,16 +406,28 @@ void set_launch_override(const LaunchOverride& forced) {
   g_force_stages.store(forced.stages);
   g_force_seg_chunks.store(forced.seg_chunks);
   g_force_records.store(forced.records);
+  g_force_outputs.store(forced.outputs);
 }
 
-LaunchPlan effective_launch_plan(const ProblemShape& shape, int num_sms) {
+LaunchPlan effective_launch_plan(const ProblemShape& given, int num_sms) {
+  const int outputs = g_force_outputs.load();
+  ProblemShape shape = given;
+  if (outputs == 1) shape.superposable = false;  // pass 3 by chains, planned as such
   LaunchPlan plan = choose_launch_plan(shape, num_sms);
+  if (outputs == 2 && shape.superposable && plan.seg_chunks > 0 && !plan.superposed_outputs) {
+    const int64_t seg = choose_segment_chunks(shape, num_sms);  // the superposed count
+    if (seg > 0) plan.seg_chunks = seg;
+    plan.superposed_outputs = true;
+  }
   const int v_split = g_force_v_split.load();
   if (v_split == 1 || v_split == 2) plan.v_split = v_split;
   const int stages = g_force_stages.load();
   if (stages == 3 || stages == 4) plan.stages = stages;
   const int64_t seg = g_force_seg_chunks.load();
-  if (seg != 0) plan.seg_chunks = seg > 0 ? seg : 0;
+  if (seg != 0) {
+    plan.seg_chunks = seg > 0 ? seg : 0;
+    plan.superposed_outputs = seg > 0 && shape.superposable && (outputs == 2 || superposition_pays(shape, seg, seg));
+  }
   if (plan.seg_chunks > 0) plan.v_split = 2;  // the segment scan runs 4-warp CTAs
   if (plan.v_split != 2) plan.stages = 4;  // the only instantiations built
   return plan;
@@ -484,6 +553,24 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       p.pass = pass;
       return launch_4warps(ctas);
     };
+    if (plan.superposed_outputs) {
+      // Pass 1 leaves o⁰ and P; the composition also writes the final states; the
+      // output kernel forms out (segment_outputs.cuh).
+      p.superpose = 1;
+      p.output_parts = static_cast<int32_t>(output_parts(plan.seg_chunks));
+      p.chunk_outputs =
+          static_cast<char*>(workspace) + records_bytes(args) + segment_state_bytes(args, plan.seg_chunks);
+      p.pass = kPassSummaries;
+      const int64_t ctas = p.num_seg_slots * hv * 2 * row_parts;
+      err = dim64 ? launch_recurrence<4, 4, false, 64, kRecordsByCpAsync, true>(p, ctas, dev, s)
+                  : launch_recurrence<4, 4, false, 128, kRecordsByBulkCopy, true>(p, ctas, dev, s);
+      if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
+      err = launch_segment_compose(p, s);
+      if (err != cudaSuccess) return cuda_status(err, "launching the segment composition kernel");
+      err = launch_segment_output(p, p.num_seg_slots * hv * p.output_parts, dev, s);
+      if (err != cudaSuccess) return cuda_status(err, "launching the segment output kernel");
+      return Status::Ok();
+    }
     if (p.split_mode != kSplitResume) {
       err = run_pass(kPassSummaries, p.num_seg_slots * hv * 2 * row_parts);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");

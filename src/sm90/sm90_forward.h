@@ -38,6 +38,10 @@ struct LaunchPlan {
   // chunks are cut into segments of seg_chunks chunks that run in parallel
   // (three passes, 4-warp CTAs); 0: every sequence is one chain.
   int64_t seg_chunks = 0;
+  // With segments: out formed by superposition (o⁰ + S_in·P, a token-parallel
+  // kernel after the composition) instead of a second chain of chunk steps per
+  // segment (pass 3). Not with checkpoints, which need the true states on the way.
+  bool superposed_outputs = false;
 };
 // What the launch heuristic looks at: sequences, value heads, the chunks of all
 // sequences, and the longest sequence's chunks (-1: unknown, for varlen calls
@@ -48,6 +52,7 @@ struct ProblemShape {
   int64_t total_chunks = 0;
   int64_t longest_chunks = -1;
   int64_t row_parts = 2;  // 64-row (4-warp) CTAs per state in the segment scan: K / 64
+  bool superposable = false;  // the call takes no checkpoints: a segment scan may form out by superposition
 };
 ProblemShape problem_shape(const ForwardArgs& args);
 // The launch heuristic's choice for this shape on `num_sms` SMs.
@@ -61,6 +66,8 @@ struct LaunchOverride {
   int stages = 0;          // 3 or 4
   int64_t seg_chunks = 0;  // > 0: segments of this many chunks; < 0: never split
   int records = 0;         // 4-warp, 4-stage launches at K = 128: 1 records by cp.async, 2 by bulk copy
+  int outputs = 0;         // segment scan: 1 pass 3 runs each segment's chain, 2 out by superposition
+                           // (where superposable: no checkpoints)
 };
 void set_launch_override(const LaunchOverride& forced);
 // The plan forward() uses now: the heuristic's, with any override applied.

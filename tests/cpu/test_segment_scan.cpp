@@ -1,8 +1,9 @@
 // The affine segment scan's CPU twin (spec section 6, cpu_backends.h): for any
 // split of a sequence into runs of tokens, composing the runs' summaries and
 // applying them to the initial state gives the final state of one straight run,
-// and each run's forward from its true incoming state gives the straight run's
-// outputs. Splits are random, not 16-aligned, and may hold empty runs.
+// and each run's forward from its true incoming state, or its outputs from a zero
+// state plus the incoming state times their response (superpose), gives the
+// straight run's outputs. Splits are random, not 16-aligned, and may hold empty runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -60,6 +61,10 @@ void check_splits(const HostProblem& p, uint64_t seed) {
             }
           // The incoming state passes through fp32 (the forward's state dtype): ~1e-7.
           EXPECT_LE(rel_rms(got, want), 1e-6) << "run [" << b << ", " << e << ") hv " << hv;
+          // The same outputs by superposition: the run's outputs from a zero state
+          // plus the incoming state times their response (all float64).
+          const std::vector<double> superposed = cpu::superpose(cpu::segment_outputs_f64(args, b, e, hv), incoming);
+          EXPECT_LE(rel_rms(superposed, want), 1e-6) << "superposed run [" << b << ", " << e << ") hv " << hv;
         }
         prefix = cpu::compose(prefix, cpu::segment_summary_f64(args, b, e, hv));
       }

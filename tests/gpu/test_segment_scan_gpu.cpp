@@ -2,7 +2,8 @@
 // into segments of a forced number of chunks, from one chunk to many, against the
 // float64 oracle; segment boundaries next to partial chunks, mixed varlen batches,
 // every state dtype, GVA, graph capture, bitwise determinism, degenerate keys,
-// and the launch heuristic's choice. Skips, saying why, when the CUDA backend is
+// out formed both ways (pass 3's chains, and by superposition: o⁰ + S_in·P), and
+// the launch heuristic's choice. Skips, saying why, when the CUDA backend is
 // not built or no sm_90 device is present.
 #include <gtest/gtest.h>
 
@@ -43,7 +44,17 @@ class GpuSegmentScan : public ::testing::Test {
   void TearDown() override { sm90::set_launch_override({}); }
 };
 
-void force_segments(int64_t seg_chunks) { sm90::set_launch_override({0, 0, seg_chunks}); }
+// outputs: how the segment scan forms out (sm90::LaunchOverride::outputs): 0 the
+// plan's choice (by superposition without checkpoints), 1 chains again, 2 by
+// superposition.
+void force_segments(int64_t seg_chunks, int outputs = 0) {
+  sm90::LaunchOverride o;
+  o.seg_chunks = seg_chunks;
+  o.outputs = outputs;
+  sm90::set_launch_override(o);
+}
+constexpr int kOutputsByChains = 1, kOutputsBySuperposition = 2;
+std::string outputs_name(int outputs) { return outputs == kOutputsByChains ? "chains" : "superposed"; }
 
 struct Errors {
   double out = 0, state = 0;
@@ -87,9 +98,30 @@ void expect_split(const HostProblem& p) {
   EXPECT_GT(split, whole) << "the forced plan did not split";
 }
 
+// Outputs by superposition keep o⁰ and P in the workspace (16 KB a chunk and head
+// at K = 128): a forced mode that silently fell back would not show in the results.
+void expect_outputs_mode(const HostProblem& p, int64_t seg_chunks, int outputs) {
+  void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 30);
+  ForwardArgs a = p.host_args(fake, p.spec.final_state != DType::kNone ? fake : nullptr);
+  a.q = a.k = a.v = a.g = a.beta = fake;
+  a.A_log = a.dt_bias = static_cast<const float*>(fake);
+  if (a.initial_state != nullptr) a.initial_state = fake;
+  if (a.cu_seqlens != nullptr) a.cu_seqlens = static_cast<const int64_t*>(fake);
+  size_t superposed = 0, chains = 0;
+  force_segments(seg_chunks, kOutputsBySuperposition);
+  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &superposed).ok());
+  force_segments(seg_chunks, kOutputsByChains);
+  ASSERT_TRUE(workspace_size(a, Backend::kCuda, &chains).ok());
+  const size_t tile = p.K == 64 ? 8192 : 16384;
+  const size_t slots = static_cast<size_t>(p.N + (p.tokens() + 15) / 16);
+  EXPECT_EQ(superposed - chains, slots * static_cast<size_t>(p.HV) * tile) << outputs_name(outputs);
+  force_segments(seg_chunks, outputs);
+}
+
 // Suites that take (forced segment chunks, head dim): K = V = 64 runs its own
-// instantiations of the three kernels (shared_storage.cuh).
+// instantiations of the kernels (shared_storage.cuh).
 using SegAndDim = std::tuple<int64_t, int64_t>;
+using SegDimOutputs = std::tuple<int64_t, int64_t, int>;
 std::string seg_and_dim_name(const ::testing::TestParamInfo<SegAndDim>& info) {
   const int64_t seg = std::get<0>(info.param);
   return (seg < 0 ? std::string("seg_auto") : "seg" + std::to_string(seg)) + "_K" +
@@ -97,26 +129,33 @@ std::string seg_and_dim_name(const ::testing::TestParamInfo<SegAndDim>& info) {
 }
 const auto kHeadDims = ::testing::Values(int64_t{128}, int64_t{64});
 
-class GpuSegmentLength : public GpuSegmentScan, public ::testing::WithParamInterface<SegAndDim> {};
+class GpuSegmentLength : public GpuSegmentScan, public ::testing::WithParamInterface<SegDimOutputs> {};
 
 // Mixed varlen: empty, one-token, partial-chunk and long sequences, so that
 // some are cut into many segments, some into two or three (the last one
-// partial), and some not at all.
+// partial), and some not at all; out formed both ways.
 TEST_P(GpuSegmentLength, VarlenMatchesOracle) {
   const int64_t seg = std::get<0>(GetParam());
+  const int outputs = std::get<2>(GetParam());
   ProblemSpec spec;
   spec.seqlens = {0, 1, 15, 17, 100, 250, 513, 1000, 31};
   spec.heads = 3;
   spec.head_dim = std::get<1>(GetParam());
   const HostProblem p = make_problem(spec, 100 + seg);
-  force_segments(seg);
+  expect_outputs_mode(p, seg, outputs);
   const RunResult gpu = run_cuda(p);
-  expect_within_bars(p, errors_of(p, gpu, ("seg_chunks=" + std::to_string(seg)).c_str()));
-  force_segments(seg);
+  expect_within_bars(p, errors_of(p, gpu, ("seg_chunks=" + std::to_string(seg) + " " + outputs_name(outputs)).c_str()));
+  force_segments(seg, outputs);
   expect_split(p);
 }
 INSTANTIATE_TEST_SUITE_P(SegChunks, GpuSegmentLength,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 5, 8, 21), kHeadDims), seg_and_dim_name);
+                         ::testing::Combine(::testing::Values(1, 2, 3, 5, 8, 21), kHeadDims,
+                                            ::testing::Values(kOutputsByChains, kOutputsBySuperposition)),
+                         [](const auto& info) {
+                           return "seg" + std::to_string(std::get<0>(info.param)) + "_K" +
+                                  std::to_string(std::get<1>(info.param)) + "_" +
+                                  outputs_name(std::get<2>(info.param));
+                         });
 
 // One long sequence in many segments (512 of one chunk: the composition's
 // longest chain), and the heuristic's own choice at H = 12.
@@ -158,19 +197,27 @@ TEST_F(GpuSegmentScan, GroupedValueHeads) {
   expect_within_bars(p, errors_of(p, run_cuda(p), "GVA seg_chunks=3"));
 }
 
-class GpuSegmentStates : public GpuSegmentScan,
-                         public ::testing::WithParamInterface<std::tuple<std::tuple<DType, DType>, int64_t>> {};
+class GpuSegmentStates
+    : public GpuSegmentScan,
+      public ::testing::WithParamInterface<std::tuple<std::tuple<DType, DType>, int64_t, int>> {};
 
+// The final states come from the last segment's chain (chains) or from the
+// composition (superposed): both into every state dtype; two segments (pass 2's
+// shortest chain) and five.
 TEST_P(GpuSegmentStates, EveryStateDtypeCombination) {
-  ProblemSpec spec;
-  spec.seqlens = {300, 130};
-  spec.heads = 2;
-  spec.initial_state = std::get<0>(std::get<0>(GetParam()));
-  spec.final_state = std::get<1>(std::get<0>(GetParam()));
-  spec.head_dim = std::get<1>(GetParam());
-  const HostProblem p = make_problem(spec, 11);
-  force_segments(2);
-  expect_within_bars(p, errors_of(p, run_cuda(p), "states seg_chunks=2"));
+  const int outputs = std::get<2>(GetParam());
+  for (const int64_t seg : {10, 4}) {
+    ProblemSpec spec;
+    spec.seqlens = {300, 130};
+    spec.heads = 2;
+    spec.initial_state = std::get<0>(std::get<0>(GetParam()));
+    spec.final_state = std::get<1>(std::get<0>(GetParam()));
+    spec.head_dim = std::get<1>(GetParam());
+    const HostProblem p = make_problem(spec, 11);
+    force_segments(seg, outputs);
+    const std::string label = "states seg_chunks=" + std::to_string(seg) + " " + outputs_name(outputs);
+    expect_within_bars(p, errors_of(p, run_cuda(p), label.c_str()));
+  }
 }
 INSTANTIATE_TEST_SUITE_P(States, GpuSegmentStates,
                          ::testing::Combine(::testing::Values(std::make_tuple(DType::kNone, DType::kNone),
@@ -179,32 +226,35 @@ INSTANTIATE_TEST_SUITE_P(States, GpuSegmentStates,
                                                               std::make_tuple(DType::kFP32, DType::kNone),
                                                               std::make_tuple(DType::kBF16, DType::kBF16),
                                                               std::make_tuple(DType::kFP32, DType::kFP32)),
-                                            kHeadDims),
+                                            kHeadDims, ::testing::Values(kOutputsByChains, kOutputsBySuperposition)),
                          [](const auto& info) {
                            const auto& states = std::get<0>(info.param);
                            return std::string(to_string(std::get<0>(states))) + "_to_" +
-                                  to_string(std::get<1>(states)) + "_K" + std::to_string(std::get<1>(info.param));
+                                  to_string(std::get<1>(states)) + "_K" + std::to_string(std::get<1>(info.param)) +
+                                  "_" + outputs_name(std::get<2>(info.param));
                          });
 
 // Captured in a CUDA graph and replayed on one workspace: the same bits as a
 // direct call; and two direct calls give the same bits.
 TEST_F(GpuSegmentScan, GraphReplayAndRepeatAreBitwiseIdentical) {
-  for (const int64_t head_dim : {128, 64}) {
-    ProblemSpec spec;
-    spec.seqlens = {700, 3, 1200};
-    spec.heads = 4;
-    spec.head_dim = head_dim;
-    const HostProblem p = make_problem(spec, 12);
-    force_segments(5);
-    const RunResult a = run_cuda(p), b = run_cuda(p), replayed = run_cuda(p, nullptr, 3);
-    ASSERT_TRUE(a.status.ok()) << a.status.message;
-    ASSERT_TRUE(b.status.ok()) << b.status.message;
-    ASSERT_TRUE(replayed.status.ok()) << replayed.status.message;
-    EXPECT_EQ(a.out_bits, b.out_bits) << "K=" << head_dim;
-    EXPECT_EQ(a.state_bytes, b.state_bytes) << "K=" << head_dim;
-    EXPECT_EQ(a.out_bits, replayed.out_bits) << "K=" << head_dim;
-    EXPECT_EQ(a.state_bytes, replayed.state_bytes) << "K=" << head_dim;
-    expect_within_bars(p, errors_of(p, replayed, "graph replay seg_chunks=5"));
+  for (const int outputs : {kOutputsByChains, kOutputsBySuperposition}) {
+    for (const int64_t head_dim : {128, 64}) {
+      ProblemSpec spec;
+      spec.seqlens = {700, 3, 1200};
+      spec.heads = 4;
+      spec.head_dim = head_dim;
+      const HostProblem p = make_problem(spec, 12);
+      force_segments(5, outputs);
+      const RunResult a = run_cuda(p), b = run_cuda(p), replayed = run_cuda(p, nullptr, 3);
+      ASSERT_TRUE(a.status.ok()) << a.status.message;
+      ASSERT_TRUE(b.status.ok()) << b.status.message;
+      ASSERT_TRUE(replayed.status.ok()) << replayed.status.message;
+      EXPECT_EQ(a.out_bits, b.out_bits) << "K=" << head_dim << " " << outputs_name(outputs);
+      EXPECT_EQ(a.state_bytes, b.state_bytes) << "K=" << head_dim << " " << outputs_name(outputs);
+      EXPECT_EQ(a.out_bits, replayed.out_bits) << "K=" << head_dim << " " << outputs_name(outputs);
+      EXPECT_EQ(a.state_bytes, replayed.state_bytes) << "K=" << head_dim << " " << outputs_name(outputs);
+      expect_within_bars(p, errors_of(p, replayed, ("graph replay seg_chunks=5 " + outputs_name(outputs)).c_str()));
+    }
   }
 }
 
@@ -503,7 +553,8 @@ TEST_F(GpuSegmentScan, SplitCallsPlanAloneFromShapes) {
 
 // The heuristic (host code, no device needed): one chain per sequence where the
 // heads fill the GPU (the standard table), segments where a few long chains
-// would bound the call, and never fewer than three segments per cut sequence.
+// would bound the call, never fewer than three segments per cut sequence with
+// pass 3's chains, and out by superposition where the cost model takes it.
 TEST(SegmentPlan, HeuristicChoices) {
 #ifdef FLASHKDA_WITH_CUDA
   constexpr int kH200Sms = 132;
@@ -545,6 +596,41 @@ TEST(SegmentPlan, HeuristicChoices) {
   const int64_t segments64 = (512 + seg64 - 1) / seg64;
   EXPECT_GT(segments64, segments);
   EXPECT_LE(12 * (2 * segments64 - 3), 2 * kH200Sms);
+  // Outputs by superposition (no checkpoints): pass 1 summarises every segment but
+  // runs the first for real, heads · (2R·G − R) CTAs within one wave; taken where
+  // the cost model says it saves a tenth of the chains' chain (one head, T = 1M:
+  // G = 66 against 67 segments, and pass 3's 979-step chains gone), not at 12 or
+  // 24 heads (a segment fewer, and the output kernel's traffic).
+  auto superposed = [](int64_t seqs, int64_t heads, int64_t chunks_each, int64_t row_parts) {
+    sm90::ProblemShape s;
+    s.seqs = seqs;
+    s.heads = heads;
+    s.total_chunks = seqs * chunks_each;
+    s.longest_chunks = chunks_each;
+    s.row_parts = row_parts;
+    s.superposable = true;
+    return sm90::choose_launch_plan(s, kH200Sms);
+  };
+  EXPECT_EQ(superposed(1, 96, 512, 2).seg_chunks, 0);
+  EXPECT_EQ(superposed(1, 48, 512, 2).seg_chunks, 0);
+  EXPECT_EQ(superposed(4, 12, 512, 2).seg_chunks, 0);
+  EXPECT_EQ(superposed(1, 12, 64, 2).seg_chunks, 0);  // T = 1024: not cut, as without superposition
+  for (const auto& [heads, chunks, r, want] :
+       {std::tuple<int64_t, int64_t, int64_t, bool>{12, 512, 2, false}, {24, 512, 2, false}, {12, 2048, 2, false},
+        {1, 65536, 2, true}, {2, 65536, 2, true}, {1, 65536, 1, true}}) {
+    const sm90::LaunchPlan p = superposed(1, heads, chunks, r);
+    ASSERT_GT(p.seg_chunks, 0) << heads << " heads, " << chunks << " chunks";
+    EXPECT_EQ(p.superposed_outputs, want) << heads << " heads, " << chunks << " chunks";
+    const int64_t g = (chunks + p.seg_chunks - 1) / p.seg_chunks;
+    if (p.superposed_outputs) EXPECT_LE(heads * (2 * r * g - r), 2 * kH200Sms) << heads << " heads, " << chunks;
+    sm90::ProblemShape chains;
+    chains.seqs = 1;
+    chains.heads = heads;
+    chains.total_chunks = chains.longest_chunks = chunks;
+    chains.row_parts = r;
+    if (!p.superposed_outputs) EXPECT_EQ(p.seg_chunks, sm90::choose_launch_plan(chains, kH200Sms).seg_chunks);
+  }
+  EXPECT_FALSE(plan(1, 12, 512).superposed_outputs);  // a call with checkpoints: pass 3 by chains
 #else
   GTEST_SKIP() << "no GPU run: this build has no CUDA kernels (FLASHKDA_ENABLE_CUDA=OFF)";
 #endif

@@ -95,18 +95,24 @@ struct ChunkCursor {
   }
 };
 
-// One whole record (K = 128 reads all of it) by the bulk-copy engine, completing
-// on `full` (an mbarrier expecting its bytes). Its writes are in the async proxy,
-// which wgmma reads through, so no proxy fence stands between them; the threads'
-// reads after the mbarrier wait see them too.
-__device__ __forceinline__ void bulk_copy_record(ChunkOperands& dst, const ChunkOperands* src, uint64_t& full) {
-  constexpr uint32_t kBytes = sizeof(ChunkOperands);
+// kBytes (a multiple of 16, both ends 16-byte aligned) from global to shared
+// memory by the bulk-copy engine, completing on `full` (an mbarrier expecting
+// its bytes). Its writes are in the async proxy, which wgmma reads through, so
+// no proxy fence stands between them; the threads' reads after the mbarrier
+// wait see them too.
+template <uint32_t kBytes>
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint64_t& full) {
   static_assert(kBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
   cute::set_barrier_transaction_bytes(full, kBytes);
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(&dst))),
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
                "l"(src), "r"(kBytes), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(&full)))
                : "memory");
+}
+
+// One whole record (K = 128 reads all of it).
+__device__ __forceinline__ void bulk_copy_record(ChunkOperands& dst, const ChunkOperands* src, uint64_t& full) {
+  bulk_copy<sizeof(ChunkOperands)>(&dst, src, full);
 }
 
 }  // namespace flashkda::sm90

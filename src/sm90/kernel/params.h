@@ -12,7 +12,7 @@ enum StateType : int32_t { kStateNone = 0, kStateBF16 = 1, kStateFP32 = 2 };
 // The launches of the recurrence kernel (tile_scheduler.cuh maps CTAs to work).
 enum RecurrencePass : int32_t {
   kPassWhole = 0,      // one chain per (sequence, head), one pass
-  kPassSummaries = 1,  // segment scan pass 1: segment 0 runs, the others' (M, B)
+  kPassSummaries = 1,  // segment scan pass 1: segment 0 runs, the others' (M, B) (and o⁰, P: superpose)
   kPassFromStates = 3, // segment scan pass 3: segments 1.. from their incoming states
 };
 
@@ -103,6 +103,15 @@ struct FwdParams {
   // K = V: 64 or 128, which instantiations the host launches (the kernels have
   // it as a template argument). Last, so the other fields keep their offsets.
   int32_t head_dim;
+
+  // The segment scan's outputs by superposition (segment_outputs.cuh): pass 1
+  // leaves each chunk's o⁰ and P in chunk_outputs (one ChunkOutputs per chunk
+  // slot and value head), pass 2 also writes the final states, and the output
+  // kernel forms out with output_parts CTAs per (segment slot, value head); else
+  // (0) pass 3 runs each segment's chain again from its incoming state.
+  int32_t superpose;
+  int32_t output_parts;
+  void* chunk_outputs;
 };
 
 }  // namespace flashkda::sm90

@@ -134,6 +134,20 @@ __device__ __forceinline__ void store_state_rows(const StateRows& S, float* rows
   }
 }
 
+// A warp's outᵀ tile (16 V rows x 16 tokens, two C tiles: tokens 0-7, 8-15) →
+// staging [token][v] in bf16: its four 8x8 blocks, each transposed on the way,
+// by one stmatrix (lanes 8i..8i+7 address the token rows of block i: V rows
+// 8(i & 1).., tokens 8(i >> 1)..). Element by element it was eight 2-byte stores
+// and four byte permutes a lane, in the state update's shadow where the out
+// tile's global stores wait for them.
+__device__ __forceinline__ void stage_out_tile(const FragC (&o)[2], __nv_bfloat16 (*out_tile)[kLdT], int lane) {
+  const int block = lane >> 3;
+  cute::SM90_U16x8_STSM_T::copy(
+      pack_bf16(o[0].x[0], o[0].x[1]), pack_bf16(o[0].x[2], o[0].x[3]), pack_bf16(o[1].x[0], o[1].x[1]),
+      pack_bf16(o[1].x[2], o[1].x[3]),
+      *reinterpret_cast<cute::uint128_t*>(&out_tile[8 * (block >> 1) + (lane & 7)][8 * (block & 1)]));
+}
+
 // Waits for the state update's wgmma before S is read again.
 template <int kDim>
 __device__ __forceinline__ void finish_state_update(StateRows& S) {
@@ -154,10 +168,12 @@ __device__ __forceinline__ void finish_state_update(StateRows& S) {
 // kernel: a later chunk's loads) while the first runs, during_update() (the out
 // tile's stores, staged by then) while the state update runs. Issued before the
 // step, they held it back by 4 % where one chain bounds the call (docs/perf-log.md).
+// kStagedOut = false (the segment scan's pass 1 with outputs by superposition):
+// the out tile is not staged as bf16; during_update(o) receives it in fp32.
 struct NoWork {
   __device__ __forceinline__ void operator()() const {}
 };
-template <int kDim, class First = NoWork, class Update = NoWork>
+template <int kDim, bool kStagedOut = true, class First = NoWork, class Update = NoWork>
 __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperands& ops, const uint16_t* v, int ldv,
                                                 int vw, __nv_bfloat16 (*out_tile)[kLdT], int lane,
                                                 const First& during_first = First{},
@@ -242,18 +258,13 @@ __device__ __forceinline__ void recurrence_step(StateRows& S, const ChunkOperand
     mma_bf16(o[nt], ua_lo, m_hi[nt]);
     mma_bf16(o[nt], ua_hi, m_lo[nt]);
   }
-  // outᵀ tile (V rows x tokens) → staging [token][v]: its four 8x8 blocks, each
-  // transposed on the way, by one stmatrix (lanes 8i..8i+7 address the token rows
-  // of block i: V rows 8(i & 1).., tokens 8(i >> 1)..). Element by element it was
-  // eight 2-byte stores and four byte permutes a lane, in the state update's
-  // shadow where the out tile's global stores wait for them.
-  const int block = lane >> 3;
-  cute::SM90_U16x8_STSM_T::copy(
-      pack_bf16(o[0].x[0], o[0].x[1]), pack_bf16(o[0].x[2], o[0].x[3]), pack_bf16(o[1].x[0], o[1].x[1]),
-      pack_bf16(o[1].x[2], o[1].x[3]),
-      *reinterpret_cast<cute::uint128_t*>(&out_tile[8 * (block >> 1) + (lane & 7)][8 * (block & 1)]));
-  __syncwarp();  // the staged tile, before during_update reads it
-  during_update();
+  if constexpr (kStagedOut) {
+    stage_out_tile(o, out_tile, lane);
+    __syncwarp();  // the staged tile, before during_update reads it
+    during_update();
+  } else {
+    during_update(o);
+  }
   finish_state_update<kDim>(S);
 }
 

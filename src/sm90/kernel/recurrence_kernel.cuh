@@ -15,6 +15,7 @@
 #include "sm90/kernel/epilogue.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/recurrence.cuh"
+#include "sm90/kernel/segment_outputs.cuh"
 #include "sm90/kernel/shared_storage.cuh"
 #include "sm90/kernel/tile_scheduler.cuh"
 
@@ -51,11 +52,15 @@ struct RecurrenceConfig {
 // chunk loop needs no proxy fence (a memory barrier on the SM, 2-5 % of a
 // chain-bound call: docs/perf-log.md). Else every thread's cp.async, then the
 // fence. K = 128 only: K = 64 reads parts of a record.
-template <int kStateWarps, int kStages, bool kCheckpoints, int kDim, bool kBulkRecords>
+// kSuperposed: the segment scan's pass 1 with outputs by superposition
+// (segment_outputs.cuh): every CTA's out tiles go to the workspace as o⁰ (value
+// rows) or P (key rows), in fp32 fragments, none to out.
+template <int kStateWarps, int kStages, bool kCheckpoints, int kDim, bool kBulkRecords, bool kSuperposed>
 __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThreads, 1)
     kda_recurrence_kernel(const __grid_constant__ FwdParams p) {
   static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
   static_assert(!kBulkRecords || kDim == kHeadDim, "bulk copies move whole records: K = 128");
+  static_assert(!(kSuperposed && kCheckpoints), "checkpoints run pass 3's chains");
   using Cfg = RecurrenceConfig<kStateWarps, kStages>;
   using Smem = typename Cfg::Smem;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -88,6 +93,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     __syncthreads();
   }
   const OutCursor<kDim> out(p, w.token_begin, w.v_head, row, lane);
+  const OutputFragmentCursor<kDim> fragments_out(p, w.first_slot, w.v_head, row, lane);
   auto chunk_rows = [&](int64_t c) {
     const int64_t rem = w.length - c * kChunk;
     return static_cast<int>(rem < kChunk ? rem : kChunk);
@@ -144,10 +150,15 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     const auto& st = s.stage[ustage];
     // The refill of the stage released at the barrier above, and the out tile's
     // stores, run in the shadows of the step's products (recurrence_step).
-    recurrence_step<kDim>(
-        S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane,
-        [&] { issue_load(c + kStages - 1, ustage == 0 ? kStages - 1 : ustage - 1); },
-        [&] { out.store(p, s.out[warp], c, w.write_out ? chunk_rows(c) : 0); });  // 0 rows: stores nothing
+    auto refill = [&] { issue_load(c + kStages - 1, ustage == 0 ? kStages - 1 : ustage - 1); };
+    if constexpr (kSuperposed) {
+      recurrence_step<kDim, false>(S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane, refill,
+                                   [&](const FragC(&o)[2]) { fragments_out.store(p, o, c, w.value_rows); });
+    } else {
+      // 0 rows: stores nothing
+      recurrence_step<kDim>(S, st.ops, &st.v[0][0], Smem::kLdV, 16 * warp, s.out[warp], lane, refill,
+                            [&] { out.store(p, s.out[warp], c, w.write_out ? chunk_rows(c) : 0); });
+    }
     if (kCheckpoints && w.first_chunk + c + 1 == ck_next) {
       ck_next = ck_periodic.at != nullptr ? ck_periodic.store<kDim>(S, p, ck_next, row, lane)
                                           : store_checkpoints<kDim>(S, p, ck, ck_next, ck_entry, w.v_head, row, lane);

@@ -5,6 +5,9 @@
 // Resuming a context-parallel forward (kSplitResume), from the initial state:
 //   S_in(0)     = the sequence's initial state (zero without one)
 //   S_in(j + 1) = S_in(j) · M_j + B_j       j = 0 .. G − 2, written over b of segment j
+// With outputs by superposition (p.superpose) pass 1 summarised the last segment
+// too, and the chain runs one step further, to the final state:
+//   S_final     = S_in(G − 1) · M_{G−1} + B_{G−1}     into final_state / the pool slot
 // A summaries call (kSplitSummaries), the whole sequence's (M, B), whose rows
 // compose like rows of S: a row of B as S_in above, a row of M without the B_j term:
 //   X(1)     = (M_0, B_0)                                     the first segment's
@@ -80,12 +83,16 @@ __global__ void __launch_bounds__(kDim)
     for (int r = 0; r < kComposeRows; ++r) s[r] = initial_state_at<kDim>(l, row0 + r, col);
     j_begin = 0;
   } else {
-    if (first.count < 3) return;  // S_in(1) is segment 0's own final state
+    // One segment: pass 1 wrote its final state. Two without superposition:
+    // S_in(1) is segment 0's own final state.
+    if (first.count < (p.superpose ? 2 : 3)) return;
     const float* b0 = segment_state(p, first.slot, v_head)->b;
 #pragma unroll
     for (int r = 0; r < kComposeRows; ++r) s[r] = b0[(row0 + r) * kHeadDim + col];
+    if (p.superpose) j_end = first.count;
   }
   const bool write_back = p.split_mode != kSplitSummaries;  // S_in(j + 1) over b of segment j
+  const bool to_final = p.superpose != 0;                    // the last step's result is the final state
 
   for (int64_t j = j_begin; j < j_end; ++j) {
     SegmentState* st = segment_state(p, first.slot + j, v_head);
@@ -109,9 +116,18 @@ __global__ void __launch_bounds__(kDim)
         s[r] = fmaf(x.w, m[k + 3], s[r]);
       }
     }
-    if (write_back) {
+    if (write_back && !(to_final && j + 1 == j_end)) {
 #pragma unroll
       for (int r = 0; r < kComposeRows; ++r) st->b[(row0 + r) * kHeadDim + col] = s[r];
+    }
+  }
+  if (to_final) {
+    const StateLocation l = state_location<kDim>(p, static_cast<int>(n), v_head);
+#pragma unroll
+    for (int r = 0; r < kComposeRows; ++r) {
+      const int64_t i = l.offset + static_cast<int64_t>(row0 + r) * kDim + col;
+      if (l.out_type == kStateFP32) static_cast<float*>(l.out)[i] = s[r];
+      else if (l.out_type == kStateBF16) static_cast<__nv_bfloat16*>(l.out)[i] = __float2bfloat16_rn(s[r]);
     }
   }
   if (p.split_mode == kSplitSummaries) {

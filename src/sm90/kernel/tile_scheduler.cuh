@@ -248,7 +248,10 @@ struct RecurrenceWork {
 //                     Segment 0 runs for real (initial state in, out written,
 //                     its final state to b, or to final_state if it is the only
 //                     one); segments 1 .. G−2 compute B (zero state in) and M
-//                     (identity in, v = 0); the last needs no summary.
+//                     (identity in, v = 0); the last needs no summary, unless
+//                     the outputs come by superposition (p.superpose): then the
+//                     last runs like the others, and every CTA's out tiles go to
+//                     chunk_outputs (o⁰, P) instead of out.
 //   kPassFromStates   parts = kDim / kRows: segments 1 .. G−1 from the state
 //                     that pass 2 left in the previous segment's b.
 // A context-parallel forward's two calls (SplitMode, params.h) change two
@@ -304,7 +307,9 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
       w.to = last ? StateTo::kFinal : StateTo::kBuffer;
       w.out_rows = segment_state(p, t.slot, w.v_head)->b;
     } else {
-      w.active = !last;
+      // Superposed outputs need the last segment's o⁰ and P, and its (M, B) for
+      // the final state (pass 2).
+      w.active = !last || p.superpose != 0;
       w.from = w.value_rows ? StateFrom::kZero : StateFrom::kIdentity;
       w.to = StateTo::kBuffer;
       SegmentState* st = segment_state(p, t.slot, w.v_head);

@@ -1,0 +1,135 @@
+// Kernel 4 of the segment scan with outputs by superposition (segment_outputs.cuh):
+//   out_t = o⁰_t + S_in · P_t
+// for every token of every segment, token-parallel: the chain of chunk steps ran
+// once, in pass 1. One CTA takes kOutputChunksPerCta chunks of one (segment, value
+// head); warp w owns V rows 16w..16w+15 (kDim / 16 warps):
+//   S_in     rows 16w.. of the segment's incoming state (pass 2 left it in the
+//            previous segment's b, fp32), split once into bf16 hi + lo A fragments
+//   load     each chunk's ChunkOutputs (o⁰ and P in fragment order) by one bulk
+//            copy, kOutputStages chunks in flight
+//   product  the warp's two C tiles start as o⁰ᵀ; += S_in·P, hi·hi + lo·hi + hi·lo
+//            (the recurrence's own precision: ~2^-16 of each term)
+//   store    bf16 through the staging tile, as the recurrence stores out (epilogue.cuh)
+// Segment 0 ran from the true initial state in pass 1: its o⁰ is its output.
+#pragma once
+#include "sm90/kernel/chunk_loader.cuh"
+#include "sm90/kernel/epilogue.cuh"
+#include "sm90/kernel/fragments.cuh"
+#include "sm90/kernel/params.h"
+#include "sm90/kernel/recurrence.cuh"
+#include "sm90/kernel/segment_outputs.cuh"
+#include "sm90/kernel/tile_scheduler.cuh"
+
+namespace flashkda::sm90 {
+
+// Two chunks ahead cover a DRAM round trip at ~0.5 µs a chunk; three leave slack
+// and keep the CTA within a third of an SM's shared memory at K = 128.
+constexpr int kOutputStages = 3;
+
+template <int kDim>
+struct SegmentOutputSmem {
+  ChunkOutputs<kDim> stage[kOutputStages];
+  alignas(16) __nv_bfloat16 out[kDim / 16][kChunk][kLdT];  // [warp][token][v]
+  uint64_t full[kOutputStages];
+};
+
+template <int kDim>
+constexpr int segment_output_threads() {
+  return 32 * (kDim / 16);
+}
+
+template <int kDim>
+__global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
+    kda_segment_output_kernel(const __grid_constant__ FwdParams p) {
+  static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
+  constexpr int kKeySteps = kDim / 16;
+  using Smem = SegmentOutputSmem<kDim>;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+  // blockIdx.x = (segment slot · HV + hv) · output_parts + part
+  const int64_t idx = blockIdx.x;
+  const int64_t part = idx % p.output_parts;
+  const int64_t sh = idx / p.output_parts;
+  const int v_head = static_cast<int>(sh % p.num_v_heads);
+  const SegmentTile t = locate_segment(p, sh / p.num_v_heads);
+  if (!t.valid) return;
+  const int64_t chunks = (t.length + kChunk - 1) / kChunk;
+  const int64_t c0 = part * kOutputChunksPerCta;
+  if (c0 >= chunks) return;
+  const int64_t c1 = c0 + kOutputChunksPerCta < chunks ? c0 + kOutputChunksPerCta : chunks;
+  const ChunkOutputs<kDim>* const first = chunk_outputs<kDim>(p, t.first_slot, v_head);
+
+  if (tid == 0) {
+    for (int st = 0; st < kOutputStages; ++st) cute::initialize_barrier(s.full[st], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int64_t c, int stage) {
+    if (tid == 0 && c < c1)
+      bulk_copy<sizeof(ChunkOutputs<kDim>)>(&s.stage[stage], first + c * p.num_v_heads, s.full[stage]);
+  };
+#pragma unroll
+  for (int st = 0; st < kOutputStages; ++st) issue(c0 + st, st);
+
+  // The warp's rows of S_in as A fragments (keys 16kk..16kk+15), while the first copies fly.
+  const bool from_state = t.index > 0;
+  FragA s_hi[kKeySteps], s_lo[kKeySteps];
+  if (from_state) {
+    const float* rows = segment_state(p, t.slot - 1, v_head)->b;
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < kKeySteps; ++kk) {
+      FragC half[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int64_t off = static_cast<int64_t>(16 * warp + g + 8 * hr) * kHeadDim + 16 * kk + 8 * h + 2 * tq;
+          const float2 x = *reinterpret_cast<const float2*>(rows + off);
+          half[h].x[2 * hr] = x.x;
+          half[h].x[2 * hr + 1] = x.y;
+        }
+      split_a_bf16(half[0], half[1], s_hi[kk], s_lo[kk]);
+    }
+  }
+
+  const OutCursor<kDim> out(p, t.token_begin, v_head, 16 * warp, lane);
+  int stage = 0, phase = 0;
+  for (int64_t c = c0; c < c1; ++c) {
+    cute::wait_barrier(s.full[stage], phase);
+    const ChunkOutputs<kDim>& x = s.stage[stage];
+    FragC acc[2];
+    {
+      const float4 a = *reinterpret_cast<const float4*>(&x.out0[warp][lane][0]);
+      const float4 b = *reinterpret_cast<const float4*>(&x.out0[warp][lane][4]);
+      acc[0] = {{a.x, a.y, a.z, a.w}};
+      acc[1] = {{b.x, b.y, b.z, b.w}};
+    }
+    if (from_state) {
+#pragma unroll
+      for (int kk = 0; kk < kKeySteps; ++kk) {
+        const uint4 h = *reinterpret_cast<const uint4*>(&x.resp[kk][lane][0]);
+        const uint4 l = *reinterpret_cast<const uint4*>(&x.resp[kk][lane][4]);
+        const FragB h0{{h.x, h.y}}, h1{{h.z, h.w}}, l0{{l.x, l.y}}, l1{{l.z, l.w}};
+        mma_bf16(acc[0], s_hi[kk], h0);
+        mma_bf16(acc[0], s_lo[kk], h0);
+        mma_bf16(acc[0], s_hi[kk], l0);
+        mma_bf16(acc[1], s_hi[kk], h1);
+        mma_bf16(acc[1], s_lo[kk], h1);
+        mma_bf16(acc[1], s_hi[kk], l1);
+      }
+    }
+    stage_out_tile(acc, s.out[warp], lane);
+    __syncwarp();
+    const int64_t rem = t.length - c * kChunk;
+    out.store(p, s.out[warp], c, static_cast<int>(rem < kChunk ? rem : kChunk));
+    __syncthreads();  // every warp is done with the stage (and its staging tile) before either is reused
+    issue(c + kOutputStages, stage);
+    if (stage + 1 == kOutputStages) phase ^= 1;
+    stage = stage + 1 == kOutputStages ? 0 : stage + 1;
+  }
+}
+
+}  // namespace flashkda::sm90
