@@ -79,17 +79,22 @@ void expect_within_bars(const HostProblem& p, const Errors& e) {
   if (p.spec.final_state != DType::kNone) EXPECT_LE(e.state, bf16 ? kBf16StateBar : kStateBar);
 }
 
-// The workspace of a split call holds the segment states: a forced split that
-// silently fell back to one chain would not show in the results.
-void expect_split(const HostProblem& p) {
-  // Only sizes matter here: every device tensor gets one aligned address that
-  // workspace_size never dereferences.
+// Arguments for workspace_size alone: only sizes matter, so every device tensor
+// gets one aligned address that workspace_size never dereferences.
+ForwardArgs sizing_args(const HostProblem& p) {
   void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 30);
   ForwardArgs a = p.host_args(fake, p.spec.final_state != DType::kNone ? fake : nullptr);
   a.q = a.k = a.v = a.g = a.beta = fake;
   a.A_log = a.dt_bias = static_cast<const float*>(fake);
   if (a.initial_state != nullptr) a.initial_state = fake;
   if (a.cu_seqlens != nullptr) a.cu_seqlens = static_cast<const int64_t*>(fake);
+  return a;
+}
+
+// The workspace of a split call holds the segment states: a forced split that
+// silently fell back to one chain would not show in the results.
+void expect_split(const HostProblem& p) {
+  const ForwardArgs a = sizing_args(p);
   size_t split = 0, whole = 0;
   ASSERT_TRUE(workspace_size(a, Backend::kCuda, &split).ok());
   const sm90::LaunchOverride forced = {0, 0, -1};
@@ -101,12 +106,7 @@ void expect_split(const HostProblem& p) {
 // Outputs by superposition keep o⁰ and P in the workspace (16 KB a chunk and head
 // at K = 128): a forced mode that silently fell back would not show in the results.
 void expect_outputs_mode(const HostProblem& p, int64_t seg_chunks, int outputs) {
-  void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 30);
-  ForwardArgs a = p.host_args(fake, p.spec.final_state != DType::kNone ? fake : nullptr);
-  a.q = a.k = a.v = a.g = a.beta = fake;
-  a.A_log = a.dt_bias = static_cast<const float*>(fake);
-  if (a.initial_state != nullptr) a.initial_state = fake;
-  if (a.cu_seqlens != nullptr) a.cu_seqlens = static_cast<const int64_t*>(fake);
+  const ForwardArgs a = sizing_args(p);
   size_t superposed = 0, chains = 0;
   force_segments(seg_chunks, kOutputsBySuperposition);
   ASSERT_TRUE(workspace_size(a, Backend::kCuda, &superposed).ok());
