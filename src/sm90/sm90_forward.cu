@@ -156,13 +156,16 @@ constexpr int64_t kMinSuperposedSegmentsPerChain = 2;
 
 // Outputs by superposition against pass 3 by chains (both measured on the H200,
 // docs/perf-log.md, "Outputs by superposition"): a chunk step takes ~0.9 µs in
-// either pass 1, and the output kernel moves ~20 KB a chunk and head (o⁰ and P
-// read, out written) at ~2.6 TB/s, so one step's time covers about 110 chunk-heads
-// of it at K = 128 (220 at K = 64: half the bytes). The chains' chain is 2·seg_c
-// steps, the superposed one seg_s steps plus the output kernel; superposition is
-// taken when it saves a tenth of the chains' chain or more (the model's error
-// across the measured shapes was under 4 %).
-constexpr int64_t kOutputChunkHeadsPerStepAndRowPart = 220;  // a row part: 64 rows of V and of K
+// either pass, and the output kernel (wgmma, ~20 KB a chunk and head of o⁰ and P
+// read and out written) does about 300 chunk-heads and 64-row parts in a step's
+// time. The chains' chain is 2·seg_c steps, the superposed one seg_s steps plus
+// the output kernel; superposition is taken when the model says it saves a tenth
+// of the chains' chain or more. On the rows measured it picked every winner
+// (12/8192 −4 %, 12/32768 −6 %, T = 1M at H = 1 and 4 −13 % and −9 %) and left
+// the ties and losses (24/8192 level, 24/32768 +1 to +5 %) to the chains; it
+// overstates the gain by a third or so (the superposed pass 1's steps are
+// ~5 % slower), which the tenth's margin absorbs.
+constexpr int64_t kOutputChunkHeadsPerStepAndRowPart = 300;  // a row part: 64 rows of V and of K
 constexpr int64_t kSuperpositionMinGainTenths = 1;
 bool superposition_pays(const ProblemShape& shape, int64_t seg_chains, int64_t seg_superposed) {
   const int64_t longest = shape.longest_chunks >= 0 ? shape.longest_chunks : shape.total_chunks;

@@ -5,10 +5,12 @@
 // head); warp w owns V rows 16w..16w+15 (kDim / 16 warps):
 //   S_in     rows 16w.. of the segment's incoming state (pass 2 left it in the
 //            previous segment's b, fp32), split once into bf16 hi + lo A fragments
-//   load     each chunk's ChunkOutputs (o⁰ and P in fragment order) by one bulk
-//            copy, kOutputStages chunks in flight
-//   product  the warp's two C tiles start as o⁰ᵀ; += S_in·P, hi·hi + lo·hi + hi·lo
-//            (the recurrence's own precision: ~2^-16 of each term)
+//   load     each chunk's ChunkOutputs (o⁰ in accumulator order, P swizzled for
+//            wgmma) by one bulk copy, kOutputStages chunks in flight
+//   product  each warpgroup's accumulators (64 V rows x 16 tokens) start as o⁰ᵀ;
+//            += S_in·P as wgmma, S_in from registers and P from shared memory,
+//            hi·hi + lo·hi + hi·lo (the recurrence's own precision: ~2^-16 of a
+//            term). As mma.sync the products bound the kernel (docs/perf-log.md).
 //   store    bf16 through the staging tile, as the recurrence stores out (epilogue.cuh)
 // Segment 0 ran from the true initial state in pass 1: its o⁰ is its output.
 #pragma once
@@ -19,6 +21,7 @@
 #include "sm90/kernel/recurrence.cuh"
 #include "sm90/kernel/segment_outputs.cuh"
 #include "sm90/kernel/tile_scheduler.cuh"
+#include "sm90/kernel/wgmma.cuh"
 
 namespace flashkda::sm90 {
 
@@ -28,7 +31,7 @@ constexpr int kOutputStages = 3;
 
 template <int kDim>
 struct SegmentOutputSmem {
-  ChunkOutputs<kDim> stage[kOutputStages];
+  ChunkOutputs<kDim> stage[kOutputStages];  // 1024-byte aligned (swizzle atoms)
   alignas(16) __nv_bfloat16 out[kDim / 16][kChunk][kLdT];  // [warp][token][v]
   uint64_t full[kOutputStages];
 };
@@ -36,6 +39,11 @@ struct SegmentOutputSmem {
 template <int kDim>
 constexpr int segment_output_threads() {
   return 32 * (kDim / 16);
+}
+// The dynamic allocation is only promised 16-byte alignment: one atom of slack.
+template <int kDim>
+constexpr size_t segment_output_smem_bytes() {
+  return sizeof(SegmentOutputSmem<kDim>) + kSw128AtomBytes;
 }
 
 template <int kDim>
@@ -45,7 +53,8 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   constexpr int kKeySteps = kDim / 16;
   using Smem = SegmentOutputSmem<kDim>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
+  const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((kSw128AtomBytes - raw_addr % kSw128AtomBytes) % kSw128AtomBytes));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
   // blockIdx.x = (segment slot · HV + hv) · output_parts + part
@@ -108,18 +117,22 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
       acc[1] = {{b.x, b.y, b.z, b.w}};
     }
     if (from_state) {
+      // K-major B (resp_offset): 8-token groups kGroupBytes apart; key step kk
+      // starts (kk / 4) atoms and (kk % 4) · 32 bytes further (wgmma.cuh).
+      constexpr uint32_t kGroupBytes = ChunkOutputs<kDim>::kGroupBytes;
+      const uint64_t p_hi = sw128_descriptor(x.resp_hi, 16, kGroupBytes);
+      const uint64_t p_lo = sw128_descriptor(x.resp_lo, 16, kGroupBytes);
+      wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kKeySteps; ++kk) {
-        const uint4 h = *reinterpret_cast<const uint4*>(&x.resp[kk][lane][0]);
-        const uint4 l = *reinterpret_cast<const uint4*>(&x.resp[kk][lane][4]);
-        const FragB h0{{h.x, h.y}}, h1{{h.z, h.w}}, l0{{l.x, l.y}}, l1{{l.z, l.w}};
-        mma_bf16(acc[0], s_hi[kk], h0);
-        mma_bf16(acc[0], s_lo[kk], h0);
-        mma_bf16(acc[0], s_hi[kk], l0);
-        mma_bf16(acc[1], s_hi[kk], h1);
-        mma_bf16(acc[1], s_lo[kk], h1);
-        mma_bf16(acc[1], s_hi[kk], l1);
+        const uint32_t step = (kk / 4) * kSw128AtomBytes + (kk % 4) * 32;
+        wgmma_m64n16k16(acc, s_hi[kk], sw128_descriptor_advance(p_hi, step));
+        wgmma_m64n16k16(acc, s_lo[kk], sw128_descriptor_advance(p_hi, step));
+        wgmma_m64n16k16(acc, s_hi[kk], sw128_descriptor_advance(p_lo, step));
       }
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_accumulators(acc);
     }
     stage_out_tile(acc, s.out[warp], lane);
     __syncwarp();

@@ -8,6 +8,7 @@
 // (segment_output_kernel.cuh) forms out token-parallel, so no second chain of
 // chunk steps runs. The CPU twin: cpu::segment_outputs_f64 and cpu::superpose.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "sm90/kernel/fragments.cuh"
@@ -16,22 +17,37 @@
 
 namespace flashkda::sm90 {
 
-// One (chunk slot, value head), in mma fragment order, so that pass 1 stores and
-// the output kernel loads whole 16-byte vectors per lane:
+// One (chunk slot, value head), laid out for the output kernel's products:
+//   resp_hi, resp_lo  P as bf16 hi + lo (P enters the outputs as the state does
+//         in the step, to ~2^-16), [token][key] in the record's 128-byte-swizzled
+//         K-major layout (sw128_offset: the B operand of wgmma, as wq is), with
+//         8-token groups kDim · 16 bytes apart (resp_offset)
 //   out0  [kDim/16 row blocks][32 lanes][8]: o⁰ᵀ of 16 V rows x 16 tokens, the two
-//         fp32 C tiles (tokens 0-7, 8-15) of the warp that owns the rows
-//   resp  [kDim/16 key blocks][32 lanes][8]: P of 16 keys x 16 tokens as the bf16
-//         B fragments of the output product (k = key, n = token): n-tiles 0 and 1
-//         of the high part, then of the low part (hi + lo: P enters the outputs
-//         as the state does in the step, to ~2^-16)
+//         fp32 C tiles (tokens 0-7, 8-15) of the warp that owns the rows, which
+//         are also the wgmma accumulators the output kernel starts from
+// The bulk copy moves it whole; 1024-byte aligned in shared memory (swizzle atoms).
 template <int kDim>
-struct ChunkOutputs {
+struct alignas(kSw128AtomBytes) ChunkOutputs {
   static constexpr int kBlocks = kDim / 16;
+  static constexpr int kGroupBytes = kDim * 16;  // 8 tokens x kDim keys of bf16
+  __nv_bfloat16 resp_hi[kChunk * kDim];
+  __nv_bfloat16 resp_lo[kChunk * kDim];
   float out0[kBlocks][32][8];
-  uint32_t resp[kBlocks][32][8];
 };
 static_assert(sizeof(ChunkOutputs<kHeadDim>) == 16384 && sizeof(ChunkOutputs<64>) == 8192,
               "16 tokens x (V + K) fp32 words a chunk and head");
+static_assert(offsetof(ChunkOutputs<64>, resp_lo) % kSw128AtomBytes == 0 &&
+                  offsetof(ChunkOutputs<kHeadDim>, resp_lo) % kSw128AtomBytes == 0,
+              "P's swizzle atoms start 1024-byte aligned");
+
+// Element offset of (token, key) in resp_hi / resp_lo: sw128_offset with 8-token
+// groups of kDim keys (K = 64: one 64-key atom a group).
+template <int kDim>
+__host__ __device__ constexpr int resp_offset(int token, int key) {
+  return (token / 8) * (kDim * 8) + (key / 64) * 512 + (token % 8) * 64 + ((((key % 64) / 8) ^ (token % 8)) * 8) +
+         key % 8;
+}
+static_assert(resp_offset<kHeadDim>(13, 100) == sw128_offset(13, 100), "K = 128: the record's layout");
 
 template <int kDim>
 __device__ __forceinline__ ChunkOutputs<kDim>* chunk_outputs(const FwdParams& p, int64_t slot, int v_head) {
@@ -58,15 +74,25 @@ struct OutputFragmentCursor {
       dst[1] = make_float4(o[1].x[0], o[1].x[1], o[1].x[2], o[1].x[3]);
     } else {
       // The tile (keys x tokens) as hi + lo A fragments, transposed in registers
-      // into the B fragments of the same matrix (a_to_b).
+      // into the B fragments of the same matrix (a_to_b): lane (g, t) then holds
+      // keys 2t, 2t+1 (+8) of tokens g (+8), one 4-byte word of [token][key] each.
       FragA hi, lo;
       split_a_bf16(o[0], o[1], hi, lo);
       FragB h0, h1, l0, l1;
       a_to_b(hi, h0, h1);
       a_to_b(lo, l0, l1);
-      uint4* dst = reinterpret_cast<uint4*>(&t->resp[block][lane][0]);
-      dst[0] = make_uint4(h0.x[0], h0.x[1], h1.x[0], h1.x[1]);
-      dst[1] = make_uint4(l0.x[0], l0.x[1], l1.x[0], l1.x[1]);
+      const int g = lane >> 2, key = 16 * block + 2 * (lane & 3);
+      const int o00 = resp_offset<kDim>(g, key), o01 = resp_offset<kDim>(g, key + 8);
+      const int o10 = resp_offset<kDim>(g + 8, key), o11 = resp_offset<kDim>(g + 8, key + 8);
+      auto word = [](__nv_bfloat16* base, int off) { return reinterpret_cast<uint32_t*>(base + off); };
+      *word(t->resp_hi, o00) = h0.x[0];
+      *word(t->resp_hi, o01) = h0.x[1];
+      *word(t->resp_hi, o10) = h1.x[0];
+      *word(t->resp_hi, o11) = h1.x[1];
+      *word(t->resp_lo, o00) = l0.x[0];
+      *word(t->resp_lo, o01) = l0.x[1];
+      *word(t->resp_lo, o10) = l1.x[0];
+      *word(t->resp_lo, o11) = l1.x[1];
     }
   }
 };

@@ -65,6 +65,16 @@ __device__ __forceinline__ void wgmma_m64n32k16(FragC (&d)[4], const FragA& a, u
       : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "l"(desc_b));
 }
 
+// d[0..1] += a · B, B K-major (16 columns: two n8-tiles), one k16 step.
+__device__ __forceinline__ void wgmma_m64n16k16(FragC (&d)[2], const FragA& a, uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, 1, 1, 1, 0;\n"
+      : "+f"(d[0].x[0]), "+f"(d[0].x[1]), "+f"(d[0].x[2]), "+f"(d[0].x[3]), "+f"(d[1].x[0]), "+f"(d[1].x[1]),
+        "+f"(d[1].x[2]), "+f"(d[1].x[3])
+      : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "l"(desc_b));
+}
+
 // d[0..7] += a · B, B MN-major (64 columns, one swizzle atom: eight n8-tiles), one k16 step.
 __device__ __forceinline__ void wgmma_m64n64k16_bt(FragC (&d)[8], const FragA& a, uint64_t desc_b) {
   asm volatile(
