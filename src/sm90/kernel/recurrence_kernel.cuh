@@ -53,8 +53,9 @@ struct RecurrenceConfig {
 // chain-bound call: docs/perf-log.md). Else every thread's cp.async, then the
 // fence. K = 128 only: K = 64 reads parts of a record.
 // kSuperposed: the segment scan's pass 1 with outputs by superposition
-// (segment_outputs.cuh): every CTA's out tiles go to the workspace as o⁰ (value
-// rows) or P (key rows), in fp32 fragments, none to out.
+// (segment_outputs.cuh): every CTA's out tiles go to the workspace, none to out:
+// o⁰ (value rows) as fp32 accumulator fragments, P (key rows) as bf16 hi + lo in
+// a swizzled layout for the output kernel's wgmma.
 template <int kStateWarps, int kStages, bool kCheckpoints, int kDim, bool kBulkRecords, bool kSuperposed>
 __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThreads, 1)
     kda_recurrence_kernel(const __grid_constant__ FwdParams p) {
