@@ -30,13 +30,6 @@ struct SegmentSummary {
   int64_t K = 0, V = 0;
   std::vector<double> M, B;
 };
-// Tokens [token_begin, token_end) of the flattened [B·T] axis (within one
-// sequence), value head hv, in float64 with the oracle's steps.
-SegmentSummary segment_summary_f64(const ForwardArgs& args, int64_t token_begin, int64_t token_end, int64_t hv);
-SegmentSummary compose(const SegmentSummary& first, const SegmentSummary& second);
-// S_in·M + B for a [V, K] state.
-std::vector<double> apply(const SegmentSummary& s, const std::vector<double>& S_in);
-
 // A run's outputs are affine in its incoming state too: token t's out row is
 //   o_t = o⁰_t + S_in · P_t
 // with o⁰ the outputs from a zero state (B's run, [tokens][V]) and P_t [K] the
@@ -47,9 +40,16 @@ struct SegmentOutputs {
   int64_t K = 0, V = 0, tokens = 0;
   std::vector<double> out0, P;  // [tokens][V], [tokens][K]; scale included
 };
-SegmentOutputs segment_outputs_f64(const ForwardArgs& args, int64_t token_begin, int64_t token_end, int64_t hv);
 // o⁰_t + S_in · P_t for every token of the run: [tokens][V].
 std::vector<double> superpose(const SegmentOutputs& o, const std::vector<double>& S_in);
+// Tokens [token_begin, token_end) of the flattened [B·T] axis (within one
+// sequence), value head hv, in float64 with the oracle's steps; with `outputs`,
+// also the run's o⁰ and P (above).
+SegmentSummary segment_summary_f64(const ForwardArgs& args, int64_t token_begin, int64_t token_end, int64_t hv,
+                                   SegmentOutputs* outputs = nullptr);
+SegmentSummary compose(const SegmentSummary& first, const SegmentSummary& second);
+// S_in·M + B for a [V, K] state.
+std::vector<double> apply(const SegmentSummary& s, const std::vector<double>& S_in);
 
 // The forward on a state pool (ForwardArgs::state_pool) for the CPU backends:
 // gathers each sequence's slot into a dense initial state (zero without a slot

@@ -74,6 +74,13 @@ void update_row(double* row, int64_t K, const TokenInputs& x, double v_e) {
   for (int64_t d = 0; d < K; ++d) row[d] += coef * x.kn[d];
 }
 
+// row · q̂ (the output of a state row, before the scale).
+double row_dot_q(const double* row, int64_t K, const TokenInputs& x) {
+  double o = 0;
+  for (int64_t d = 0; d < K; ++d) o += row[d] * x.qn[d];
+  return o;
+}
+
 // One (sequence, value head): the recurrence over the tokens of `span`.
 // checkpoint0: sequence n's first checkpoint entry (used when args.checkpoints is set).
 void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv, int64_t checkpoint0,
@@ -109,8 +116,7 @@ void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n,
       // 4-5. Decay, then the delta-rule write of row e.
       update_row(row, K, x, bf16_to_float(vt[e]));
       // 6. o = scale · S q̂ with the updated state.
-      double o = 0;
-      for (int64_t d = 0; d < K; ++d) o += row[d] * x.qn[d];
+      const double o = row_dot_q(row, K, x);
       ot[e] = float_to_bf16(static_cast<float>(scale * o));
       if (out_unrounded != nullptr) out_unrounded[(t * HV + hv) * V + e] = static_cast<float>(scale * o);
     }
@@ -147,7 +153,8 @@ Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded) {
   return Status::Ok();
 }
 
-SegmentSummary segment_summary_f64(const ForwardArgs& args, int64_t token_begin, int64_t token_end, int64_t hv) {
+SegmentSummary segment_summary_f64(const ForwardArgs& args, int64_t token_begin, int64_t token_end, int64_t hv,
+                                  SegmentOutputs* outputs) {
   const int64_t K = args.head_dim_k, V = args.head_dim_v, HV = value_heads(args);
   const auto* v = static_cast<const uint16_t*>(args.v);
   SegmentSummary s;
@@ -156,50 +163,34 @@ SegmentSummary segment_summary_f64(const ForwardArgs& args, int64_t token_begin,
   s.M.assign(static_cast<size_t>(K * K), 0.0);
   s.B.assign(static_cast<size_t>(V * K), 0.0);
   for (int64_t r = 0; r < K; ++r) s.M[static_cast<size_t>(r * K + r)] = 1.0;
+  if (outputs != nullptr) {
+    outputs->K = K;
+    outputs->V = V;
+    outputs->tokens = token_end - token_begin;
+    outputs->out0.assign(static_cast<size_t>(outputs->tokens * V), 0.0);
+    outputs->P.assign(static_cast<size_t>(outputs->tokens * K), 0.0);
+  }
   // B: the recurrence from a zero state; M: the same recurrence on K rows started
   // from the identity, with v = 0 (S_in · M is then what the tokens do to S_in).
-  TokenInputs x;
-  for (int64_t t = token_begin; t < token_end; ++t) {
-    token_inputs(args, t, hv, x);
-    const uint16_t* vt = v + (t * HV + hv) * V;
-    for (int64_t e = 0; e < V; ++e) update_row(s.B.data() + e * K, K, x, bf16_to_float(vt[e]));
-    for (int64_t r = 0; r < K; ++r) update_row(s.M.data() + r * K, K, x, 0.0);
-  }
-  return s;
-}
-
-SegmentOutputs segment_outputs_f64(const ForwardArgs& args, int64_t token_begin, int64_t token_end, int64_t hv) {
-  const int64_t K = args.head_dim_k, V = args.head_dim_v, HV = value_heads(args);
-  const auto* v = static_cast<const uint16_t*>(args.v);
-  SegmentOutputs o;
-  o.K = K;
-  o.V = V;
-  o.tokens = token_end - token_begin;
-  o.out0.assign(static_cast<size_t>(o.tokens * V), 0.0);
-  o.P.assign(static_cast<size_t>(o.tokens * K), 0.0);
-  // The two runs of segment_summary_f64, each row's output taken after its update.
-  std::vector<double> B(static_cast<size_t>(V * K), 0.0), M(static_cast<size_t>(K * K), 0.0);
-  for (int64_t r = 0; r < K; ++r) M[static_cast<size_t>(r * K + r)] = 1.0;
-  auto out_of = [&](const double* row, const TokenInputs& x) {
-    double s = 0;
-    for (int64_t d = 0; d < K; ++d) s += row[d] * x.qn[d];
-    return static_cast<double>(args.scale) * s;
-  };
+  // Their rows' outputs, each taken after the row's update, are o⁰ and P.
+  const double scale = args.scale;
   TokenInputs x;
   for (int64_t t = token_begin; t < token_end; ++t) {
     token_inputs(args, t, hv, x);
     const uint16_t* vt = v + (t * HV + hv) * V;
     const int64_t i = t - token_begin;
     for (int64_t e = 0; e < V; ++e) {
-      update_row(B.data() + e * K, K, x, bf16_to_float(vt[e]));
-      o.out0[static_cast<size_t>(i * V + e)] = out_of(B.data() + e * K, x);
+      double* row = s.B.data() + e * K;
+      update_row(row, K, x, bf16_to_float(vt[e]));
+      if (outputs != nullptr) outputs->out0[static_cast<size_t>(i * V + e)] = scale * row_dot_q(row, K, x);
     }
     for (int64_t r = 0; r < K; ++r) {
-      update_row(M.data() + r * K, K, x, 0.0);
-      o.P[static_cast<size_t>(i * K + r)] = out_of(M.data() + r * K, x);
+      double* row = s.M.data() + r * K;
+      update_row(row, K, x, 0.0);
+      if (outputs != nullptr) outputs->P[static_cast<size_t>(i * K + r)] = scale * row_dot_q(row, K, x);
     }
   }
-  return o;
+  return s;
 }
 
 std::vector<double> superpose(const SegmentOutputs& o, const std::vector<double>& S_in) {

@@ -37,6 +37,8 @@ void check_splits(const HostProblem& p, uint64_t seed) {
       for (size_t r = 0; r + 1 < cuts.size(); ++r) {
         const int64_t b = cuts[r], e = cuts[r + 1];
         const std::vector<double> incoming = cpu::apply(prefix, S0);
+        cpu::SegmentOutputs outputs;
+        const cpu::SegmentSummary summary = cpu::segment_summary_f64(args, b, e, hv, &outputs);
         if (e > b) {
           // The run alone, as a one-sequence problem from the incoming state.
           HostProblem run = p;
@@ -63,10 +65,10 @@ void check_splits(const HostProblem& p, uint64_t seed) {
           EXPECT_LE(rel_rms(got, want), 1e-6) << "run [" << b << ", " << e << ") hv " << hv;
           // The same outputs by superposition: the run's outputs from a zero state
           // plus the incoming state times their response (all float64).
-          const std::vector<double> superposed = cpu::superpose(cpu::segment_outputs_f64(args, b, e, hv), incoming);
+          const std::vector<double> superposed = cpu::superpose(outputs, incoming);
           EXPECT_LE(rel_rms(superposed, want), 1e-6) << "superposed run [" << b << ", " << e << ") hv " << hv;
         }
-        prefix = cpu::compose(prefix, cpu::segment_summary_f64(args, b, e, hv));
+        prefix = cpu::compose(prefix, summary);
       }
       // The composition against one straight summary (both float64) and against the
       // oracle's final state (fp32).

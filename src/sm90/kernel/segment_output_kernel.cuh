@@ -86,22 +86,10 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   const bool from_state = t.index > 0;
   FragA s_hi[kKeySteps], s_lo[kKeySteps];
   if (from_state) {
-    const float* rows = segment_state(p, t.slot - 1, v_head)->b;
-    const int g = lane >> 2, tq = lane & 3;
+    StateRows S_in;  // dies once split
+    load_state_rows<kDim>(S_in, StateFrom::kBuffer, segment_state(p, t.slot - 1, v_head)->b, 16 * warp, lane);
 #pragma unroll
-    for (int kk = 0; kk < kKeySteps; ++kk) {
-      FragC half[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int64_t off = static_cast<int64_t>(16 * warp + g + 8 * hr) * kHeadDim + 16 * kk + 8 * h + 2 * tq;
-          const float2 x = *reinterpret_cast<const float2*>(rows + off);
-          half[h].x[2 * hr] = x.x;
-          half[h].x[2 * hr + 1] = x.y;
-        }
-      split_a_bf16(half[0], half[1], s_hi[kk], s_lo[kk]);
-    }
+    for (int kk = 0; kk < kKeySteps; ++kk) split_a_bf16(S_in.tile[2 * kk], S_in.tile[2 * kk + 1], s_hi[kk], s_lo[kk]);
   }
 
   const OutCursor<kDim> out(p, t.token_begin, v_head, 16 * warp, lane);

@@ -6,7 +6,7 @@
 // being what row r of S_in contributes. Pass 1 computes both alongside (M, B) and
 // leaves them here; once pass 2 has every S_in, the output kernel
 // (segment_output_kernel.cuh) forms out token-parallel, so no second chain of
-// chunk steps runs. The CPU twin: cpu::segment_outputs_f64 and cpu::superpose.
+// chunk steps runs. The CPU twin: cpu::segment_summary_f64 (its `outputs`) and cpu::superpose.
 #pragma once
 #include <cstddef>
 #include <cstdint>
