@@ -58,11 +58,14 @@ extern template cudaError_t launch_recurrence<4, 4, false, 64, kRecordsByCpAsync
 
 // Kernel 3, pass 2 of the segment scan (p.seg_chunks > 0): composes the segment
 // summaries of pass 1 into every segment's incoming state (the instantiation of
-// p.head_dim).
-cudaError_t launch_segment_compose(const FwdParams& p, cudaStream_t stream);
-// The compose kernel's CTAs per (sequence, value head) at K = 128 (half at 64), 4 rows of S each: a
-// step's latency is its loads of M, the same for any row count, and more CTAs
-// spread the FMAs (segment_compose_kernel.cuh).
+// p.head_dim): the staged form with staged_rows (4, 8, 16 or 32) rows of S a
+// CTA, or with 0 the register form (staged_compose_rows, sm90_forward.h).
+cudaError_t launch_segment_compose(const FwdParams& p, int device, int staged_rows, cudaStream_t stream);
+// The register form's CTAs per (sequence, value head) at K = 128 (half at 64), 4
+// rows of S each: a step's latency is its loads of M, the same for any row
+// count, and more CTAs spread the FMAs (segment_compose_kernel.cuh). The grid
+// limit of the plan (sm90_forward.cu) is the register form's: the staged one
+// runs at most one CTA an SM.
 constexpr int64_t kComposeCtasPerSeqHead = 32;
 
 // Kernel 4, the segment scan's outputs by superposition (p.superpose): out = o⁰ +

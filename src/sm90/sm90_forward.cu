@@ -23,6 +23,7 @@ std::atomic<int> g_force_stages{0};
 std::atomic<int64_t> g_force_seg_chunks{0};
 std::atomic<int> g_force_records{0};
 std::atomic<int> g_force_outputs{0};
+std::atomic<int> g_force_compose{0};
 
 Status cuda_status(cudaError_t err, const char* what) {
   return {StatusCode::kCudaError, std::string("backend kCuda: ") + what + ": " + cudaGetErrorString(err)};
@@ -404,12 +405,19 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   return plan;
 }
 
+int staged_compose_rows(int64_t chains, int64_t dim, int num_sms) {
+  for (const int rows : {4, 8, 16, 32})
+    if (chains * (dim / rows) <= num_sms) return rows;
+  return 0;
+}
+
 void set_launch_override(const LaunchOverride& forced) {
   g_force_v_split.store(forced.v_split);
   g_force_stages.store(forced.stages);
   g_force_seg_chunks.store(forced.seg_chunks);
   g_force_records.store(forced.records);
   g_force_outputs.store(forced.outputs);
+  g_force_compose.store(forced.compose);
 }
 
 LaunchPlan effective_launch_plan(const ProblemShape& given, int num_sms) {
@@ -552,6 +560,11 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     p.num_seg_slots = segment_slots_for(args, plan.seg_chunks);
     p.seg_states = reinterpret_cast<float*>(static_cast<char*>(workspace) + records_bytes(args));
     const int64_t row_parts = K / 64;  // 4-warp CTAs own 64 rows
+    auto compose = [&] {
+      const int64_t kinds = p.split_mode == kSplitSummaries ? 2 : 1;
+      const int rows = g_force_compose.load() == 1 ? 0 : staged_compose_rows(n * hv * kinds, K, num_sms);
+      return launch_segment_compose(p, dev, rows, s);
+    };
     auto run_pass = [&](RecurrencePass pass, int64_t ctas) {
       p.pass = pass;
       return launch_4warps(ctas);
@@ -568,7 +581,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       err = dim64 ? launch_recurrence<4, 4, false, 64, kRecordsByCpAsync, true>(p, ctas, dev, s)
                   : launch_recurrence<4, 4, false, 128, kRecordsByBulkCopy, true>(p, ctas, dev, s);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
-      err = launch_segment_compose(p, s);
+      err = compose();
       if (err != cudaSuccess) return cuda_status(err, "launching the segment composition kernel");
       err = launch_segment_output(p, p.num_seg_slots * hv * p.output_parts, dev, s);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment output kernel");
@@ -578,7 +591,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       err = run_pass(kPassSummaries, p.num_seg_slots * hv * 2 * row_parts);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
     }
-    err = launch_segment_compose(p, s);
+    err = compose();
     if (err != cudaSuccess) return cuda_status(err, "launching the segment composition kernel");
     if (p.split_mode == kSplitSummaries) return Status::Ok();
     err = run_pass(kPassFromStates, p.num_seg_slots * hv * row_parts);

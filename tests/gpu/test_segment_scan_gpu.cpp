@@ -258,6 +258,51 @@ TEST_F(GpuSegmentScan, GraphReplayAndRepeatAreBitwiseIdentical) {
   }
 }
 
+// The composition's two forms (segment_compose_kernel.cuh) run the same FMAs in
+// the same order: the staged form, which the plan takes for these few chains,
+// and the register form, forced, give the same bits, in a forward (both ways of
+// forming out, every state read and written) and in a summaries call.
+TEST_F(GpuSegmentScan, CompositionFormsAreBitwiseEqual) {
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (const int64_t head_dim : {128, 64}) {
+    ProblemSpec spec;
+    spec.seqlens = {700, 3, 1200};
+    spec.heads = 2;
+    spec.head_dim = head_dim;
+    spec.initial_state = DType::kFP32;
+    spec.final_state = DType::kFP32;
+    const HostProblem p = make_problem(spec, 15);
+    const std::string dim = "K=" + std::to_string(head_dim);
+    ASSERT_GT(sm90::staged_compose_rows(p.N * p.HV, head_dim, sms), 0) << dim;
+    ASSERT_GT(sm90::staged_compose_rows(2 * p.N * p.HV, head_dim, sms), 0) << dim << ", summaries";
+    auto run = [&](int compose, int outputs, SplitSummaries* sum) {
+      sm90::LaunchOverride o;
+      o.seg_chunks = 5;
+      o.outputs = outputs;
+      o.compose = compose;
+      sm90::set_launch_override(o);
+      return run_cuda(p, nullptr, 0, sum);
+    };
+    for (const int outputs : {kOutputsByChains, kOutputsBySuperposition}) {
+      const RunResult staged = run(0, outputs, nullptr), registers = run(1, outputs, nullptr);
+      ASSERT_TRUE(staged.status.ok()) << staged.status.message;
+      ASSERT_TRUE(registers.status.ok()) << registers.status.message;
+      EXPECT_EQ(staged.out_bits, registers.out_bits) << dim << " " << outputs_name(outputs);
+      EXPECT_EQ(staged.state_bytes, registers.state_bytes) << dim << " " << outputs_name(outputs);
+      expect_within_bars(p, errors_of(p, staged, ("staged composition " + outputs_name(outputs)).c_str()));
+    }
+    SplitSummaries staged_sum, registers_sum;
+    const RunResult staged = run(0, 0, &staged_sum), registers = run(1, 0, &registers_sum);
+    ASSERT_TRUE(staged.status.ok()) << staged.status.message;
+    ASSERT_TRUE(registers.status.ok()) << registers.status.message;
+    EXPECT_EQ(staged_sum.M, registers_sum.M) << dim << ", summaries";
+    EXPECT_EQ(staged_sum.B, registers_sum.B) << dim << ", summaries";
+    EXPECT_EQ(staged.out_bits, registers.out_bits) << dim << ", resumed";
+    EXPECT_EQ(staged.state_bytes, registers.state_bytes) << dim << ", resumed";
+  }
+}
+
 // M is a product of contractions from near-collinear keys: the summaries must
 // stay as accurate as one chain on the degenerate class.
 TEST_F(GpuSegmentScan, DegenerateKeysAcrossSegments) {
@@ -555,6 +600,26 @@ TEST_F(GpuSegmentScan, SplitCallsPlanAloneFromShapes) {
 // heads fill the GPU (the standard table), segments where a few long chains
 // would bound the call, never fewer than three segments per cut sequence with
 // pass 3's chains, and out by superposition where the cost model takes it.
+// The composition's staged form: the fewest rows a CTA that keep its grid to one
+// CTA an SM, else the register form.
+TEST(SegmentPlan, StagedCompositionRows) {
+#ifdef FLASHKDA_WITH_CUDA
+  constexpr int kH200Sms = 132;
+  EXPECT_EQ(sm90::staged_compose_rows(1, 128, kH200Sms), 4);    // H = 1, T = 1M: 32 CTAs
+  EXPECT_EQ(sm90::staged_compose_rows(4, 128, kH200Sms), 4);    // 128 CTAs
+  EXPECT_EQ(sm90::staged_compose_rows(5, 128, kH200Sms), 8);
+  EXPECT_EQ(sm90::staged_compose_rows(12, 128, kH200Sms), 16);  // 96 CTAs
+  EXPECT_EQ(sm90::staged_compose_rows(24, 128, kH200Sms), 32);
+  EXPECT_EQ(sm90::staged_compose_rows(33, 128, kH200Sms), 32);
+  EXPECT_EQ(sm90::staged_compose_rows(34, 128, kH200Sms), 0);
+  EXPECT_EQ(sm90::staged_compose_rows(12, 64, kH200Sms), 8);
+  EXPECT_EQ(sm90::staged_compose_rows(66, 64, kH200Sms), 32);
+  EXPECT_EQ(sm90::staged_compose_rows(67, 64, kH200Sms), 0);
+#else
+  GTEST_SKIP() << "no GPU run: this build has no CUDA kernels (FLASHKDA_ENABLE_CUDA=OFF)";
+#endif
+}
+
 TEST(SegmentPlan, HeuristicChoices) {
 #ifdef FLASHKDA_WITH_CUDA
   constexpr int kH200Sms = 132;
