@@ -28,7 +28,7 @@
 //              head) pairs the register form is bound by L2 bandwidth (32 CTAs a
 //              head each read all of M_j: 24 MB a step at 12 heads) or by its
 //              load latency (one head); the staged form takes as many rows a CTA
-//              as keep its grid to one CTA an SM (compose_rows_for, fwd_launch.h).
+//              as keep its grid to one CTA an SM (staged_compose_rows, sm90_forward.h).
 // K = kDim, the caller's head dim: with 64, pass 1 computed rows 0..63 of M and
 // B only, and their columns past 63 are zero (shared_storage.cuh), so the
 // products run over the first 64 rows and columns.
