@@ -64,8 +64,8 @@ cudaError_t launch_segment_compose(const FwdParams& p, int device, int staged_ro
 // The register form's CTAs per (sequence, value head) at K = 128 (half at 64), 4
 // rows of S each: a step's latency is its loads of M, the same for any row
 // count, and more CTAs spread the FMAs (segment_compose_kernel.cuh). The grid
-// limit of the plan (sm90_forward.cu) is the register form's: the staged one
-// runs at most one CTA an SM.
+// limit of the plan (sm90_forward.cu) is the register form's: the staged one's
+// grid is at most the SM count.
 constexpr int64_t kComposeCtasPerSeqHead = 32;
 
 // Kernel 4, the segment scan's outputs by superposition (p.superpose): out = o⁰ +

@@ -562,7 +562,9 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     const int64_t row_parts = K / 64;  // 4-warp CTAs own 64 rows
     auto compose = [&] {
       const int64_t kinds = p.split_mode == kSplitSummaries ? 2 : 1;
-      const int rows = g_force_compose.load() == 1 ? 0 : staged_compose_rows(n * hv * kinds, K, num_sms);
+      const int forced = g_force_compose.load();
+      const bool forced_rows = forced == 4 || forced == 8 || forced == 16 || forced == 32;
+      const int rows = forced == 1 ? 0 : forced_rows ? forced : staged_compose_rows(n * hv * kinds, K, num_sms);
       return launch_segment_compose(p, dev, rows, s);
     };
     auto run_pass = [&](RecurrencePass pass, int64_t ctas) {

@@ -59,8 +59,8 @@ ProblemShape problem_shape(const ForwardArgs& args);
 LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms);
 // The segment scan's composition (pass 2) for `chains` (sequence, value head,
 // kind of rows) of K = dim rows: the rows of S a CTA of its staged form, the
-// fewest of 4, 8, 16, 32 that keep the grid to one CTA an SM; 0 where none do
-// (its register form, any grid).
+// fewest of 4, 8, 16, 32 that keep the grid within the SM count; 0 where none
+// do (its register form, any grid).
 int staged_compose_rows(int64_t chains, int64_t dim, int num_sms);
 
 // For benchmarks and tests: force parts of the plan on later calls; a field of
@@ -73,7 +73,8 @@ struct LaunchOverride {
   int records = 0;         // 4-warp, 4-stage launches at K = 128: 1 records by cp.async, 2 by bulk copy
   int outputs = 0;         // segment scan: 1 pass 3 runs each segment's chain, 2 out by superposition
                            // (where superposable: no checkpoints)
-  int compose = 0;         // segment scan: 1 the composition's register form (staged_compose_rows)
+  int compose = 0;         // segment scan's composition (staged_compose_rows): 1 the register form;
+                           // 4, 8, 16 or 32 the staged form with that many rows a CTA, whatever its grid
 };
 void set_launch_override(const LaunchOverride& forced);
 // The plan forward() uses now: the heuristic's, with any override applied.

@@ -259,12 +259,14 @@ TEST_F(GpuSegmentScan, GraphReplayAndRepeatAreBitwiseIdentical) {
 }
 
 // The composition's two forms (segment_compose_kernel.cuh) run the same FMAs in
-// the same order: the staged form, which the plan takes for these few chains,
-// and the register form, forced, give the same bits, in a forward (both ways of
-// forming out, every state read and written) and in a summaries call.
+// the same order: the register form and the staged form with each of its row
+// counts (4, 8, 16, 32 a CTA, forced) give the same bits, in a forward (both ways
+// of forming out, every state read and written) and in a summaries call with its
+// resumed forward. The plan itself takes the staged form for these few chains.
 TEST_F(GpuSegmentScan, CompositionFormsAreBitwiseEqual) {
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  constexpr int kRegisterForm = 1;
   for (const int64_t head_dim : {128, 64}) {
     ProblemSpec spec;
     spec.seqlens = {700, 3, 1200};
@@ -282,24 +284,30 @@ TEST_F(GpuSegmentScan, CompositionFormsAreBitwiseEqual) {
       o.outputs = outputs;
       o.compose = compose;
       sm90::set_launch_override(o);
-      return run_cuda(p, nullptr, 0, sum);
+      const RunResult r = run_cuda(p, nullptr, 0, sum);
+      EXPECT_TRUE(r.status.ok()) << r.status.message;
+      return r;
     };
-    for (const int outputs : {kOutputsByChains, kOutputsBySuperposition}) {
-      const RunResult staged = run(0, outputs, nullptr), registers = run(1, outputs, nullptr);
-      ASSERT_TRUE(staged.status.ok()) << staged.status.message;
-      ASSERT_TRUE(registers.status.ok()) << registers.status.message;
-      EXPECT_EQ(staged.out_bits, registers.out_bits) << dim << " " << outputs_name(outputs);
-      EXPECT_EQ(staged.state_bytes, registers.state_bytes) << dim << " " << outputs_name(outputs);
-      expect_within_bars(p, errors_of(p, staged, ("staged composition " + outputs_name(outputs)).c_str()));
+    const RunResult chains = run(kRegisterForm, kOutputsByChains, nullptr);
+    const RunResult superposed = run(kRegisterForm, kOutputsBySuperposition, nullptr);
+    expect_within_bars(p, errors_of(p, chains, "register composition chains"));
+    expect_within_bars(p, errors_of(p, superposed, "register composition superposed"));
+    SplitSummaries split;
+    const RunResult resumed = run(kRegisterForm, 0, &split);
+    for (const int rows : {4, 8, 16, 32}) {
+      const std::string label = dim + ", staged form, " + std::to_string(rows) + " rows a CTA";
+      const RunResult c = run(rows, kOutputsByChains, nullptr), s = run(rows, kOutputsBySuperposition, nullptr);
+      EXPECT_EQ(c.out_bits, chains.out_bits) << label << ", chains";
+      EXPECT_EQ(c.state_bytes, chains.state_bytes) << label << ", chains";
+      EXPECT_EQ(s.out_bits, superposed.out_bits) << label << ", superposed";
+      EXPECT_EQ(s.state_bytes, superposed.state_bytes) << label << ", superposed";
+      SplitSummaries staged_split;
+      const RunResult r = run(rows, 0, &staged_split);
+      EXPECT_EQ(staged_split.M, split.M) << label << ", summaries";
+      EXPECT_EQ(staged_split.B, split.B) << label << ", summaries";
+      EXPECT_EQ(r.out_bits, resumed.out_bits) << label << ", resumed";
+      EXPECT_EQ(r.state_bytes, resumed.state_bytes) << label << ", resumed";
     }
-    SplitSummaries staged_sum, registers_sum;
-    const RunResult staged = run(0, 0, &staged_sum), registers = run(1, 0, &registers_sum);
-    ASSERT_TRUE(staged.status.ok()) << staged.status.message;
-    ASSERT_TRUE(registers.status.ok()) << registers.status.message;
-    EXPECT_EQ(staged_sum.M, registers_sum.M) << dim << ", summaries";
-    EXPECT_EQ(staged_sum.B, registers_sum.B) << dim << ", summaries";
-    EXPECT_EQ(staged.out_bits, registers.out_bits) << dim << ", resumed";
-    EXPECT_EQ(staged.state_bytes, registers.state_bytes) << dim << ", resumed";
   }
 }
 
@@ -596,12 +604,8 @@ TEST_F(GpuSegmentScan, SplitCallsPlanAloneFromShapes) {
 
 #endif  // FLASHKDA_WITH_CUDA
 
-// The heuristic (host code, no device needed): one chain per sequence where the
-// heads fill the GPU (the standard table), segments where a few long chains
-// would bound the call, never fewer than three segments per cut sequence with
-// pass 3's chains, and out by superposition where the cost model takes it.
-// The composition's staged form: the fewest rows a CTA that keep its grid to one
-// CTA an SM, else the register form.
+// The composition's staged form: the fewest rows a CTA that keep its grid within
+// the SM count, else the register form.
 TEST(SegmentPlan, StagedCompositionRows) {
 #ifdef FLASHKDA_WITH_CUDA
   constexpr int kH200Sms = 132;
@@ -620,6 +624,10 @@ TEST(SegmentPlan, StagedCompositionRows) {
 #endif
 }
 
+// The heuristic (host code, no device needed): one chain per sequence where the
+// heads fill the GPU (the standard table), segments where a few long chains
+// would bound the call, never fewer than three segments per cut sequence with
+// pass 3's chains, and out by superposition where the cost model takes it.
 TEST(SegmentPlan, HeuristicChoices) {
 #ifdef FLASHKDA_WITH_CUDA
   constexpr int kH200Sms = 132;

@@ -23,12 +23,15 @@
 //              thread issues all K loads of its column of M_j at once, one L2
 //              round trip a step. Small, many CTAs an SM: any grid.
 //   staged     (kda_segment_compose_staged_kernel, kRows = 4..32): M_j and the
-//              CTA's rows of B_j arrive in shared memory by bulk copies two
-//              steps ahead, so a step waits for no load. With few (sequence,
+//              CTA's rows of B_j arrive in shared memory by bulk copies issued
+//              two steps ahead, so a step waits on its stage's mbarrier, not on a
+//              round trip to L2. With few (sequence,
 //              head) pairs the register form is bound by L2 bandwidth (32 CTAs a
 //              head each read all of M_j: 24 MB a step at 12 heads) or by its
 //              load latency (one head); the staged form takes as many rows a CTA
-//              as keep its grid to one CTA an SM (staged_compose_rows, sm90_forward.h).
+//              as keep its grid within the SM count (staged_compose_rows,
+//              sm90_forward.h): one CTA an SM at K = 128 (137-180 KB of shared
+//              memory); K = 64's smaller stages may share an SM.
 // K = kDim, the caller's head dim: with 64, pass 1 computed rows 0..63 of M and
 // B only, and their columns past 63 are zero (shared_storage.cuh), so the
 // products run over the first 64 rows and columns.
@@ -213,17 +216,18 @@ __global__ void __launch_bounds__(kDim)
   finish_compose_chain<kDim>(p, c, col, s);
 }
 
-// The staged form's shared memory: two stages of (M_j's first kDim rows as
-// stored, 128 columns; the CTA's rows of B_j), and S_in.
-// The staged form's key loop: 512 FMAs a thread an iteration (4 rows: the whole
-// loop, as in the register form), a body of ~11 KB that the instruction cache
-// holds. Two groups at 4 rows measured 13 % slower at H = 1, T = 1M.
+// The staged form's key loop: 512 FMAs a thread an iteration at K = 128 (4 rows:
+// the whole loop, as in the register form; at K = 64 and 4 rows the whole loop
+// is 256), a body of ~11 KB that the instruction cache holds. Two groups at 4
+// rows measured 13 % slower at H = 1, T = 1M.
 template <int kRows>
 constexpr int staged_key_unroll() {
   return 128 / kRows < kHeadDim / 4 ? 128 / kRows : kHeadDim / 4;
 }
 
-// 16-byte aligned: the bulk copies' destinations and S_in's float4 reads.
+// The staged form's shared memory: two stages of (M_j's first kDim rows as
+// stored, 128 columns; the CTA's rows of B_j), and S_in. 16-byte aligned: the
+// bulk copies' destinations and S_in's float4 reads.
 template <int kDim, int kRows>
 struct alignas(16) ComposeStages {
   float m[2][kDim][kHeadDim];
