@@ -110,6 +110,19 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint64_t& 
                : "memory");
 }
 
+// The CTA's stage barriers for bulk copies: thread 0 initialises them, each to
+// complete after `arrivals` arrivals (one a bulk_copy) and their bytes, and makes
+// them visible to the async proxy; the CTA barrier then orders them before any
+// thread's first wait or copy. Every thread of the CTA calls it.
+template <int kCount>
+__device__ __forceinline__ void init_stage_barriers(uint64_t (&full)[kCount], int arrivals) {
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < kCount; ++st) cute::initialize_barrier(full[st], arrivals);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
 // One whole record (K = 128 reads all of it).
 __device__ __forceinline__ void bulk_copy_record(ChunkOperands& dst, const ChunkOperands* src, uint64_t& full) {
   bulk_copy<sizeof(ChunkOperands)>(&dst, src, full);

@@ -86,13 +86,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   const ChunkOperands* const first_record = chunk_record(p, w.first_slot, w.v_head);
   const ChunkCursor<Cfg::kVCta, Cfg::kThreads, kDim> cursor(p, first_record, w.token_begin, w.v_head, v_col0,
                                                       Smem::kLdV, tid);
-  if constexpr (kBulkRecords) {
-    if (tid == 0) {
-      for (int st = 0; st < kStages; ++st) cute::initialize_barrier(s.record_full[st], 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-  }
+  if constexpr (kBulkRecords) init_stage_barriers(s.record_full, 1);
   const OutCursor<kDim> out(p, w.token_begin, w.v_head, row, lane);
   const OutputFragmentCursor<kDim> fragments_out(p, w.first_slot, w.v_head, row, lane);
   auto chunk_rows = [&](int64_t c) {

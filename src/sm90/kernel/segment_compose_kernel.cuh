@@ -248,13 +248,7 @@ __global__ void __launch_bounds__(kDim, 1)
   const ComposeChain c = compose_chain<kDim, kRows>(p, col, s);
   if (!c.active) return;
   // Rows of M need no B_j: one copy a stage, else two (each arrives on the barrier).
-  if (col == 0) {
-    const int copies = c.key_rows ? 1 : 2;
-    cute::initialize_barrier(sm.full[0], copies);
-    cute::initialize_barrier(sm.full[1], copies);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_stage_barriers(sm.full, c.key_rows ? 1 : 2);
   auto fetch = [&](int64_t j, int stage) {
     const SegmentState* st = segment_state(p, c.first_slot + j, c.v_head);
     bulk_copy<sizeof(sm.m[0])>(&sm.m[stage][0][0], st->m, sm.full[stage]);

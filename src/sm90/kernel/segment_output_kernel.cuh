@@ -70,11 +70,7 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   const int64_t c1 = c0 + kOutputChunksPerCta < chunks ? c0 + kOutputChunksPerCta : chunks;
   const ChunkOutputs<kDim>* const first = chunk_outputs<kDim>(p, t.first_slot, v_head);
 
-  if (tid == 0) {
-    for (int st = 0; st < kOutputStages; ++st) cute::initialize_barrier(s.full[st], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_stage_barriers(s.full, 1);
   auto issue = [&](int64_t c, int stage) {
     if (tid == 0 && c < c1)
       bulk_copy<sizeof(ChunkOutputs<kDim>)>(&s.stage[stage], first + c * p.num_v_heads, s.full[stage]);
