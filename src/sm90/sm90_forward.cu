@@ -565,6 +565,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       const int forced = g_force_compose.load();
       const bool forced_rows = forced == 4 || forced == 8 || forced == 16 || forced == 32;
       const int rows = forced == 1 ? 0 : forced_rows ? forced : staged_compose_rows(n * hv * kinds, K, num_sms);
+      // Its CTAs per (sequence, head): the register form's are 4 rows each.
+      p.compose_ctas = static_cast<int32_t>(rows > 0 ? K / rows : K * kComposeCtasPerSeqHead / kHeadDim);
       return launch_segment_compose(p, dev, rows, s);
     };
     auto run_pass = [&](RecurrencePass pass, int64_t ctas) {

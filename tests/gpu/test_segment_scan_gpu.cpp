@@ -343,6 +343,53 @@ TEST_F(GpuSegmentScan, LongSingleHead) {
   }
 }
 
+// Outputs by superposition: the output kernel starts while the composition still
+// steps (programmatic dependent launch) and each of its CTAs waits only for its
+// own segment's S_in (SegmentState::composed). Many short segments make the
+// composition's chain long (127 steps here) and the output kernel's CTAs of the
+// early segments start long before the late segments' S_in exist: a CTA that
+// read its S_in early would take a B_j or a previous call's state and miss the
+// oracle by far, and a race would show as calls that differ. Both forms of the
+// composition (their CTAs publish each step differently), K = 128 and 64, and a
+// varlen batch with several heads.
+TEST_F(GpuSegmentScan, OutputsStreamBehindTheComposition) {
+  constexpr int kRegisterForm = 1, kPlannedForm = 0, kRepeats = 4;
+  for (const int64_t head_dim : {128, 64}) {
+    for (const bool varlen : {false, true}) {
+      ProblemSpec spec;
+      if (varlen) {
+        spec.seqlens = {9000, 17, 20000, 4100};
+        spec.heads = 3;
+      } else {
+        spec.seqlen = 65536;
+        spec.heads = 1;
+      }
+      spec.head_dim = head_dim;
+      spec.initial_state = DType::kFP32;
+      spec.final_state = DType::kFP32;
+      const HostProblem p = make_problem(spec, 16);
+      for (const int compose : {kRegisterForm, kPlannedForm}) {
+        sm90::LaunchOverride o;
+        o.seg_chunks = 32;
+        o.outputs = kOutputsBySuperposition;
+        o.compose = compose;
+        sm90::set_launch_override(o);
+        const std::string label = "streamed K=" + std::to_string(head_dim) + (varlen ? " varlen" : " T=65536") +
+                                  (compose == kRegisterForm ? " register" : " planned") + " composition";
+        const RunResult first = run_cuda(p);
+        ASSERT_TRUE(first.status.ok()) << first.status.message;
+        for (int i = 1; i < kRepeats; ++i) {
+          const RunResult again = run_cuda(p);
+          ASSERT_TRUE(again.status.ok()) << again.status.message;
+          EXPECT_EQ(again.out_bits, first.out_bits) << label << ", call " << i;
+          EXPECT_EQ(again.state_bytes, first.state_bytes) << label << ", call " << i;
+        }
+        expect_within_bars(p, errors_of(p, first, label.c_str()));
+      }
+    }
+  }
+}
+
 // The two calls of a context-parallel forward (ForwardArgs::summaries_M, then
 // resume_from_summaries), with one segment per sequence and with many: the
 // summaries against the CPU oracle's segment_summaries of the whole sequences

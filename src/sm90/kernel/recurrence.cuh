@@ -112,7 +112,10 @@ __device__ __forceinline__ void load_state_rows(StateRows& S, StateFrom from, co
       } else if (from == StateFrom::kIdentity) {
         x = make_float2(row == col ? 1.f : 0.f, row == col + 1 ? 1.f : 0.f);
       } else if (from == StateFrom::kBuffer) {
-        x = *reinterpret_cast<const float2*>(rows + static_cast<int64_t>(row) * kHeadDim + col);
+        // Through L2 (ld.global.cg): the output kernel reads S_in written by a
+        // grid that may still be running (SegmentState::composed), where a
+        // non-coherent or L1-cached load could see an older line.
+        x = __ldcg(reinterpret_cast<const float2*>(rows + static_cast<int64_t>(row) * kHeadDim + col));
       }
       S.tile[j].x[2 * hr] = x.x;
       S.tile[j].x[2 * hr + 1] = x.y;

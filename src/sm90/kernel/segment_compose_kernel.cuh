@@ -40,6 +40,7 @@
 
 #include "sm90/fwd_launch.h"
 #include "sm90/kernel/chunk_loader.cuh"
+#include "sm90/kernel/grid_dependency.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/state_location.cuh"
 #include "sm90/kernel/tile_scheduler.cuh"
@@ -159,14 +160,23 @@ __device__ __forceinline__ void compose_step(float (&x)[kRows], const float (*s_
 }
 
 // After step j: S_in(j + 1) over b of segment j, unless it is the final state.
+__device__ __forceinline__ bool writes_back(const ComposeChain& c, int64_t j) {
+  return c.write_back && !(c.to_final && j + 1 == c.j_end);
+}
 template <int kRows>
 __device__ __forceinline__ void write_back_step(const FwdParams& p, const ComposeChain& c, int64_t j, int col,
                                                 const float (&s)[kRows]) {
-  if (c.write_back && !(c.to_final && j + 1 == c.j_end)) {
+  if (writes_back(c, j)) {
     float* b = segment_state(p, c.first_slot + j, c.v_head)->b;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) b[(c.row0 + r) * kHeadDim + col] = s[r];
   }
+}
+// With outputs by superposition, after a CTA barrier that follows
+// write_back_step: this CTA's rows of S_in(j + 1) are written, and the output
+// kernel's CTAs of segment j + 1 may read them once every CTA has said so.
+__device__ __forceinline__ void publish_step(const FwdParams& p, const ComposeChain& c, int64_t j) {
+  if (p.superpose && writes_back(c, j) && threadIdx.x == 0) publish_composed(segment_state(p, c.first_slot + j, c.v_head));
 }
 
 // The chain's result: the final state (superposition) or the summaries call's X(G).
@@ -195,6 +205,7 @@ __global__ void __launch_bounds__(kDim)
     kda_segment_compose_kernel(const __grid_constant__ FwdParams p) {
   static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
   __shared__ __align__(16) float s_in[kComposeRows][kHeadDim];
+  allow_dependent_grids();  // the output kernel: it waits on SegmentState::composed
   const int col = threadIdx.x;
   float s[kComposeRows];
   const ComposeChain c = compose_chain<kDim, kComposeRows>(p, col, s);
@@ -212,6 +223,10 @@ __global__ void __launch_bounds__(kDim)
     for (int r = 0; r < kComposeRows; ++r) s[r] = c.key_rows ? 0.f : st->b[(c.row0 + r) * kHeadDim + col];
     compose_step<kDim, kDim / 4>(s, s_in, [&](int k) { return m[k]; });
     write_back_step(p, c, j, col, s);
+    if (p.superpose) {
+      __syncthreads();
+      publish_step(p, c, j);
+    }
   }
   finish_compose_chain<kDim>(p, c, col, s);
 }
@@ -243,6 +258,7 @@ __global__ void __launch_bounds__(kDim, 1)
   using Stages = ComposeStages<kDim, kRows>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Stages& sm = *reinterpret_cast<Stages*>(smem_raw);
+  allow_dependent_grids();  // the output kernel: it waits on SegmentState::composed
   const int col = threadIdx.x;
   float s[kRows];
   const ComposeChain c = compose_chain<kDim, kRows>(p, col, s);
@@ -273,6 +289,7 @@ __global__ void __launch_bounds__(kDim, 1)
     for (int r = 0; r < kRows; ++r) sm.s_in[r][col] = s[r];
     write_back_step(p, c, j, col, s);
     __syncthreads();
+    publish_step(p, c, j);
   }
   finish_compose_chain<kDim>(p, c, col, s);
 }
