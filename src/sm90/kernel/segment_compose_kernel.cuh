@@ -219,6 +219,76 @@ struct ComposeTiling {
   static constexpr int kKeyUnroll = 512 / (kTileRows * kTileCols) < kDim ? 512 / (kTileRows * kTileCols) : kDim;
 };
 
+// A thread's tile of the chain's start (as chain_start) at rows row.., columns
+// col..: the source and its element type chosen once, then the tile's loads
+// together. Element by element (chain_start), the 16 elements of a 4 x 4 tile
+// were 16 blocks of ~100 instructions with their own branches and loads.
+template <int kDim, int kTR, int kTC>
+__device__ __forceinline__ void load_tile_start(const FwdParams& p, const ComposeChain& c, int row, int col,
+                                                float (&x)[kTR][kTC]) {
+  if (p.split_mode == kSplitResume) {
+    const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
+    const int64_t at = l.offset + static_cast<int64_t>(row) * kDim + col;
+    if (l.in_type == kStateFP32) {
+      const float* in = static_cast<const float*>(l.in) + at;
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) x[i][q] = in[i * kDim + q];
+    } else if (l.in_type == kStateBF16) {
+      const uint16_t* in = static_cast<const uint16_t*>(l.in) + at;
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) x[i][q] = __uint_as_float(uint32_t(in[i * kDim + q]) << 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) x[i][q] = 0.f;
+    }
+    return;
+  }
+  const SegmentState* st0 = segment_state(p, c.first_slot, c.v_head);
+  const float* x0 = (p.split_mode == kSplitSummaries && c.key_rows ? st0->m : st0->b) + row * kHeadDim + col;
+#pragma unroll
+  for (int i = 0; i < kTR; ++i)
+#pragma unroll
+    for (int q = 0; q < kTC; ++q) x[i][q] = x0[i * kHeadDim + q];
+}
+
+// A thread's tile of the chain's result (as finish_element), the destination
+// and its element type chosen once.
+template <int kDim, int kTR, int kTC>
+__device__ __forceinline__ void store_tile_result(const FwdParams& p, const ComposeChain& c, int row, int col,
+                                                  const float (&x)[kTR][kTC]) {
+  if (c.to_final) {
+    const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
+    const int64_t at = l.offset + static_cast<int64_t>(row) * kDim + col;
+    if (l.out_type == kStateFP32) {
+      float* out = static_cast<float*>(l.out) + at;
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) out[i * kDim + q] = x[i][q];
+    } else if (l.out_type == kStateBF16) {
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(l.out) + at;
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) out[i * kDim + q] = __float2bfloat16_rn(x[i][q]);
+    }
+  }
+  if (p.split_mode == kSplitSummaries) {
+    float* out = (c.key_rows ? p.summaries_M : p.summaries_B) + (c.seq * p.num_v_heads + c.v_head) * kDim * kDim +
+                 row * kDim + col;
+#pragma unroll
+    for (int i = 0; i < kTR; ++i)
+#pragma unroll
+      for (int q = 0; q < kTC; ++q) out[i * kDim + q] = x[i][q];
+  }
+}
+
 // The staged form's shared memory: two stages of (M_j's first kDim rows as
 // stored, 128 columns; the CTA's rows of B_j), and S_in transposed ([key][row]:
 // a key's rows side by side for the tiles' 16-byte loads). 16-byte aligned: the
@@ -263,10 +333,7 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
     for (int i = 0; i < 2 && c.j_begin + i < c.j_end; ++i) fetch(c.j_begin + i, i);
   }
   float x[kTR][kTC];
-#pragma unroll
-  for (int i = 0; i < kTR; ++i)
-#pragma unroll
-    for (int q = 0; q < kTC; ++q) x[i][q] = chain_start<kDim>(p, c, c.row0 + r0 + i, c0 + q);
+  load_tile_start<kDim>(p, c, c.row0 + r0, c0, x);
   auto publish = [&] {  // x into S_in (transposed)
 #pragma unroll
     for (int q = 0; q < kTC; ++q)
@@ -319,10 +386,7 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < kTR; ++i)
-#pragma unroll
-    for (int q = 0; q < kTC; ++q) finish_element<kDim>(p, c, c.row0 + r0 + i, c0 + q, x[i][q]);
+  store_tile_result<kDim>(p, c, c.row0 + r0, c0, x);
 }
 
 }  // namespace flashkda::sm90
