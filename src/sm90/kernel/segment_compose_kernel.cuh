@@ -31,7 +31,10 @@
 //              load latency (one head); the staged form takes as many rows a CTA
 //              as keep its grid within the SM count (staged_compose_rows,
 //              sm90_forward.h): one CTA an SM at K = 128 (137-180 KB of shared
-//              memory); K = 64's smaller stages may share an SM.
+//              memory); K = 64's smaller stages may share an SM. From 16 rows a
+//              CTA a thread computes a 4 x 4 tile of them (ComposeTiling).
+// With outputs by superposition the output kernel runs alongside (PDL): each
+// CTA publishes every step it has written back (publish_step).
 // K = kDim, the caller's head dim: with 64, pass 1 computed rows 0..63 of M and
 // B only, and their columns past 63 are zero (shared_storage.cuh), so the
 // products run over the first 64 rows and columns.
@@ -78,10 +81,9 @@ struct ComposeChain {
 };
 
 // Grid: kDim / kRows CTAs per (sequence, value head) and per kind of rows; a
-// summaries call has two kinds (B rows, then M rows), the others one. Fills
-// s[r] with the chain's start at column col.
+// summaries call has two kinds (B rows, then M rows), the others one.
 template <int kDim, int kRows>
-__device__ __forceinline__ ComposeChain compose_chain(const FwdParams& p, int col, float (&s)[kRows]) {
+__device__ __forceinline__ ComposeChain compose_chain(const FwdParams& p) {
   constexpr int kCtasPerHead = compose_ctas_per_head<kDim, kRows>();
   const int kinds = p.split_mode == kSplitSummaries ? 2 : 1;
   const int64_t idx = blockIdx.x;
@@ -98,26 +100,13 @@ __device__ __forceinline__ ComposeChain compose_chain(const FwdParams& p, int co
   c.j_begin = 1;  // a forward: S_in(1) .. S_in(G − 1)
   c.j_end = first.count - 1;
   if (p.split_mode == kSplitSummaries) {
-    const SegmentState* st0 = segment_state(p, first.slot, c.v_head);
-    const float* x0 = c.key_rows ? st0->m : st0->b;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) s[r] = x0[(c.row0 + r) * kHeadDim + col];
     c.j_end = first.count;
   } else if (p.split_mode == kSplitResume) {
-    const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) s[r] = initial_state_at<kDim>(l, c.row0 + r, col);
     c.j_begin = 0;
   } else {
     // One segment: pass 1 wrote its final state. Two without superposition:
     // S_in(1) is segment 0's own final state.
-    if (first.count < (p.superpose ? 2 : 3)) {
-      c.active = false;
-      return c;
-    }
-    const float* b0 = segment_state(p, first.slot, c.v_head)->b;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) s[r] = b0[(c.row0 + r) * kHeadDim + col];
+    c.active = first.count >= (p.superpose ? 2 : 3);
     if (p.superpose) c.j_end = first.count;
   }
   c.write_back = p.split_mode != kSplitSummaries;
@@ -125,81 +114,46 @@ __device__ __forceinline__ ComposeChain compose_chain(const FwdParams& p, int co
   return c;
 }
 
-// One 16-byte shared-memory load. As a float4 dereference, the compiler split
-// S_in's loads into four scalar loads each from 16 rows a CTA on (4x the load
-// instructions of the FMAs' operands). Volatile: it must not move across the
-// step's barriers, nor merge with the same address in the next step.
-__device__ __forceinline__ float4 load_shared_float4(const float* p) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
-  return v;
+// The chain's start at (row, col): a summaries call's X(1) (segment 0's M or B),
+// a resumed forward's initial state, or a forward's S_in(1) (segment 0's b).
+template <int kDim>
+__device__ __forceinline__ float chain_start(const FwdParams& p, const ComposeChain& c, int row, int col) {
+  if (p.split_mode == kSplitResume)
+    return initial_state_at<kDim>(state_location<kDim>(p, static_cast<int>(c.seq), c.v_head), row, col);
+  const SegmentState* st0 = segment_state(p, c.first_slot, c.v_head);
+  const float* x0 = p.split_mode == kSplitSummaries && c.key_rows ? st0->m : st0->b;
+  return x0[row * kHeadDim + col];
 }
 
-// x (B_j at column col, or 0 for rows of M) += s_in · M_j at column col; s_in
-// [kRows][kHeadDim] in shared memory, m(k) = M_j[k][col] from registers (the
-// loop fully unrolled: kKeyUnroll = kDim / 4) or shared memory. Four keys of M
-// at a time go to registers first. kKeyUnroll: groups of four keys unrolled;
-// fully unrolled at 16 rows the step was ~43 KB of instructions, and 40 % of
-// the warps' stall samples were instruction fetches (ncu, 12/8192).
-template <int kDim, int kKeyUnroll, int kRows, class MColumn>
-__device__ __forceinline__ void compose_step(float (&x)[kRows], const float (*s_in)[kHeadDim], const MColumn& m) {
-#pragma unroll kKeyUnroll
-  for (int k = 0; k < kDim; k += 4) {
-    const float m0 = m(k), m1 = m(k + 1), m2 = m(k + 2), m3 = m(k + 3);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float4 v = load_shared_float4(&s_in[r][k]);
-      x[r] = fmaf(v.x, m0, x[r]);
-      x[r] = fmaf(v.y, m1, x[r]);
-      x[r] = fmaf(v.z, m2, x[r]);
-      x[r] = fmaf(v.w, m3, x[r]);
-    }
-  }
-}
-
-// After step j: S_in(j + 1) over b of segment j, unless it is the final state.
+// Whether step j's result goes over b of segment j (not when it is the final state).
 __device__ __forceinline__ bool writes_back(const ComposeChain& c, int64_t j) {
   return c.write_back && !(c.to_final && j + 1 == c.j_end);
 }
-template <int kRows>
-__device__ __forceinline__ void write_back_step(const FwdParams& p, const ComposeChain& c, int64_t j, int col,
-                                                const float (&s)[kRows]) {
-  if (writes_back(c, j)) {
-    float* b = segment_state(p, c.first_slot + j, c.v_head)->b;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) b[(c.row0 + r) * kHeadDim + col] = s[r];
-  }
-}
-// With outputs by superposition, after a CTA barrier that follows
-// write_back_step: this CTA's rows of S_in(j + 1) are written, and the output
-// kernel's CTAs of segment j + 1 may read them once every CTA has said so.
+// With outputs by superposition, after a CTA barrier that follows the write-back
+// of step j: this CTA's rows of S_in(j + 1) are written, and the output kernel's
+// CTAs of segment j + 1 may read them once every CTA has said so.
 __device__ __forceinline__ void publish_step(const FwdParams& p, const ComposeChain& c, int64_t j) {
   if (p.superpose && writes_back(c, j) && threadIdx.x == 0) publish_composed(segment_state(p, c.first_slot + j, c.v_head));
 }
 
-// The chain's result: the final state (superposition) or the summaries call's X(G).
-template <int kDim, int kRows>
-__device__ __forceinline__ void finish_compose_chain(const FwdParams& p, const ComposeChain& c, int col,
-                                                     const float (&s)[kRows]) {
+// The chain's result at (row, col): the final state (superposition) or the
+// summaries call's X(G).
+template <int kDim>
+__device__ __forceinline__ void finish_element(const FwdParams& p, const ComposeChain& c, int row, int col, float x) {
   if (c.to_final) {
     const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int64_t i = l.offset + static_cast<int64_t>(c.row0 + r) * kDim + col;
-      if (l.out_type == kStateFP32) static_cast<float*>(l.out)[i] = s[r];
-      else if (l.out_type == kStateBF16) static_cast<__nv_bfloat16*>(l.out)[i] = __float2bfloat16_rn(s[r]);
-    }
+    const int64_t i = l.offset + static_cast<int64_t>(row) * kDim + col;
+    if (l.out_type == kStateFP32) static_cast<float*>(l.out)[i] = x;
+    else if (l.out_type == kStateBF16) static_cast<__nv_bfloat16*>(l.out)[i] = __float2bfloat16_rn(x);
   }
   if (p.split_mode == kSplitSummaries) {
     float* out = (c.key_rows ? p.summaries_M : p.summaries_B) + (c.seq * p.num_v_heads + c.v_head) * kDim * kDim;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) out[(c.row0 + r) * kDim + col] = s[r];
+    out[row * kDim + col] = x;
   }
 }
 
-// The register form.
+// The register form: 4 rows a CTA, a thread one key column of them, its column
+// of M_j in registers, S_in broadcast from shared memory.
 template <int kDim>
 __global__ void __launch_bounds__(kDim)
     kda_segment_compose_kernel(const __grid_constant__ FwdParams p) {
@@ -207,11 +161,13 @@ __global__ void __launch_bounds__(kDim)
   __shared__ __align__(16) float s_in[kComposeRows][kHeadDim];
   allow_dependent_grids();  // the output kernel: it waits on SegmentState::composed
   const int col = threadIdx.x;
-  float s[kComposeRows];
-  const ComposeChain c = compose_chain<kDim, kComposeRows>(p, col, s);
+  const ComposeChain c = compose_chain<kDim, kComposeRows>(p);
   if (!c.active) return;
+  float s[kComposeRows];
+#pragma unroll
+  for (int r = 0; r < kComposeRows; ++r) s[r] = chain_start<kDim>(p, c, c.row0 + r, col);
   for (int64_t j = c.j_begin; j < c.j_end; ++j) {
-    const SegmentState* st = segment_state(p, c.first_slot + j, c.v_head);
+    SegmentState* st = segment_state(p, c.first_slot + j, c.v_head);
     float m[kDim];  // column col of M_j: K loads in flight together
 #pragma unroll
     for (int k = 0; k < kDim; ++k) m[k] = st->m[k * kHeadDim + col];
@@ -221,47 +177,161 @@ __global__ void __launch_bounds__(kDim)
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < kComposeRows; ++r) s[r] = c.key_rows ? 0.f : st->b[(c.row0 + r) * kHeadDim + col];
-    compose_step<kDim, kDim / 4>(s, s_in, [&](int k) { return m[k]; });
-    write_back_step(p, c, j, col, s);
+#pragma unroll
+    for (int k = 0; k < kDim; k += 4) {
+#pragma unroll
+      for (int r = 0; r < kComposeRows; ++r) {
+        const float4 x = *reinterpret_cast<const float4*>(&s_in[r][k]);
+        s[r] = fmaf(x.x, m[k], s[r]);
+        s[r] = fmaf(x.y, m[k + 1], s[r]);
+        s[r] = fmaf(x.z, m[k + 2], s[r]);
+        s[r] = fmaf(x.w, m[k + 3], s[r]);
+      }
+    }
+    if (writes_back(c, j)) {
+#pragma unroll
+      for (int r = 0; r < kComposeRows; ++r) st->b[(c.row0 + r) * kHeadDim + col] = s[r];
+    }
     if (p.superpose) {
       __syncthreads();
       publish_step(p, c, j);
     }
   }
-  finish_compose_chain<kDim>(p, c, col, s);
+#pragma unroll
+  for (int r = 0; r < kComposeRows; ++r) finish_element<kDim>(p, c, c.row0 + r, col, s[r]);
 }
 
-// The staged form's key loop: 512 FMAs a thread an iteration at K = 128 (4 rows:
-// the whole loop, as in the register form; at K = 64 and 4 rows the whole loop
-// is 256), a body of ~11 KB that the instruction cache holds. Two groups at 4
-// rows measured 13 % slower at H = 1, T = 1M.
-template <int kRows>
-constexpr int staged_key_unroll() {
-  return 128 / kRows < kHeadDim / 4 ? 128 / kRows : kHeadDim / 4;
+// One 16-byte shared-memory load. As float4 dereferences in a long unrolled
+// loop, the compiler split them into four scalar loads each (4x the load
+// instructions). Volatile: it must not move across the step's barriers, nor
+// merge with the same address in the next step.
+__device__ __forceinline__ float4 load_shared_float4(const float* p) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+  return v;
+}
+
+// The staged form's thread tiles: kTileRows x kTileCols elements of the CTA's
+// kRows x kDim a thread. A column of 4 or 8 rows (a key column a thread, as in
+// the register form) where the CTA has few rows; 4 x 4 from 16 rows on, where a
+// column a thread was bound by its shared-memory loads (one 16-byte S_in load
+// per four FMAs; a 4 x 4 tile: two per sixteen). Lanes of a warp take 32
+// consecutive columns (a column a thread) or 4 row groups x 8 column groups
+// (4 x 4 tiles), so that each load of a key's S_in rows and M_j columns is one
+// shared-memory wavefront.
+template <int kDim, int kRows>
+struct ComposeTiling {
+  static constexpr int kTileRows = kRows >= 16 ? 4 : kRows;
+  static constexpr int kTileCols = kRows >= 16 ? 4 : 1;
+  static constexpr int kRowGroups = kRows / kTileRows, kColGroups = kDim / kTileCols;
+  static constexpr int kThreads = kRowGroups * kColGroups;
+  static constexpr int kLanesR = kTileCols > 1 ? 4 : 1, kLanesC = 32 / kLanesR;
+  static_assert(kRowGroups % kLanesR == 0 && kColGroups % kLanesC == 0, "warps tile the CTA's rows and columns");
+  // The key loop: ~512 FMAs a thread an iteration, a body the instruction cache
+  // holds (fully unrolled at 16 rows a column a thread, ~43 KB of instructions
+  // put 40 % of the stall samples on instruction fetch: ncu, 12/8192).
+  static constexpr int kKeyUnroll = 512 / (kTileRows * kTileCols) < kDim ? 512 / (kTileRows * kTileCols) : kDim;
+};
+
+// A thread's tile of the chain's start (as chain_start) at rows row.., columns
+// col..: the source and its element type chosen once, then the tile's loads
+// together. Element by element (chain_start), the 16 elements of a 4 x 4 tile
+// were 16 blocks of ~100 instructions with their own branches and loads.
+template <int kDim, int kTR, int kTC>
+__device__ __forceinline__ void load_tile_start(const FwdParams& p, const ComposeChain& c, int row, int col,
+                                                float (&x)[kTR][kTC]) {
+  if (p.split_mode == kSplitResume) {
+    const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
+    const int64_t at = l.offset + static_cast<int64_t>(row) * kDim + col;
+    if (l.in_type == kStateFP32) {
+      const float* in = static_cast<const float*>(l.in) + at;
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) x[i][q] = in[i * kDim + q];
+    } else if (l.in_type == kStateBF16) {
+      const uint16_t* in = static_cast<const uint16_t*>(l.in) + at;
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) x[i][q] = __uint_as_float(uint32_t(in[i * kDim + q]) << 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) x[i][q] = 0.f;
+    }
+    return;
+  }
+  const SegmentState* st0 = segment_state(p, c.first_slot, c.v_head);
+  const float* x0 = (p.split_mode == kSplitSummaries && c.key_rows ? st0->m : st0->b) + row * kHeadDim + col;
+#pragma unroll
+  for (int i = 0; i < kTR; ++i)
+#pragma unroll
+    for (int q = 0; q < kTC; ++q) x[i][q] = x0[i * kHeadDim + q];
+}
+
+// A thread's tile of the chain's result (as finish_element), the destination
+// and its element type chosen once.
+template <int kDim, int kTR, int kTC>
+__device__ __forceinline__ void store_tile_result(const FwdParams& p, const ComposeChain& c, int row, int col,
+                                                  const float (&x)[kTR][kTC]) {
+  if (c.to_final) {
+    const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
+    const int64_t at = l.offset + static_cast<int64_t>(row) * kDim + col;
+    if (l.out_type == kStateFP32) {
+      float* out = static_cast<float*>(l.out) + at;
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) out[i * kDim + q] = x[i][q];
+    } else if (l.out_type == kStateBF16) {
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(l.out) + at;
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) out[i * kDim + q] = __float2bfloat16_rn(x[i][q]);
+    }
+  }
+  if (p.split_mode == kSplitSummaries) {
+    float* out = (c.key_rows ? p.summaries_M : p.summaries_B) + (c.seq * p.num_v_heads + c.v_head) * kDim * kDim +
+                 row * kDim + col;
+#pragma unroll
+    for (int i = 0; i < kTR; ++i)
+#pragma unroll
+      for (int q = 0; q < kTC; ++q) out[i * kDim + q] = x[i][q];
+  }
 }
 
 // The staged form's shared memory: two stages of (M_j's first kDim rows as
-// stored, 128 columns; the CTA's rows of B_j), and S_in. 16-byte aligned: the
-// bulk copies' destinations and S_in's float4 reads.
+// stored, 128 columns; the CTA's rows of B_j), and S_in transposed ([key][row]:
+// a key's rows side by side for the tiles' 16-byte loads). 16-byte aligned: the
+// bulk copies' destinations and the 16-byte loads.
 template <int kDim, int kRows>
 struct alignas(16) ComposeStages {
   float m[2][kDim][kHeadDim];
   float b[2][kRows][kHeadDim];
-  float s_in[kRows][kHeadDim];
+  float s_in_t[kDim][kRows];
   uint64_t full[2];  // the stage's copies have landed
 };
 
 template <int kDim, int kRows>
-__global__ void __launch_bounds__(kDim, 1)
+__global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
     kda_segment_compose_staged_kernel(const __grid_constant__ FwdParams p) {
   static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
+  using Tiling = ComposeTiling<kDim, kRows>;
+  constexpr int kTR = Tiling::kTileRows, kTC = Tiling::kTileCols;
   using Stages = ComposeStages<kDim, kRows>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Stages& sm = *reinterpret_cast<Stages*>(smem_raw);
   allow_dependent_grids();  // the output kernel: it waits on SegmentState::composed
-  const int col = threadIdx.x;
-  float s[kRows];
-  const ComposeChain c = compose_chain<kDim, kRows>(p, col, s);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  constexpr int kColBlocks = Tiling::kColGroups / Tiling::kLanesC;
+  const int r0 = kTR * ((warp / kColBlocks) * Tiling::kLanesR + lane / Tiling::kLanesC);  // of the CTA's rows
+  const int c0 = kTC * ((warp % kColBlocks) * Tiling::kLanesC + lane % Tiling::kLanesC);
+  const ComposeChain c = compose_chain<kDim, kRows>(p);
   if (!c.active) return;
   // Rows of M need no B_j: one copy a stage, else two (each arrives on the barrier).
   init_stage_barriers(sm.full, c.key_rows ? 1 : 2);
@@ -270,28 +340,65 @@ __global__ void __launch_bounds__(kDim, 1)
     bulk_copy<sizeof(sm.m[0])>(&sm.m[stage][0][0], st->m, sm.full[stage]);
     if (!c.key_rows) bulk_copy<sizeof(sm.b[0])>(&sm.b[stage][0][0], st->b + c.row0 * kHeadDim, sm.full[stage]);
   };
-  if (col == 0) {
+  if (tid == 0) {
     for (int i = 0; i < 2 && c.j_begin + i < c.j_end; ++i) fetch(c.j_begin + i, i);
   }
+  float x[kTR][kTC];
+  load_tile_start<kDim>(p, c, c.row0 + r0, c0, x);
+  auto publish = [&] {  // x into S_in (transposed)
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) sm.s_in[r][col] = s[r];
+    for (int q = 0; q < kTC; ++q)
+#pragma unroll
+      for (int i = 0; i < kTR; i += 4)
+        *reinterpret_cast<float4*>(&sm.s_in_t[c0 + q][r0 + i]) =
+            make_float4(x[i][q], x[i + 1][q], x[i + 2][q], x[i + 3][q]);
+  };
+  publish();
   __syncthreads();
   for (int64_t j = c.j_begin; j < c.j_end; ++j) {
-    const int64_t i = j - c.j_begin;
-    const int stage = static_cast<int>(i & 1);
-    cute::wait_barrier(sm.full[stage], static_cast<int>((i >> 1) & 1));
+    const int64_t n = j - c.j_begin;
+    const int stage = static_cast<int>(n & 1);
+    cute::wait_barrier(sm.full[stage], static_cast<int>((n >> 1) & 1));
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) s[r] = c.key_rows ? 0.f : sm.b[stage][r][col];
-    compose_step<kDim, staged_key_unroll<kRows>()>(s, sm.s_in, [&](int k) { return sm.m[stage][k][col]; });
+    for (int i = 0; i < kTR; ++i)
+#pragma unroll
+      for (int q = 0; q < kTC; ++q) x[i][q] = c.key_rows ? 0.f : sm.b[stage][r0 + i][c0 + q];
+    // Every element's FMAs in ascending key order, as in the register form.
+#pragma unroll Tiling::kKeyUnroll
+    for (int k = 0; k < kDim; ++k) {
+      float sv[kTR], mv[kTC];
+#pragma unroll
+      for (int i = 0; i < kTR; i += 4) {
+        const float4 v = load_shared_float4(&sm.s_in_t[k][r0 + i]);
+        sv[i] = v.x, sv[i + 1] = v.y, sv[i + 2] = v.z, sv[i + 3] = v.w;
+      }
+      static_assert(kTC == 4 || kTC == 1, "a key's M_j columns as one load");
+      if constexpr (kTC == 4) {
+        const float4 v = load_shared_float4(&sm.m[stage][k][c0]);
+        mv[0] = v.x, mv[1] = v.y, mv[2] = v.z, mv[3] = v.w;
+      } else {
+        mv[0] = sm.m[stage][k][c0];
+      }
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) x[i][q] = fmaf(sv[i], mv[q], x[i][q]);
+    }
     __syncthreads();  // the stage and S_in are read by every thread
-    if (col == 0 && j + 2 < c.j_end) fetch(j + 2, stage);
+    if (tid == 0 && j + 2 < c.j_end) fetch(j + 2, stage);
+    publish();
+    if (writes_back(c, j)) {
+      float* b = segment_state(p, c.first_slot + j, c.v_head)->b + (c.row0 + r0) * kHeadDim + c0;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) sm.s_in[r][col] = s[r];
-    write_back_step(p, c, j, col, s);
+      for (int i = 0; i < kTR; ++i) {
+        if constexpr (kTC == 4) *reinterpret_cast<float4*>(b + i * kHeadDim) = make_float4(x[i][0], x[i][1], x[i][2], x[i][3]);
+        else b[i * kHeadDim] = x[i][0];
+      }
+    }
     __syncthreads();
     publish_step(p, c, j);
   }
-  finish_compose_chain<kDim>(p, c, col, s);
+  store_tile_result<kDim>(p, c, c.row0 + r0, c0, x);
 }
 
 }  // namespace flashkda::sm90
