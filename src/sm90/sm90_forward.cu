@@ -316,7 +316,8 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // shared-memory layout (swizzled where it would otherwise need padding):
   // unpacking a dense record cost the recurrence kernel more instructions than
   // the bytes saved (docs/perf-log.md). When the plan splits sequences, 128 KB
-  // of fp32 segment states per (segment slot, value head) follow, and, with
+  // of fp32 segment states (and a 128-byte line for SegmentState::composed) per
+  // (segment slot, value head) follow, and, with
   // outputs by superposition, 16 KB of o⁰ and P per (chunk slot, value head);
   // else, in a varlen batch, the sequences' order (4 bytes a sequence).
   LaunchPlan plan;

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
       __syncthreads();
     }
     StateRows S_in;  // dies once split
-    load_state_rows<kDim>(S_in, StateFrom::kBuffer, segment_state(p, t.slot - 1, v_head)->b, 16 * warp, lane);
+    load_state_rows<kDim, /*kThroughL2=*/true>(S_in, StateFrom::kBuffer, segment_state(p, t.slot - 1, v_head)->b, 16 * warp, lane);
 #pragma unroll
     for (int kk = 0; kk < kKeySteps; ++kk) split_a_bf16(S_in.tile[2 * kk], S_in.tile[2 * kk + 1], s_hi[kk], s_lo[kk]);
   }

@@ -292,7 +292,9 @@ struct RecurrenceWork {
 // the last too), kSplitResume runs segment 0 in pass 3 from its initial state.
 // kDim: the caller's head dim; rows past it (padding, shared_storage.cuh) are
 // never computed.
-template <int kRows, int kDim>
+// kSuperposed: the instantiation of pass 1 with outputs by superposition, the
+// only one that zeroes SegmentState::composed (clears_composed; -1 elsewhere).
+template <int kRows, int kDim, bool kSuperposed = false>
 __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p) {
   RecurrenceWork w{};
   w.clears_composed = -1;
@@ -317,7 +319,7 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
   const int64_t sh = idx / parts;
   w.v_head = static_cast<int>(sh % p.num_v_heads);
   const SegmentTile t = locate_segment(p, sh / p.num_v_heads);
-  w.clears_composed = p.pass == kPassSummaries && p.superpose != 0 && part == 0 && t.valid ? t.slot : -1;
+  if (kSuperposed && p.pass == kPassSummaries && part == 0 && t.valid) w.clears_composed = t.slot;
   w.seq = t.seq;
   w.value_rows = part < kValueParts;
   w.row0 = (part % kValueParts) * kRows;
