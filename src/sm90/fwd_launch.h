@@ -70,10 +70,7 @@ constexpr int64_t kComposeCtasPerSeqHead = 32;
 
 // Kernel 4, the segment scan's outputs by superposition (p.superpose): out = o⁰ +
 // S_in·P, token-parallel, p.output_parts CTAs per (segment slot, value head),
-// kOutputChunksPerCta chunks each (segment_output_kernel.cuh). Launched with
-// programmatic dependent launch right after the composition, which it overlaps.
-// Its CTAs are in segment order, so the first ones scheduled need the first
-// segments' S_in, which the composition writes first.
+// kOutputChunksPerCta chunks each (segment_output_kernel.cuh).
 cudaError_t launch_segment_output(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream);
 // Enough chunks a CTA that loading and splitting its S_in (64 KB from L2) is a
 // small part of its traffic (8 x 16 KB of o⁰ and P), few enough that a segment
@@ -95,12 +92,9 @@ struct SmemLimitSet {
 // (default: smem_bytes; a kernel launched with several sizes passes its largest)
 // first if not yet done. Returns the launch's error, else any error pending on
 // this thread (cleared), as `kernel<<<...>>>(p); return cudaGetLastError();` does.
-// programmatic: with programmatic dependent launch (grid_dependency.cuh), so the
-// grid may start while the one before it in the stream still runs.
 template <class Params>
 cudaError_t launch_with_smem(const void* kernel, SmemLimitSet& limit, int device, dim3 grid, dim3 block,
-                             size_t smem_bytes, cudaStream_t stream, const Params& p, size_t limit_bytes = 0,
-                             bool programmatic = false) {
+                             size_t smem_bytes, cudaStream_t stream, const Params& p, size_t limit_bytes = 0) {
   if (limit_bytes < smem_bytes) limit_bytes = smem_bytes;
   const uint64_t bit = device >= 0 && device < kMaxCachedDevices ? uint64_t{1} << device : 0;
   const bool was_set = bit != 0 && (limit.devices.load(std::memory_order_acquire) & bit) != 0;
@@ -115,21 +109,7 @@ cudaError_t launch_with_smem(const void* kernel, SmemLimitSet& limit, int device
     if (e != cudaSuccess) return e;
   }
   void* args[] = {const_cast<Params*>(&p)};
-  auto launch = [&] {
-    if (!programmatic) return cudaLaunchKernel(kernel, grid, block, args, smem_bytes, stream);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem_bytes;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelExC(&cfg, kernel, args);
-  };
-  cudaError_t err = launch();
+  cudaError_t err = cudaLaunchKernel(kernel, grid, block, args, smem_bytes, stream);
   if (err != cudaSuccess && was_set) {
     // A failed launch queued nothing, so it may be retried. The cached bit can be
     // stale: cudaDeviceReset() destroys the context, and with it the attribute.
@@ -137,7 +117,7 @@ cudaError_t launch_with_smem(const void* kernel, SmemLimitSet& limit, int device
     cudaGetLastError();
     limit.devices.fetch_and(~bit, std::memory_order_release);
     err = raise_limit();
-    if (err == cudaSuccess) err = launch();
+    if (err == cudaSuccess) err = cudaLaunchKernel(kernel, grid, block, args, smem_bytes, stream);
   }
   const cudaError_t pending = cudaGetLastError();
   return err != cudaSuccess ? err : pending;

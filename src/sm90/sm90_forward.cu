@@ -316,8 +316,7 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // shared-memory layout (swizzled where it would otherwise need padding):
   // unpacking a dense record cost the recurrence kernel more instructions than
   // the bytes saved (docs/perf-log.md). When the plan splits sequences, 128 KB
-  // of fp32 segment states (and a 128-byte line for SegmentState::composed) per
-  // (segment slot, value head) follow, and, with
+  // of fp32 segment states per (segment slot, value head) follow, and, with
   // outputs by superposition, 16 KB of o⁰ and P per (chunk slot, value head);
   // else, in a varlen batch, the sequences' order (4 bytes a sequence).
   LaunchPlan plan;
@@ -566,8 +565,6 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       const int forced = g_force_compose.load();
       const bool forced_rows = forced == 4 || forced == 8 || forced == 16 || forced == 32;
       const int rows = forced == 1 ? 0 : forced_rows ? forced : staged_compose_rows(n * hv * kinds, K, num_sms);
-      // Its CTAs per (sequence, head): the register form's are 4 rows each.
-      p.compose_ctas = static_cast<int32_t>(rows > 0 ? K / rows : K * kComposeCtasPerSeqHead / kHeadDim);
       return launch_segment_compose(p, dev, rows, s);
     };
     auto run_pass = [&](RecurrencePass pass, int64_t ctas) {

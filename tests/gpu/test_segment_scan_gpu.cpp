@@ -343,16 +343,12 @@ TEST_F(GpuSegmentScan, LongSingleHead) {
   }
 }
 
-// Outputs by superposition: the output kernel starts while the composition still
-// steps (programmatic dependent launch) and each of its CTAs waits only for its
-// own segment's S_in (SegmentState::composed). Many short segments make the
-// composition's chain long (127 steps here) and the output kernel's CTAs of the
-// early segments start long before the late segments' S_in exist: a CTA that
-// read its S_in early would take a B_j or a previous call's state and miss the
-// oracle by far, and a race would show as calls that differ. Both forms of the
-// composition (their CTAs publish each step differently), K = 128 and 64, and a
-// varlen batch with several heads.
-TEST_F(GpuSegmentScan, OutputsStreamBehindTheComposition) {
+// Outputs by superposition over many short segments (128 at T = 65536): the
+// composition runs 127 steps and the output kernel forms each segment's out
+// from the S_in it left; both forms of the composition, K = 128 and 64, and a
+// varlen batch with several heads. Repeated calls give the same bits, and the
+// result meets the oracle's bars.
+TEST_F(GpuSegmentScan, SuperposedOutputsOfManySegments) {
   constexpr int kRegisterForm = 1, kPlannedForm = 0, kRepeats = 4;
   for (const int64_t head_dim : {128, 64}) {
     for (const bool varlen : {false, true}) {
@@ -374,7 +370,7 @@ TEST_F(GpuSegmentScan, OutputsStreamBehindTheComposition) {
         o.outputs = kOutputsBySuperposition;
         o.compose = compose;
         sm90::set_launch_override(o);
-        const std::string label = "streamed K=" + std::to_string(head_dim) + (varlen ? " varlen" : " T=65536") +
+        const std::string label = "many segments K=" + std::to_string(head_dim) + (varlen ? " varlen" : " T=65536") +
                                   (compose == kRegisterForm ? " register" : " planned") + " composition";
         const RunResult first = run_cuda(p);
         ASSERT_TRUE(first.status.ok()) << first.status.message;

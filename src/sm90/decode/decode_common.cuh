@@ -16,7 +16,6 @@
 #include <cstdint>
 
 #include "sm90/device_fault_record.cuh"
-#include "sm90/kernel/grid_dependency.cuh"
 
 namespace flashkda::sm90 {
 
@@ -91,8 +90,9 @@ __device__ __forceinline__ float bf16_at(const uint16_t* p, int64_t i) { return 
 // if it was launched with the attribute, be scheduled now; it still waits for
 // this grid's completion before reading, so signalling early is always safe.
 // It is signalled right after the wait, so at most two decode grids are resident
-// at a time and the next one's launch overlaps this one's work. The two calls:
-// sm90/kernel/grid_dependency.cuh.
+// at a time and the next one's launch overlaps this one's work.
+__device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void allow_dependent_grids() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 // Which (sequence n, value head hv, slice of rows) work item this CTA is
 // (item = blockIdx.x: one CTA per item), with hv's query/key head h. Index arithmetic

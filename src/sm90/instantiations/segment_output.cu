@@ -11,7 +11,7 @@ cudaError_t launch_output(const FwdParams& p, int64_t num_ctas, int device, cuda
   static SmemLimitSet limit;
   return launch_with_smem(reinterpret_cast<const void*>(&kda_segment_output_kernel<kDim>), limit, device,
                           dim3(static_cast<unsigned>(num_ctas)), dim3(segment_output_threads<kDim>()),
-                          segment_output_smem_bytes<kDim>(), stream, p, 0, /*programmatic=*/true);
+                          segment_output_smem_bytes<kDim>(), stream, p);
 }
 }  // namespace
 

@@ -112,9 +112,6 @@ struct FwdParams {
   int32_t superpose;
   int32_t output_parts;
   void* chunk_outputs;
-  // The composition's CTAs per (sequence, value head): the count that a
-  // segment's SegmentState::composed reaches once S_in of the next is written.
-  int32_t compose_ctas;
 };
 
 }  // namespace flashkda::sm90

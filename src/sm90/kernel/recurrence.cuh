@@ -96,12 +96,8 @@ __device__ __forceinline__ void store_state(const StateRows& S, const StateLocat
 
 // The segment scan's starting rows (tile_scheduler.cuh, StateFrom): zero, the
 // identity's rows row0.. (for M), or fp32 rows of a workspace state (its first
-// kDim columns; the others are zero). kThroughL2: the rows' loads as
-// ld.global.cg, for the output kernel, which reads S_in written by a grid that
-// may still be running (SegmentState::composed): an L1-cached or non-coherent
-// load could see an older line. (The recurrence's passes read states written
-// by grids that have completed; there the plain loads keep their addressing.)
-template <int kDim, bool kThroughL2 = false>
+// kDim columns; the others are zero).
+template <int kDim>
 __device__ __forceinline__ void load_state_rows(StateRows& S, StateFrom from, const float* rows, int row0,
                                                 int lane) {
   const int g = lane >> 2, t = lane & 3;
@@ -116,8 +112,7 @@ __device__ __forceinline__ void load_state_rows(StateRows& S, StateFrom from, co
       } else if (from == StateFrom::kIdentity) {
         x = make_float2(row == col ? 1.f : 0.f, row == col + 1 ? 1.f : 0.f);
       } else if (from == StateFrom::kBuffer) {
-        const float2* at = reinterpret_cast<const float2*>(rows + static_cast<int64_t>(row) * kHeadDim + col);
-        x = kThroughL2 ? __ldcg(at) : *at;
+        x = *reinterpret_cast<const float2*>(rows + static_cast<int64_t>(row) * kHeadDim + col);
       }
       S.tile[j].x[2 * hr] = x.x;
       S.tile[j].x[2 * hr + 1] = x.y;

@@ -76,10 +76,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   __syncthreads();
 #endif
 
-  const RecurrenceWork w = get_recurrence_work<Cfg::kVCta, kDim, kSuperposed>(p);
-  // The composition counts up from zero in every call (SegmentState::composed);
-  // this kernel completes before it starts.
-  if (tid == 0 && w.clears_composed >= 0) segment_state(p, w.clears_composed, w.v_head)->composed = 0;
+  const RecurrenceWork w = get_recurrence_work<Cfg::kVCta, kDim>(p);
   if (!w.active) return;
   const int64_t num_chunks = (w.length + kChunk - 1) / kChunk;
   const int row = w.row0 + 16 * warp;  // the warp's first row of the state

@@ -33,8 +33,6 @@
 //              sm90_forward.h): one CTA an SM at K = 128 (137-180 KB of shared
 //              memory); K = 64's smaller stages may share an SM. From 16 rows a
 //              CTA a thread computes a 4 x 4 tile of them (ComposeTiling).
-// With outputs by superposition the output kernel runs alongside (PDL): each
-// CTA publishes every step it has written back (publish_step).
 // K = kDim, the caller's head dim: with 64, pass 1 computed rows 0..63 of M and
 // B only, and their columns past 63 are zero (shared_storage.cuh), so the
 // products run over the first 64 rows and columns.
@@ -43,7 +41,6 @@
 
 #include "sm90/fwd_launch.h"
 #include "sm90/kernel/chunk_loader.cuh"
-#include "sm90/kernel/grid_dependency.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/state_location.cuh"
 #include "sm90/kernel/tile_scheduler.cuh"
@@ -129,12 +126,6 @@ __device__ __forceinline__ float chain_start(const FwdParams& p, const ComposeCh
 __device__ __forceinline__ bool writes_back(const ComposeChain& c, int64_t j) {
   return c.write_back && !(c.to_final && j + 1 == c.j_end);
 }
-// With outputs by superposition, after a CTA barrier that follows the write-back
-// of step j: this CTA's rows of S_in(j + 1) are written, and the output kernel's
-// CTAs of segment j + 1 may read them once every CTA has said so.
-__device__ __forceinline__ void publish_step(const FwdParams& p, const ComposeChain& c, int64_t j) {
-  if (p.superpose && writes_back(c, j) && threadIdx.x == 0) publish_composed(segment_state(p, c.first_slot + j, c.v_head));
-}
 
 // The chain's result at (row, col): the final state (superposition) or the
 // summaries call's X(G).
@@ -159,7 +150,6 @@ __global__ void __launch_bounds__(kDim)
     kda_segment_compose_kernel(const __grid_constant__ FwdParams p) {
   static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
   __shared__ __align__(16) float s_in[kComposeRows][kHeadDim];
-  allow_dependent_grids();  // the output kernel: it waits on SegmentState::composed
   const int col = threadIdx.x;
   const ComposeChain c = compose_chain<kDim, kComposeRows>(p);
   if (!c.active) return;
@@ -191,10 +181,6 @@ __global__ void __launch_bounds__(kDim)
     if (writes_back(c, j)) {
 #pragma unroll
       for (int r = 0; r < kComposeRows; ++r) st->b[(c.row0 + r) * kHeadDim + col] = s[r];
-    }
-    if (p.superpose) {
-      __syncthreads();
-      publish_step(p, c, j);
     }
   }
 #pragma unroll
@@ -326,7 +312,6 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
   using Stages = ComposeStages<kDim, kRows>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Stages& sm = *reinterpret_cast<Stages*>(smem_raw);
-  allow_dependent_grids();  // the output kernel: it waits on SegmentState::composed
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   constexpr int kColBlocks = Tiling::kColGroups / Tiling::kLanesC;
   const int r0 = kTR * ((warp / kColBlocks) * Tiling::kLanesR + lane / Tiling::kLanesC);  // of the CTA's rows
@@ -345,7 +330,7 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
   }
   float x[kTR][kTC];
   load_tile_start<kDim>(p, c, c.row0 + r0, c0, x);
-  auto publish = [&] {  // x into S_in (transposed)
+  auto share_tile = [&] {  // x into S_in (transposed)
 #pragma unroll
     for (int q = 0; q < kTC; ++q)
 #pragma unroll
@@ -353,7 +338,7 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
         *reinterpret_cast<float4*>(&sm.s_in_t[c0 + q][r0 + i]) =
             make_float4(x[i][q], x[i + 1][q], x[i + 2][q], x[i + 3][q]);
   };
-  publish();
+  share_tile();
   __syncthreads();
   for (int64_t j = c.j_begin; j < c.j_end; ++j) {
     const int64_t n = j - c.j_begin;
@@ -386,7 +371,7 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
     }
     __syncthreads();  // the stage and S_in are read by every thread
     if (tid == 0 && j + 2 < c.j_end) fetch(j + 2, stage);
-    publish();
+    share_tile();
     if (writes_back(c, j)) {
       float* b = segment_state(p, c.first_slot + j, c.v_head)->b + (c.row0 + r0) * kHeadDim + c0;
 #pragma unroll
@@ -396,7 +381,6 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
       }
     }
     __syncthreads();
-    publish_step(p, c, j);
   }
   store_tile_result<kDim>(p, c, c.row0 + r0, c0, x);
 }

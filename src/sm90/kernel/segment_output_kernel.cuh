@@ -3,12 +3,8 @@
 // for every token of every segment, token-parallel: the chain of chunk steps ran
 // once, in pass 1. One CTA takes kOutputChunksPerCta chunks of one (segment, value
 // head); warp w owns V rows 16w..16w+15 (kDim / 16 warps):
-//   S_in     rows 16w.. of the segment's incoming state (pass 2 leaves it in the
-//            previous segment's b, fp32), split once into bf16 hi + lo A fragments.
-//            The kernel is launched while pass 2 still runs (PDL): a CTA waits
-//            for its S_in alone (SegmentState::composed), so segments whose S_in
-//            is composed form their outputs while pass 2 steps on to the next
-//            ones, and pass 2's chain is hidden behind this kernel's traffic
+//   S_in     rows 16w.. of the segment's incoming state (pass 2 left it in the
+//            previous segment's b, fp32), split once into bf16 hi + lo A fragments
 //   load     each chunk's ChunkOutputs (o⁰ in accumulator order, P swizzled for
 //            wgmma) by one bulk copy, kOutputStages chunks in flight
 //   product  each warpgroup's accumulators (64 V rows x 16 tokens) start as o⁰ᵀ;
@@ -21,7 +17,6 @@
 #include "sm90/kernel/chunk_loader.cuh"
 #include "sm90/kernel/epilogue.cuh"
 #include "sm90/kernel/fragments.cuh"
-#include "sm90/kernel/grid_dependency.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/recurrence.cuh"
 #include "sm90/kernel/segment_outputs.cuh"
@@ -61,10 +56,6 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((kSw128AtomBytes - raw_addr % kSw128AtomBytes) % kSw128AtomBytes));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  // Launched while the composition still runs (PDL): the grid's last CTA waits
-  // for it to complete, so that this grid's completion is the composition's too
-  // (it writes the final states after the last S_in).
-  if (blockIdx.x == gridDim.x - 1) wait_for_prior_grids();
 
   // blockIdx.x = (segment slot · HV + hv) · output_parts + part
   const int64_t idx = blockIdx.x;
@@ -91,14 +82,8 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   const bool from_state = t.index > 0;
   FragA s_hi[kKeySteps], s_lo[kKeySteps];
   if (from_state) {
-    // S_in(1) is segment 0's final state from pass 1; S_in(j), j >= 2, comes from
-    // the composition's step j - 1, which may still be running.
-    if (t.index >= 2) {
-      if (tid == 0) wait_composed(segment_state(p, t.slot - 1, v_head), static_cast<uint32_t>(p.compose_ctas));
-      __syncthreads();
-    }
     StateRows S_in;  // dies once split
-    load_state_rows<kDim, /*kThroughL2=*/true>(S_in, StateFrom::kBuffer, segment_state(p, t.slot - 1, v_head)->b, 16 * warp, lane);
+    load_state_rows<kDim>(S_in, StateFrom::kBuffer, segment_state(p, t.slot - 1, v_head)->b, 16 * warp, lane);
 #pragma unroll
     for (int kk = 0; kk < kKeySteps; ++kk) split_a_bf16(S_in.tile[2 * kk], S_in.tile[2 * kk + 1], s_hi[kk], s_lo[kk]);
   }

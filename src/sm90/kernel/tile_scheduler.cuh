@@ -213,44 +213,12 @@ __device__ __forceinline__ SegmentTile locate_segment(const FwdParams& p, int64_
 //      for real; of a summaries call: B_0); pass 2 of a forward or a resume
 //      overwrites it with S_in(j + 1); pass 3 of segment j + 1 starts from it
 //   m  pass 1: M_j
-//   composed  outputs by superposition: how many of the composition's CTAs of
-//      this (sequence, head) have written their rows of S_in(j + 1) over b. Pass
-//      1 zeroes it; the output kernel's CTAs of segment j + 1 start once it
-//      reaches p.compose_ctas, so they run while the composition is still
-//      stepping (segment_output_kernel.cuh). On a 128-byte line of its own: the
-//      next state's b, which those CTAs read right after it, must not share an
-//      L1 line with it.
-constexpr int kComposedFlagBytes = 128;
 struct SegmentState {
   float b[kHeadDim * kHeadDim];
   float m[kHeadDim * kHeadDim];
-  alignas(16) uint32_t composed;
-  uint32_t line_padding[kComposedFlagBytes / 4 - 1];
 };
-static_assert(sizeof(SegmentState) == 2 * kHeadDim * kHeadDim * 4 + kComposedFlagBytes &&
-                  offsetof(SegmentState, composed) % kComposedFlagBytes == 0,
-              "the flag alone on its line, b and m of every state 128-byte aligned");
 __device__ __forceinline__ SegmentState* segment_state(const FwdParams& p, int64_t slot, int v_head) {
   return reinterpret_cast<SegmentState*>(p.seg_states) + slot * p.num_v_heads + v_head;
-}
-
-// SegmentState::composed, counted up by the composition and awaited by the
-// output kernel. A composition CTA's thread 0 publishes (a release at GPU
-// scope) after a CTA barrier that follows all its threads' stores of their
-// rows, which the release then covers; the output kernel's thread 0 waits (an
-// acquire), a CTA barrier follows, and only then do its threads read S_in
-// (through L2: load_state_rows).
-constexpr unsigned kComposedPollNs = 128;  // a composition step takes 1-3 µs
-__device__ __forceinline__ void publish_composed(SegmentState* st) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(&st->composed) : "memory");
-}
-__device__ __forceinline__ void wait_composed(const SegmentState* st, uint32_t ctas) {
-  for (;;) {
-    uint32_t n;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(n) : "l"(&st->composed) : "memory");
-    if (n >= ctas) return;
-    __nanosleep(kComposedPollNs);
-  }
 }
 
 // Where a recurrence CTA's rows of the state start, and where they end up.
@@ -272,7 +240,6 @@ struct RecurrenceWork {
   StateTo to;
   const float* in_rows;  // kBuffer: the [128][128] fp32 state read
   float* out_rows;       // kBuffer: the [128][128] fp32 state written
-  int64_t clears_composed;  // the segment slot whose `composed` count this CTA zeroes, or -1
 };
 
 // blockIdx.x = (slot · HV + hv) · parts + part; parts = the pass's state rows / kRows.
@@ -292,12 +259,9 @@ struct RecurrenceWork {
 // the last too), kSplitResume runs segment 0 in pass 3 from its initial state.
 // kDim: the caller's head dim; rows past it (padding, shared_storage.cuh) are
 // never computed.
-// kSuperposed: the instantiation of pass 1 with outputs by superposition, the
-// only one that zeroes SegmentState::composed (clears_composed; -1 elsewhere).
-template <int kRows, int kDim, bool kSuperposed = false>
+template <int kRows, int kDim>
 __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p) {
   RecurrenceWork w{};
-  w.clears_composed = -1;
   if (p.pass == kPassWhole) {
     const SequenceTile t = get_sequence_tile(p);
     w.active = w.value_rows = w.write_out = w.true_state = true;
@@ -319,7 +283,6 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
   const int64_t sh = idx / parts;
   w.v_head = static_cast<int>(sh % p.num_v_heads);
   const SegmentTile t = locate_segment(p, sh / p.num_v_heads);
-  if (kSuperposed && p.pass == kPassSummaries && part == 0 && t.valid) w.clears_composed = t.slot;
   w.seq = t.seq;
   w.value_rows = part < kValueParts;
   w.row0 = (part % kValueParts) * kRows;
