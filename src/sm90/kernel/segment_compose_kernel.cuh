@@ -14,9 +14,10 @@
 //   X(j + 1) = (X_M(j) · M_j,  X_B(j) · M_j + B_j)            j = 1 .. G − 1
 // and X(G) into summaries_M / summaries_B.
 // Rows are independent, so a CTA owns kRows rows of one (sequence, head) and a
-// thread one key column of them, against S_in broadcast from shared memory, in
-// fp32 FMAs in a fixed order: M is a product of contractions and needs fp32,
-// and the result is the same bits on every run (and in both forms below).
+// thread one key column of them (or a 4 x 4 tile: ComposeTiling), against S_in
+// from shared memory, in fp32 FMAs in a fixed order: M is a product of
+// contractions and needs fp32, and the result is the same bits on every run (and
+// in both forms below).
 // The chain of segments is sequential, so a step's latency is what counts. Two
 // forms of a step:
 //   registers  (kda_segment_compose_kernel, kComposeRows = 4 rows a CTA): a
