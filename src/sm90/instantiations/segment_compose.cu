@@ -13,8 +13,7 @@ cudaError_t launch_staged(const FwdParams& p, int64_t chains, int device, cudaSt
   const int64_t ctas = chains * compose_ctas_per_head<kDim, kRows>();
   return launch_with_smem(reinterpret_cast<const void*>(&kda_segment_compose_staged_kernel<kDim, kRows>), limit,
                           device, dim3(static_cast<unsigned>(ctas)), dim3(ComposeTiling<kDim, kRows>::kThreads),
-                          sizeof(ComposeStages<kDim, kRows>),
-                          stream, p);
+                          sizeof(ComposeStages<kDim, kRows>), stream, p);
 }
 
 template <int kDim>

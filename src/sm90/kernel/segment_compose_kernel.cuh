@@ -57,15 +57,6 @@ constexpr int compose_ctas_per_head() {
 }
 static_assert(compose_ctas_per_head<kHeadDim>() == kComposeCtasPerSeqHead, "the CTAs of a head cover its rows");
 
-// Element (row, col) of an initial state of kDim keys a row, as fp32 (0 without one).
-template <int kDim>
-__device__ __forceinline__ float initial_state_at(const StateLocation& l, int row, int col) {
-  const int64_t i = l.offset + static_cast<int64_t>(row) * kDim + col;
-  if (l.in_type == kStateFP32) return static_cast<const float*>(l.in)[i];
-  if (l.in_type == kStateBF16) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(l.in)[i]) << 16);
-  return 0.f;
-}
-
 // One CTA's chain: rows row0 .. row0 + kRows − 1 of one (sequence, value head),
 // of B (or S) or, in a summaries call, of M; the segments j_begin .. j_end − 1
 // it composes.
@@ -112,35 +103,80 @@ __device__ __forceinline__ ComposeChain compose_chain(const FwdParams& p) {
   return c;
 }
 
-// The chain's start at (row, col): a summaries call's X(1) (segment 0's M or B),
-// a resumed forward's initial state, or a forward's S_in(1) (segment 0's b).
-template <int kDim>
-__device__ __forceinline__ float chain_start(const FwdParams& p, const ComposeChain& c, int row, int col) {
-  if (p.split_mode == kSplitResume)
-    return initial_state_at<kDim>(state_location<kDim>(p, static_cast<int>(c.seq), c.v_head), row, col);
-  const SegmentState* st0 = segment_state(p, c.first_slot, c.v_head);
-  const float* x0 = p.split_mode == kSplitSummaries && c.key_rows ? st0->m : st0->b;
-  return x0[row * kHeadDim + col];
-}
-
 // Whether step j's result goes over b of segment j (not when it is the final state).
 __device__ __forceinline__ bool writes_back(const ComposeChain& c, int64_t j) {
   return c.write_back && !(c.to_final && j + 1 == c.j_end);
 }
 
-// The chain's result at (row, col): the final state (superposition) or the
-// summaries call's X(G).
-template <int kDim>
-__device__ __forceinline__ void finish_element(const FwdParams& p, const ComposeChain& c, int row, int col, float x) {
+// A thread's tile (kTR rows from row, kTC columns from col) of the chain's
+// start: a resumed forward's initial state (0 without one), a summaries call's
+// X(1) (segment 0's M or B), or a forward's S_in(1) (segment 0's b). The source
+// and its element type are chosen once, then the tile's loads go together:
+// element by element, the 16 elements of a 4 x 4 tile were 16 blocks of ~100
+// instructions with their own branches and loads.
+template <int kDim, int kTR, int kTC>
+__device__ __forceinline__ void load_tile_start(const FwdParams& p, const ComposeChain& c, int row, int col,
+                                                float (&x)[kTR][kTC]) {
+  if (p.split_mode == kSplitResume) {
+    const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
+    const int64_t at = l.offset + static_cast<int64_t>(row) * kDim + col;
+    if (l.in_type == kStateFP32) {
+      const float* in = static_cast<const float*>(l.in) + at;
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) x[i][q] = in[i * kDim + q];
+    } else if (l.in_type == kStateBF16) {
+      const uint16_t* in = static_cast<const uint16_t*>(l.in) + at;
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) x[i][q] = __uint_as_float(uint32_t(in[i * kDim + q]) << 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) x[i][q] = 0.f;
+    }
+    return;
+  }
+  const SegmentState* st0 = segment_state(p, c.first_slot, c.v_head);
+  const float* x0 = (p.split_mode == kSplitSummaries && c.key_rows ? st0->m : st0->b) + row * kHeadDim + col;
+#pragma unroll
+  for (int i = 0; i < kTR; ++i)
+#pragma unroll
+    for (int q = 0; q < kTC; ++q) x[i][q] = x0[i * kHeadDim + q];
+}
+
+// A thread's tile of the chain's result: the final state (superposition), in its
+// dtype, or the summaries call's X(G); the destination and its type chosen once.
+template <int kDim, int kTR, int kTC>
+__device__ __forceinline__ void store_tile_result(const FwdParams& p, const ComposeChain& c, int row, int col,
+                                                  const float (&x)[kTR][kTC]) {
   if (c.to_final) {
     const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
-    const int64_t i = l.offset + static_cast<int64_t>(row) * kDim + col;
-    if (l.out_type == kStateFP32) static_cast<float*>(l.out)[i] = x;
-    else if (l.out_type == kStateBF16) static_cast<__nv_bfloat16*>(l.out)[i] = __float2bfloat16_rn(x);
+    const int64_t at = l.offset + static_cast<int64_t>(row) * kDim + col;
+    if (l.out_type == kStateFP32) {
+      float* out = static_cast<float*>(l.out) + at;
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) out[i * kDim + q] = x[i][q];
+    } else if (l.out_type == kStateBF16) {
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(l.out) + at;
+#pragma unroll
+      for (int i = 0; i < kTR; ++i)
+#pragma unroll
+        for (int q = 0; q < kTC; ++q) out[i * kDim + q] = __float2bfloat16_rn(x[i][q]);
+    }
   }
   if (p.split_mode == kSplitSummaries) {
-    float* out = (c.key_rows ? p.summaries_M : p.summaries_B) + (c.seq * p.num_v_heads + c.v_head) * kDim * kDim;
-    out[row * kDim + col] = x;
+    float* out = (c.key_rows ? p.summaries_M : p.summaries_B) + (c.seq * p.num_v_heads + c.v_head) * kDim * kDim +
+                 row * kDim + col;
+#pragma unroll
+    for (int i = 0; i < kTR; ++i)
+#pragma unroll
+      for (int q = 0; q < kTC; ++q) out[i * kDim + q] = x[i][q];
   }
 }
 
@@ -154,9 +190,8 @@ __global__ void __launch_bounds__(kDim)
   const int col = threadIdx.x;
   const ComposeChain c = compose_chain<kDim, kComposeRows>(p);
   if (!c.active) return;
-  float s[kComposeRows];
-#pragma unroll
-  for (int r = 0; r < kComposeRows; ++r) s[r] = chain_start<kDim>(p, c, c.row0 + r, col);
+  float s[kComposeRows][1];  // the thread's rows of its column
+  load_tile_start<kDim>(p, c, c.row0, col, s);
   for (int64_t j = c.j_begin; j < c.j_end; ++j) {
     SegmentState* st = segment_state(p, c.first_slot + j, c.v_head);
     float m[kDim];  // column col of M_j: K loads in flight together
@@ -164,28 +199,27 @@ __global__ void __launch_bounds__(kDim)
     for (int k = 0; k < kDim; ++k) m[k] = st->m[k * kHeadDim + col];
     __syncthreads();  // every thread is done reading the previous S_in
 #pragma unroll
-    for (int r = 0; r < kComposeRows; ++r) s_in[r][col] = s[r];
+    for (int r = 0; r < kComposeRows; ++r) s_in[r][col] = s[r][0];
     __syncthreads();
 #pragma unroll
-    for (int r = 0; r < kComposeRows; ++r) s[r] = c.key_rows ? 0.f : st->b[(c.row0 + r) * kHeadDim + col];
+    for (int r = 0; r < kComposeRows; ++r) s[r][0] = c.key_rows ? 0.f : st->b[(c.row0 + r) * kHeadDim + col];
 #pragma unroll
     for (int k = 0; k < kDim; k += 4) {
 #pragma unroll
       for (int r = 0; r < kComposeRows; ++r) {
         const float4 x = *reinterpret_cast<const float4*>(&s_in[r][k]);
-        s[r] = fmaf(x.x, m[k], s[r]);
-        s[r] = fmaf(x.y, m[k + 1], s[r]);
-        s[r] = fmaf(x.z, m[k + 2], s[r]);
-        s[r] = fmaf(x.w, m[k + 3], s[r]);
+        s[r][0] = fmaf(x.x, m[k], s[r][0]);
+        s[r][0] = fmaf(x.y, m[k + 1], s[r][0]);
+        s[r][0] = fmaf(x.z, m[k + 2], s[r][0]);
+        s[r][0] = fmaf(x.w, m[k + 3], s[r][0]);
       }
     }
     if (writes_back(c, j)) {
 #pragma unroll
-      for (int r = 0; r < kComposeRows; ++r) st->b[(c.row0 + r) * kHeadDim + col] = s[r];
+      for (int r = 0; r < kComposeRows; ++r) st->b[(c.row0 + r) * kHeadDim + col] = s[r][0];
     }
   }
-#pragma unroll
-  for (int r = 0; r < kComposeRows; ++r) finish_element<kDim>(p, c, c.row0 + r, col, s[r]);
+  store_tile_result<kDim>(p, c, c.row0, col, s);
 }
 
 // One 16-byte shared-memory load. As float4 dereferences in a long unrolled
@@ -221,76 +255,6 @@ struct ComposeTiling {
   // put 40 % of the stall samples on instruction fetch: ncu, 12/8192).
   static constexpr int kKeyUnroll = 512 / (kTileRows * kTileCols) < kDim ? 512 / (kTileRows * kTileCols) : kDim;
 };
-
-// A thread's tile of the chain's start (as chain_start) at rows row.., columns
-// col..: the source and its element type chosen once, then the tile's loads
-// together. Element by element (chain_start), the 16 elements of a 4 x 4 tile
-// were 16 blocks of ~100 instructions with their own branches and loads.
-template <int kDim, int kTR, int kTC>
-__device__ __forceinline__ void load_tile_start(const FwdParams& p, const ComposeChain& c, int row, int col,
-                                                float (&x)[kTR][kTC]) {
-  if (p.split_mode == kSplitResume) {
-    const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
-    const int64_t at = l.offset + static_cast<int64_t>(row) * kDim + col;
-    if (l.in_type == kStateFP32) {
-      const float* in = static_cast<const float*>(l.in) + at;
-#pragma unroll
-      for (int i = 0; i < kTR; ++i)
-#pragma unroll
-        for (int q = 0; q < kTC; ++q) x[i][q] = in[i * kDim + q];
-    } else if (l.in_type == kStateBF16) {
-      const uint16_t* in = static_cast<const uint16_t*>(l.in) + at;
-#pragma unroll
-      for (int i = 0; i < kTR; ++i)
-#pragma unroll
-        for (int q = 0; q < kTC; ++q) x[i][q] = __uint_as_float(uint32_t(in[i * kDim + q]) << 16);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kTR; ++i)
-#pragma unroll
-        for (int q = 0; q < kTC; ++q) x[i][q] = 0.f;
-    }
-    return;
-  }
-  const SegmentState* st0 = segment_state(p, c.first_slot, c.v_head);
-  const float* x0 = (p.split_mode == kSplitSummaries && c.key_rows ? st0->m : st0->b) + row * kHeadDim + col;
-#pragma unroll
-  for (int i = 0; i < kTR; ++i)
-#pragma unroll
-    for (int q = 0; q < kTC; ++q) x[i][q] = x0[i * kHeadDim + q];
-}
-
-// A thread's tile of the chain's result (as finish_element), the destination
-// and its element type chosen once.
-template <int kDim, int kTR, int kTC>
-__device__ __forceinline__ void store_tile_result(const FwdParams& p, const ComposeChain& c, int row, int col,
-                                                  const float (&x)[kTR][kTC]) {
-  if (c.to_final) {
-    const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
-    const int64_t at = l.offset + static_cast<int64_t>(row) * kDim + col;
-    if (l.out_type == kStateFP32) {
-      float* out = static_cast<float*>(l.out) + at;
-#pragma unroll
-      for (int i = 0; i < kTR; ++i)
-#pragma unroll
-        for (int q = 0; q < kTC; ++q) out[i * kDim + q] = x[i][q];
-    } else if (l.out_type == kStateBF16) {
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(l.out) + at;
-#pragma unroll
-      for (int i = 0; i < kTR; ++i)
-#pragma unroll
-        for (int q = 0; q < kTC; ++q) out[i * kDim + q] = __float2bfloat16_rn(x[i][q]);
-    }
-  }
-  if (p.split_mode == kSplitSummaries) {
-    float* out = (c.key_rows ? p.summaries_M : p.summaries_B) + (c.seq * p.num_v_heads + c.v_head) * kDim * kDim +
-                 row * kDim + col;
-#pragma unroll
-    for (int i = 0; i < kTR; ++i)
-#pragma unroll
-      for (int q = 0; q < kTC; ++q) out[i * kDim + q] = x[i][q];
-  }
-}
 
 // The staged form's shared memory: two stages of (M_j's first kDim rows as
 // stored, 128 columns; the CTA's rows of B_j), and S_in transposed ([key][row]:
