@@ -11,7 +11,9 @@
 //            += S_in·P as wgmma, S_in from registers and P from shared memory,
 //            hi·hi + lo·hi + hi·lo (the recurrence's own precision: ~2^-16 of a
 //            term). As mma.sync the products bound the kernel (docs/perf-log.md).
-//   store    bf16 through the staging tile, as the recurrence stores out (epilogue.cuh)
+//   store    bf16 through the staging tile, as the recurrence stores out (epilogue.cuh),
+//            a chunk late: chunk c's tile leaves while chunk c + 1's products run
+//            (the kernel waits on latency, not bandwidth: 1/1M 366 -> 357 µs)
 // Segment 0 ran from the true initial state in pass 1: its o⁰ is its output.
 #pragma once
 #include "sm90/kernel/chunk_loader.cuh"
@@ -89,6 +91,10 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   }
 
   const OutCursor<kDim> out(p, t.token_begin, v_head, 16 * warp, lane);
+  auto store_out = [&](int64_t c) {
+    const int64_t rem = t.length - c * kChunk;
+    out.store(p, s.out[warp], c, static_cast<int>(rem < kChunk ? rem : kChunk));
+  };
   int stage = 0, phase = 0;
   for (int64_t c = c0; c < c1; ++c) {
     cute::wait_barrier(s.full[stage], phase);
@@ -115,18 +121,21 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
         wgmma_m64n16k16(acc, s_hi[kk], sw128_descriptor_advance(p_lo, step));
       }
       wgmma_commit();
+      // The previous chunk's out tile goes out while this chunk's products run.
+      if (c > c0) store_out(c - 1);
       wgmma_wait_all();
       fence_accumulators(acc);
+    } else if (c > c0) {
+      store_out(c - 1);
     }
+    __syncwarp();  // the staging tile's reads above, before it is rewritten
     stage_out_tile(acc, s.out[warp], lane);
-    __syncwarp();
-    const int64_t rem = t.length - c * kChunk;
-    out.store(p, s.out[warp], c, static_cast<int>(rem < kChunk ? rem : kChunk));
-    __syncthreads();  // every warp is done with the stage (and its staging tile) before either is reused
+    __syncthreads();  // every warp is done with the stage before it is reused (and its tile is staged)
     issue(c + kOutputStages, stage);
     if (stage + 1 == kOutputStages) phase ^= 1;
     stage = stage + 1 == kOutputStages ? 0 : stage + 1;
   }
+  store_out(c1 - 1);
 }
 
 }  // namespace flashkda::sm90
