@@ -592,6 +592,11 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
                       "] = [..., ", HV, ", ", d1, ", ", d2, "], got shape ", shape_string(c.ck)));
     ck_capacity = 1;
     for (size_t i = 0; i + 3 < r; ++i) ck_capacity *= c.ck.dim(i);
+    // An empty buffer has no data pointer: without this, the call would read as one
+    // without checkpoints that still sets their interval.
+    if (ck_capacity == 0)
+      raise_value(cat("checkpoints: expected at least one entry (sequence n needs ceil(L_n / checkpoint_interval)), "
+                      "got shape ", shape_string(c.ck)));
     if (checkpoint_interval <= 0)
       raise_value(cat("checkpoint_interval: expected a positive multiple of 16 with checkpoints, got ",
                       checkpoint_interval));

@@ -82,6 +82,8 @@ def test_checkpoint_arguments_are_checked_by_name():
         flash_kda.fwd(*args, checkpoints=torch.empty(5, 1, 16), **kw)
     with pytest.raises(ValueError, match="checkpoint_interval: expected a positive multiple of 16"):
         flash_kda.fwd(*args, checkpoints=torch.empty(5, 1, 16, 16), checkpoint_interval=24, **kw)
+    with pytest.raises(ValueError, match="checkpoints: expected at least one entry"):
+        flash_kda.fwd(*args, checkpoints=torch.empty(0, 1, 16, 16), checkpoint_interval=32, **kw)
     with pytest.raises(ValueError, match="the sequences need 5 checkpoints"):
         flash_kda.fwd(*args, checkpoints=torch.empty(4, 1, 16, 16), checkpoint_interval=32, **kw)
     with pytest.raises(TypeError, match="checkpoints"):
