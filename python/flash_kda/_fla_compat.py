@@ -58,11 +58,19 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     # passed on as fwd's cu_seqlens_host: the host then checks the boundaries and the
     # checkpoint capacity, and the CUDA launch plan sees the real lengths (it splits
     # long sequences by them).
+    # fla's layout is [B, T, H, K] (no head-first form): name a tensor of another rank,
+    # and dt_bias of another size, before the shapes are unpacked from them.
+    for name, x in (("q", q), ("v", v)):
+        if x.ndim != 4:
+            raise ValueError(f"{name}: expected a tensor [B, T, heads, dim], got shape {list(x.shape)}")
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
     if dt_bias.ndim == 1:
-        dt_bias = dt_bias.view(HV, K)
+        if dt_bias.numel() != HV * K:
+            raise ValueError(f"dt_bias: expected shape [HV * K] = [{HV * K}] (or [HV, K]), "
+                             f"got {list(dt_bias.shape)}")
+        dt_bias = dt_bias.reshape(HV, K)
     out = torch.empty_like(v)
     extra = {}
     if cu_seqlens is not None and cu_seqlens_cpu is not None:

@@ -83,3 +83,18 @@ def test_unsupported_flags_are_named(flag, value):
         flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **kw)
     with pytest.raises(NotImplementedError, match="A_log and dt_bias"):
         flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **FLAGS)
+
+
+def test_shapes_outside_flas_layout_are_named():
+    """A head-first [B, H, T, K] call and a dt_bias of the wrong size get errors that name
+    the argument, not a reshape failure."""
+    p = make_problem(B=1, T=16, H=2, K=32, seed=24)
+    kw = dict(FLAGS, A_log=p["A_log"], dt_bias=p["dt_bias"].flatten())
+    head_first = [p[n].transpose(1, 2) for n in ("q", "k", "v", "g")]
+    with pytest.raises(ValueError, match=r"dt_bias: expected shape \[HV \* K\] = \[512\]"):
+        flash_kda.chunk_kda(*head_first, p["beta"].transpose(1, 2), **kw)
+    with pytest.raises(ValueError, match=r"q: expected a tensor \[B, T, heads, dim\]"):
+        flash_kda.chunk_kda(p["q"][0], p["k"][0], p["v"][0], p["g"][0], p["beta"][0], **kw)
+    o, _ = flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **kw)
+    assert o.shape == p["v"].shape
+
