@@ -400,6 +400,32 @@ def test_gva_head_count_must_divide(small):
         run(p)
 
 
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("where", ["v", "k", "q"])
+def test_a_non_finite_input_stays_in_its_sequence_and_head(backend, where):
+    """A NaN in one element of one token (of one head of one sequence): every other head
+    and sequence stays finite, and so does every token before the NaN's 16-token chunk
+    (the chunked backend: a NaN in U reaches the chunk's earlier rows through the zeros
+    of Mqk, 0 * NaN) or before the token itself (the float64 token recurrence). From
+    there that head's out is non-finite to the end of its sequence, and so is its final
+    state; a NaN in q reaches its own token's out only (q never enters the state)."""
+    p = make_problem(H=2, K=32, seqlens=[37, 43], seed=31)
+    bad_t, bad_h, seq0_last = 21, 1, 36
+    p[where][0, bad_t, bad_h, 7] = float("nan")
+    out, fs = run(p, backend=backend)
+    bad = ~torch.isfinite(out.float()).all(dim=-1)[0]  # [T, HV]
+    first = bad_t if backend == "reference" or where == "q" else bad_t // 16 * 16
+    last = bad_t if where == "q" else seq0_last
+    expect = torch.zeros_like(bad)
+    expect[first:last + 1, bad_h] = True
+    assert torch.equal(bad, expect)
+    fs_bad = ~torch.isfinite(fs).all(dim=-1).all(dim=-1)  # [N, HV]
+    expect_fs = torch.zeros_like(fs_bad)
+    expect_fs[0, bad_h] = where != "q"
+    assert torch.equal(fs_bad, expect_fs)
+
+
 # ---- kda_forward: the torch.library custom op ---------------------------------
 
 def test_kda_forward_matches_fwd():
