@@ -414,6 +414,13 @@ struct Shape {
 };
 
 // `what` names the expected shape in the message, e.g. "[B, T, H, K] (the shape of q)".
+// Grouped value heads: v's heads (HV) a positive multiple of q's (H), named by the
+// tensors the caller passed rather than by ForwardArgs' num_v_heads.
+void expect_grouped_heads(const Arg& v, int64_t H, int64_t HV) {
+  if (H > 0 && (HV < H || HV % H != 0))
+    raise_value(cat("v: expected its heads (HV = ", HV, ") to be a positive multiple of q's heads (H = ", H,
+                    "), got shape ", shape_string(v)));
+}
 void expect_shape(const Arg& a, const Shape& want, const char* what) {
   bool ok = a.ndim() == want.n;
   for (size_t i = 0; ok && i < want.n; ++i) ok = a.dim(i) == want.d[i];
@@ -538,6 +545,7 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
     raise_value(cat("v: expected a 4-d tensor [B, T, HV, V], got shape ", shape_string(c.v)));
   const int64_t B = c.q.dim(0), T = c.q.dim(1), H = c.q.dim(2), K = c.q.dim(3);
   const int64_t HV = c.v.dim(2), V = c.v.dim(3);
+  expect_grouped_heads(c.v, H, HV);
   expect_shape(c.k, {B, T, H, K}, "[B, T, H, K] (the shape of q)");
   expect_shape(c.v, {B, T, HV, V}, "[B, T, HV, V] (B, T from q)");
   expect_shape(c.g, {B, T, HV, K}, "[B, T, HV, K]");
@@ -865,6 +873,7 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
     raise_value(cat("v: expected a ", rank, "-d tensor [", r3 ? "T" : "N, t", ", HV, V] (the rank of q), got shape ",
                     shape_string(c.v)));
   const int64_t HV = c.v.dim(rank - 2), V = c.v.dim(rank - 1);
+  expect_grouped_heads(c.v, H, HV);
   expect_shape(c.k, lead.then({H, K}), r3 ? "[T, H, K] (the shape of q)" : "[N, t, H, K] (the shape of q)");
   expect_shape(c.v, lead.then({HV, V}), r3 ? "[T, HV, V] (T from q)" : "[N, t, HV, V] (N, t from q)");
   expect_shape(c.g, lead.then({HV, K}), r3 ? "[T, HV, K]" : "[N, t, HV, K]");

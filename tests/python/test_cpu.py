@@ -396,7 +396,8 @@ def test_backend_argument(small):
 
 def test_gva_head_count_must_divide(small):
     p = make_problem(T=8, H=2, HV=3, K=32, seed=20)
-    with pytest.raises(ValueError, match=r"^num_v_heads: expected 0 \(= num_heads\) or a positive multiple"):
+    with pytest.raises(ValueError,
+                       match=r"^v: expected its heads \(HV = 3\) to be a positive multiple of q's heads \(H = 2\)"):
         run(p)
 
 
