@@ -413,7 +413,6 @@ struct Shape {
   }
 };
 
-// `what` names the expected shape in the message, e.g. "[B, T, H, K] (the shape of q)".
 // Grouped value heads: v's heads (HV) a positive multiple of q's (H), named by the
 // tensors the caller passed rather than by ForwardArgs' num_v_heads.
 void expect_grouped_heads(const Arg& v, int64_t H, int64_t HV) {
@@ -421,6 +420,7 @@ void expect_grouped_heads(const Arg& v, int64_t H, int64_t HV) {
     raise_value(cat("v: expected its heads (HV = ", HV, ") to be a positive multiple of q's heads (H = ", H,
                     "), got shape ", shape_string(v)));
 }
+// `what` names the expected shape in the message, e.g. "[B, T, H, K] (the shape of q)".
 void expect_shape(const Arg& a, const Shape& want, const char* what) {
   bool ok = a.ndim() == want.n;
   for (size_t i = 0; ok && i < want.n; ++i) ok = a.dim(i) == want.d[i];
