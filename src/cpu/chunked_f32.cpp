@@ -11,6 +11,9 @@
 //     wy_operands     A_w = INV·diag(b); w = A_w K_dec; u = A_w V
 //   sequential (per chunk, with the state S [V, K]):
 //     recurrence_step U = u − w Sᵀ; out = Q_dec Sᵀ + Mqk U; S = S·diag(2^G_last) + Uᵀ K_res
+//   or per pair of chunks (ChunkSteps::kPairs):
+//     pair_records    the pair's token-parallel operands (Y, Z, the scaled w, Q_dec, K_res)
+//     pair_step       one product with S and one update for both chunks
 //
 // Pad rows of a partial last chunk are zero everywhere (q̂ = k̂ = v = b = γ = 0),
 // so they add nothing to L, Mqk, w, u, U or S; their `out` rows are not stored.
@@ -210,9 +213,122 @@ void recurrence_step(ChunkScratch& c, float* S) {
   }
 }
 
+// Two consecutive chunks A, B of a sequence as one step. With D = diag(2^G_last) and
+// R = K_res of each chunk, S_A = S·D_A + U_Aᵀ R_A enters chunk B, so
+//   U_B = u_B − (w_B D_A) Sᵀ − Y U_A          Y = w_B R_Aᵀ      [16, 16]
+//   o_B = (Q_B D_A) Sᵀ + Z U_A + Mqk_B U_B     Z = Q_dec_B R_Aᵀ  [16, 16]
+//   S   = S·D_A D_B + U_Aᵀ (R_A D_B) + U_Bᵀ R_B
+// and chunk A's U_A and o_A are the single step's. S enters through one product with
+// 64 token rows [w_A; Q_A; w_B D_A; Q_B D_A] and leaves through one update with 32:
+// half the dependent steps of the single chunks. Every new factor is a decay (<= 1)
+// times the chunks' own bounded operands, so no exponent leaves the single chunk's range.
+struct PairScratch {
+  std::vector<float> wq;    // [64, K]: w_A, Q_dec_A, w_B·d_A, Q_dec_B·d_A
+  std::vector<float> kres;  // [32, K]: K_res_A·d_B, K_res_B
+  std::vector<float> decay;  // [K]: d_A·d_B
+  std::vector<float> P;      // [64, V]: wq Sᵀ
+  float Y[kChunk * kChunk] = {}, Z[kChunk * kChunk] = {};
+
+  PairScratch(int64_t K, int64_t V) {
+    wq.assign(static_cast<size_t>(4 * kChunk * K), 0.f);
+    kres.assign(static_cast<size_t>(2 * kChunk * K), 0.f);
+    decay.assign(static_cast<size_t>(K), 0.f);
+    P.assign(static_cast<size_t>(4 * kChunk * V), 0.f);
+  }
+};
+
+// The pair's token-parallel operands (what a pair record would carry).
+void pair_records(const ChunkScratch& a, const ChunkScratch& b, PairScratch& pr) {
+  const int64_t K = a.K;
+  for (int64_t d = 0; d < K; ++d) pr.decay[d] = std::exp2(a.G_last[d]) * std::exp2(b.G_last[d]);
+  for (int i = 0; i < kChunk; ++i) {
+    for (int64_t d = 0; d < K; ++d) {
+      const float d_a = std::exp2(a.G_last[d]), d_b = std::exp2(b.G_last[d]);
+      pr.wq[(0 * kChunk + i) * K + d] = a.w[i * K + d];
+      pr.wq[(1 * kChunk + i) * K + d] = a.Q_dec[i * K + d];
+      pr.wq[(2 * kChunk + i) * K + d] = b.w[i * K + d] * d_a;
+      pr.wq[(3 * kChunk + i) * K + d] = b.Q_dec[i * K + d] * d_a;
+      pr.kres[(0 * kChunk + i) * K + d] = a.K_res[i * K + d] * d_b;
+      pr.kres[(1 * kChunk + i) * K + d] = b.K_res[i * K + d];
+    }
+    for (int j = 0; j < kChunk; ++j) {
+      float y = 0.f, z = 0.f;
+      for (int64_t d = 0; d < K; ++d) {
+        y += b.w[i * K + d] * a.K_res[j * K + d];
+        z += b.Q_dec[i * K + d] * a.K_res[j * K + d];
+      }
+      pr.Y[i * kChunk + j] = y;
+      pr.Z[i * kChunk + j] = z;
+    }
+  }
+}
+
+// The sequential part of a pair: a.o and b.o get the chunks' outputs, S is updated in place.
+void pair_step(ChunkScratch& a, ChunkScratch& b, PairScratch& pr, float* S) {
+  const int64_t K = a.K, V = a.V;
+  // P = [w_A; Q_A; w_B d_A; Q_B d_A] Sᵀ: [64, K] × [K, V].
+  for (int r = 0; r < 4 * kChunk; ++r) {
+    const float* x = pr.wq.data() + r * K;
+    for (int64_t e = 0; e < V; ++e) {
+      const float* Se = S + e * K;
+      float acc = 0.f;
+      for (int64_t d = 0; d < K; ++d) acc += x[d] * Se[d];
+      pr.P[r * V + e] = acc;
+    }
+  }
+  const float* wAS = pr.P.data();
+  const float* qAS = pr.P.data() + kChunk * V;
+  const float* wBS = pr.P.data() + 2 * kChunk * V;
+  const float* qBS = pr.P.data() + 3 * kChunk * V;
+  // Chunk A as in the single step.
+  for (int64_t x = 0; x < kChunk * V; ++x) {
+    a.U[x] = a.u[x] - wAS[x];
+    a.o[x] = qAS[x];
+  }
+  matmul(a.Mqk, a.U.data(), a.o.data(), kChunk, V, kChunk, true);
+  // Chunk B from S and U_A: U_B = u_B − (w_B d_A) Sᵀ − Y U_A; o_B = (Q_B d_A) Sᵀ + Z U_A + Mqk_B U_B.
+  for (int64_t x = 0; x < kChunk * V; ++x) {
+    b.U[x] = b.u[x] - wBS[x];
+    b.o[x] = qBS[x];
+  }
+  std::vector<float>& yu = b.vals;  // b's v rows are in u already: reuse them for Y U_A
+  matmul(pr.Y, a.U.data(), yu.data(), kChunk, V, kChunk, false);
+  for (int64_t x = 0; x < kChunk * V; ++x) b.U[x] -= yu[x];
+  matmul(pr.Z, a.U.data(), b.o.data(), kChunk, V, kChunk, true);
+  matmul(b.Mqk, b.U.data(), b.o.data(), kChunk, V, kChunk, true);
+  // S = S·diag(d_A d_B) + U_Aᵀ (K_res_A d_B) + U_Bᵀ K_res_B.
+  for (int64_t e = 0; e < V; ++e) {
+    float* Se = S + e * K;
+    for (int64_t d = 0; d < K; ++d) Se[d] *= pr.decay[d];
+    for (int i = 0; i < 2 * kChunk; ++i) {
+      const float ui = i < kChunk ? a.U[i * V + e] : b.U[(i - kChunk) * V + e];
+      const float* kr = pr.kres.data() + i * K;
+      for (int64_t d = 0; d < K; ++d) Se[d] += ui * kr[d];
+    }
+  }
+}
+
+// The token-parallel part of one chunk: everything but the state.
+void chunk_operands(const ForwardArgs& args, int64_t t0, int n_c, int64_t h, int64_t hv, ChunkScratch& c) {
+  prepare_chunk(args, t0, n_c, h, hv, c);
+  form_L_Mqk(c);
+  unit_lower_inverse_16(c.L, c.INV);
+  wy_operands(c);
+}
+
+// Per worker: the chunks' scratch (two for a pair), the pair's, and the state.
+struct Worker {
+  ChunkScratch a, b;
+  PairScratch pair;
+  std::vector<float> S;
+  Worker(int64_t K, int64_t V) : a(K, V), b(K, V), pair(K, V) {}
+};
+
 // checkpoint0: sequence n's first checkpoint entry (used when args.checkpoints is set).
 void chunked_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv, int64_t checkpoint0,
-                 ChunkScratch& c, std::vector<float>& S, float* out_unrounded) {
+                 ChunkSteps steps, Worker& wk, float* out_unrounded) {
+  ChunkScratch& c = wk.a;
+  std::vector<float>& S = wk.S;
   const int64_t H = args.num_heads, HV = value_heads(args), K = c.K, V = c.V;
   const int64_t h = hv / (HV / H);
   auto* out = static_cast<uint16_t*>(args.out);
@@ -227,23 +343,34 @@ void chunked_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, i
     for (int64_t i = 0; i < V * K; ++i) S[i] = bf16_to_float(s0[i]);
   }
 
-  for (int64_t c0 = 0; c0 < span.length; c0 += kChunk) {
+  auto write_out = [&](const ChunkScratch& x, int64_t t0, int n_c) {
+    for (int i = 0; i < n_c; ++i) {
+      uint16_t* ot = out + ((t0 + i) * HV + hv) * V;
+      for (int64_t e = 0; e < V; ++e) ot[e] = float_to_bf16(x.o[i * V + e]);
+      if (out_unrounded != nullptr)
+        std::copy_n(x.o.begin() + i * V, V, out_unrounded + ((t0 + i) * HV + hv) * V);
+    }
+  };
+  for (int64_t c0 = 0; c0 < span.length;) {
     // The interval is a multiple of the chunk: a checkpoint falls on a chunk boundary.
     if (args.checkpoints != nullptr && c0 % args.checkpoint_interval == 0)
       write_checkpoint(args, checkpoint0 + c0 / args.checkpoint_interval, hv, S.data());
     const int n_c = static_cast<int>(std::min<int64_t>(kChunk, span.length - c0));
     const int64_t t0 = span.token_begin + c0;
-    prepare_chunk(args, t0, n_c, h, hv, c);
-    form_L_Mqk(c);
-    unit_lower_inverse_16(c.L, c.INV);
-    wy_operands(c);
-    recurrence_step(c, S.data());
-    for (int i = 0; i < n_c; ++i) {
-      uint16_t* ot = out + ((t0 + i) * HV + hv) * V;
-      for (int64_t e = 0; e < V; ++e) ot[e] = float_to_bf16(c.o[i * V + e]);
-      if (out_unrounded != nullptr)
-        std::copy_n(c.o.begin() + i * V, V, out_unrounded + ((t0 + i) * HV + hv) * V);
+    chunk_operands(args, t0, n_c, h, hv, c);
+    if (steps == ChunkSteps::kPairs && c0 + kChunk < span.length) {  // a whole chunk A and a chunk B
+      const int n_b = static_cast<int>(std::min<int64_t>(kChunk, span.length - c0 - kChunk));
+      chunk_operands(args, t0 + kChunk, n_b, h, hv, wk.b);
+      pair_records(c, wk.b, wk.pair);
+      pair_step(c, wk.b, wk.pair, S.data());
+      write_out(c, t0, n_c);
+      write_out(wk.b, t0 + kChunk, n_b);
+      c0 += 2 * kChunk;
+      continue;
     }
+    recurrence_step(c, S.data());
+    write_out(c, t0, n_c);
+    c0 += kChunk;
   }
 
   if (args.final_state != nullptr && args.final_state_dtype == DType::kFP32) {
@@ -273,12 +400,14 @@ void unit_lower_inverse_16(const float* L, float* inv) {
   }
 }
 
-Status chunked_forward_f32(const ForwardArgs& args, int num_threads, float* out_unrounded) {
+Status chunked_forward_f32(const ForwardArgs& args, int num_threads, float* out_unrounded, ChunkSteps steps) {
   const int64_t H = args.num_heads;
   const int64_t HV = value_heads(args);
   const int64_t K = args.head_dim_k, V = args.head_dim_v;
   if (H <= 0 || HV <= 0 || HV % H != 0 || K <= 0 || V <= 0)
     return Status::Invalid("chunked_forward_f32: bad head counts or head dims");
+  if (steps == ChunkSteps::kPairs && (args.checkpoints != nullptr || args.slot_checkpoint_offsets != nullptr))
+    return Status::Invalid("chunked_forward_f32: pair steps take no checkpoints (a stop may fall inside a pair)");
   const std::vector<SequenceSpan> spans = sequence_spans(args, args.cu_seqlens);
   const std::vector<int64_t> checkpoint0 =
       args.checkpoints != nullptr ? checkpoint_offsets(spans, args.checkpoint_interval)
@@ -295,11 +424,11 @@ Status chunked_forward_f32(const ForwardArgs& args, int num_threads, float* out_
 
   parallel_for(
       static_cast<int64_t>(tasks.size()), num_threads,
-      [&] { return std::make_pair(ChunkScratch(K, V), std::vector<float>()); },
-      [&](auto& local, int64_t i) {
+      [&] { return Worker(K, V); },
+      [&](Worker& local, int64_t i) {
         const auto [n, hv] = tasks[static_cast<size_t>(i)];
-        chunked_one(args, spans[static_cast<size_t>(n)], n, hv, checkpoint0[static_cast<size_t>(n)], local.first,
-                    local.second, out_unrounded);
+        chunked_one(args, spans[static_cast<size_t>(n)], n, hv, checkpoint0[static_cast<size_t>(n)], steps, local,
+                    out_unrounded);
       });
   return Status::Ok();
 }

@@ -19,7 +19,13 @@ Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded = nul
 // L and Mqk, the inverse by forward substitution, the WY form), parallel over
 // (sequence, value head). num_threads <= 0: std::thread::hardware_concurrency().
 // `out_unrounded` as for the oracle: out before its bf16 rounding.
-Status chunked_forward_f32(const ForwardArgs& args, int num_threads = 0, float* out_unrounded = nullptr);
+// steps: kPairs runs two chunks a step (the pair step, chunked_f32.cpp: one product
+// with the state and one update per 32 tokens), the twin of a kernel step that would
+// halve the chain of dependent steps; a sequence's odd last chunk runs alone. No
+// checkpoints with kPairs (their stops fall between the chunks of a pair).
+enum class ChunkSteps { kSingle, kPairs };
+Status chunked_forward_f32(const ForwardArgs& args, int num_threads = 0, float* out_unrounded = nullptr,
+                           ChunkSteps steps = ChunkSteps::kSingle);
 
 // The affine segment scan's twin (spec section 6). For one value head, a run of
 // tokens maps the incoming state to S_out = S_in·M + B, M [K, K], B [V, K]
