@@ -139,6 +139,12 @@ inline HostProblem make_problem_kv(ProblemSpec spec, int64_t K, int64_t V, uint6
   return p;
 }
 
+inline bool all_finite(const std::vector<float>& x) {
+  for (float e : x)
+    if (!std::isfinite(e)) return false;
+  return true;
+}
+
 struct Errors {
   double out = 0;    // rel RMS of the bf16 outputs (both backends round to bf16)
   double state = 0;  // rel RMS of the final state (as floats), 0 when absent

@@ -30,12 +30,6 @@ namespace {
 constexpr double kBar = 1e-3;
 constexpr double kElementFloor = 1e-4;
 
-bool all_finite(const std::vector<float>& x) {
-  for (float e : x)
-    if (!std::isfinite(e)) return false;
-  return true;
-}
-
 void check_case(const ProblemSpec& spec, const DegenerateCase& c, uint64_t seed) {
   const HostProblem p = make_degenerate_problem(spec, c, seed);
   const std::string label = c.label();

@@ -41,12 +41,6 @@ Run run_chunked(const HostProblem& p, cpu::ChunkSteps steps) {
   return r;
 }
 
-bool all_finite(const std::vector<float>& x) {
-  for (float e : x)
-    if (!std::isfinite(e)) return false;
-  return true;
-}
-
 void check(const HostProblem& p, const std::string& label, double bar) {
   const Run single = run_chunked(p, cpu::ChunkSteps::kSingle);
   const Run pairs = run_chunked(p, cpu::ChunkSteps::kPairs);
