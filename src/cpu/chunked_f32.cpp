@@ -132,6 +132,7 @@ void prepare_chunk(const ForwardArgs& args, int64_t t0, int n_c, int64_t h, int6
       c.G[i * K + d] = acc;
     }
     c.G_last[d] = c.G[(n_c - 1) * K + d];
+    c.decay_last[d] = std::exp2(c.G_last[d]);
   }
 
   const float scale = args.scale;
@@ -200,8 +201,7 @@ void recurrence_step(ChunkScratch& c, float* S) {
   // out += Mqk U.
   matmul(c.Mqk, c.U.data(), c.o.data(), kChunk, V, kChunk, true);
   // S = S·diag(2^G_last) + Uᵀ K_res.
-  std::vector<float>& decay = c.decay_last;
-  for (int64_t d = 0; d < K; ++d) decay[d] = std::exp2(c.G_last[d]);
+  const std::vector<float>& decay = c.decay_last;
   for (int64_t e = 0; e < V; ++e) {
     float* Se = S + e * K;
     for (int64_t d = 0; d < K; ++d) Se[d] *= decay[d];
@@ -227,6 +227,7 @@ struct PairScratch {
   std::vector<float> kres;  // [32, K]: K_res_A·d_B, K_res_B
   std::vector<float> decay;  // [K]: d_A·d_B
   std::vector<float> P;      // [64, V]: wq Sᵀ
+  std::vector<float> yu;     // [16, V]: Y U_A
   float Y[kChunk * kChunk] = {}, Z[kChunk * kChunk] = {};
 
   PairScratch(int64_t K, int64_t V) {
@@ -234,16 +235,17 @@ struct PairScratch {
     kres.assign(static_cast<size_t>(2 * kChunk * K), 0.f);
     decay.assign(static_cast<size_t>(K), 0.f);
     P.assign(static_cast<size_t>(4 * kChunk * V), 0.f);
+    yu.assign(static_cast<size_t>(kChunk * V), 0.f);
   }
 };
 
-// The pair's token-parallel operands (what a pair record would carry).
+// The pair's token-parallel operands (the contents of a pair record).
 void pair_records(const ChunkScratch& a, const ChunkScratch& b, PairScratch& pr) {
   const int64_t K = a.K;
-  for (int64_t d = 0; d < K; ++d) pr.decay[d] = std::exp2(a.G_last[d]) * std::exp2(b.G_last[d]);
+  for (int64_t d = 0; d < K; ++d) pr.decay[d] = a.decay_last[d] * b.decay_last[d];
   for (int i = 0; i < kChunk; ++i) {
     for (int64_t d = 0; d < K; ++d) {
-      const float d_a = std::exp2(a.G_last[d]), d_b = std::exp2(b.G_last[d]);
+      const float d_a = a.decay_last[d], d_b = b.decay_last[d];
       pr.wq[(0 * kChunk + i) * K + d] = a.w[i * K + d];
       pr.wq[(1 * kChunk + i) * K + d] = a.Q_dec[i * K + d];
       pr.wq[(2 * kChunk + i) * K + d] = b.w[i * K + d] * d_a;
@@ -291,9 +293,8 @@ void pair_step(ChunkScratch& a, ChunkScratch& b, PairScratch& pr, float* S) {
     b.U[x] = b.u[x] - wBS[x];
     b.o[x] = qBS[x];
   }
-  std::vector<float>& yu = b.vals;  // b's v rows are in u already: reuse them for Y U_A
-  matmul(pr.Y, a.U.data(), yu.data(), kChunk, V, kChunk, false);
-  for (int64_t x = 0; x < kChunk * V; ++x) b.U[x] -= yu[x];
+  matmul(pr.Y, a.U.data(), pr.yu.data(), kChunk, V, kChunk, false);
+  for (int64_t x = 0; x < kChunk * V; ++x) b.U[x] -= pr.yu[x];
   matmul(pr.Z, a.U.data(), b.o.data(), kChunk, V, kChunk, true);
   matmul(b.Mqk, b.U.data(), b.o.data(), kChunk, V, kChunk, true);
   // S = S·diag(d_A d_B) + U_Aᵀ (K_res_A d_B) + U_Bᵀ K_res_B.
@@ -406,7 +407,7 @@ Status chunked_forward_f32(const ForwardArgs& args, int num_threads, float* out_
   const int64_t K = args.head_dim_k, V = args.head_dim_v;
   if (H <= 0 || HV <= 0 || HV % H != 0 || K <= 0 || V <= 0)
     return Status::Invalid("chunked_forward_f32: bad head counts or head dims");
-  if (steps == ChunkSteps::kPairs && (args.checkpoints != nullptr || args.slot_checkpoint_offsets != nullptr))
+  if (steps == ChunkSteps::kPairs && args.checkpoints != nullptr)
     return Status::Invalid("chunked_forward_f32: pair steps take no checkpoints (a stop may fall inside a pair)");
   const std::vector<SequenceSpan> spans = sequence_spans(args, args.cu_seqlens);
   const std::vector<int64_t> checkpoint0 =

@@ -26,10 +26,10 @@
 //   staged     (kda_segment_compose_staged_kernel, kRows = 4..32): M_j and the
 //              CTA's rows of B_j arrive in shared memory by bulk copies issued
 //              two steps ahead, so a step waits on its stage's mbarrier, not on a
-//              round trip to L2. With few (sequence,
-//              head) pairs the register form is bound by L2 bandwidth (32 CTAs a
-//              head each read all of M_j: 24 MB a step at 12 heads) or by its
-//              load latency (one head); the staged form takes as many rows a CTA
+//              round trip to L2. With few (sequence, head) pairs the register
+//              form is bound by L2 bandwidth (32 CTAs a head each read all of
+//              M_j: 24 MB a step at 12 heads) or by its load latency (one
+//              head); the staged form takes as many rows a CTA
 //              as keep its grid within the SM count (staged_compose_rows,
 //              sm90_forward.h): one CTA an SM at K = 128 (137-180 KB of shared
 //              memory); K = 64's smaller stages may share an SM. From 16 rows a
