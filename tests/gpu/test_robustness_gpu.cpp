@@ -1,5 +1,6 @@
 // Robustness of the CUDA forward (label "gpu"): degenerate keys against the
-// float64 oracle, and device-resident cu_seqlens values that break the rules.
+// float64 oracle, a NaN input that must stay in its sequence and head, and
+// device-resident cu_seqlens values that break the rules.
 // Skips, saying why, when the CUDA backend is not built or no sm_90 device is present.
 //
 // Degenerate keys (tests/common/degenerate_problem.h): always finite, and out and
@@ -147,6 +148,105 @@ TEST(GpuDegenerateInput, ServingRegressionBf16State) {
   std::printf("[ errors ] degenerate serving-repeat bf16 state T=4096: out %.3e\n", eo);
   EXPECT_LE(eo, kDegenerateBar);
 }
+
+// ---------------------------------------------------------------------------
+// A non-finite input stays in its sequence and head (the CPU twin:
+// tests/python/test_cpu.py, test_a_non_finite_input_stays_in_its_sequence_and_head).
+// ---------------------------------------------------------------------------
+
+// One NaN in one element of one token's q, k or v, under every launch form that
+// could carry it elsewhere: the one-pass recurrence (V split 1 and 2, 3 and 4
+// stages), and the segment scan with out formed by running the chains again or
+// by superposition (the NaN in the second chunk of a segment, so the segment's
+// first chunk must stay finite through pass 1's o⁰ and P).
+struct NonFiniteCase {
+  char where;  // 'q', 'k' or 'v'
+  int64_t head_dim;
+  sm90::LaunchOverride plan;
+  const char* plan_name;
+};
+
+std::vector<NonFiniteCase> non_finite_cases() {
+  struct Plan {
+    sm90::LaunchOverride o;
+    const char* name;
+  };
+  const Plan plans[] = {{{1, 4, -1}, "v1s4"},
+                        {{2, 4, -1}, "v2s4"},
+                        {{2, 3, -1}, "v2s3"},
+                        {{0, 0, 2, 0, 1}, "seg2chains"},
+                        {{0, 0, 2, 0, 2}, "seg2superposed"}};
+  std::vector<NonFiniteCase> cases;
+  for (char where : {'q', 'k', 'v'})
+    for (int64_t dim : {128, 64})
+      for (const Plan& plan : plans) cases.push_back({where, dim, plan.o, plan.name});
+  return cases;
+}
+
+class GpuNonFinite : public ::testing::TestWithParam<NonFiniteCase> {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_GPU(); }
+  void TearDown() override { sm90::set_launch_override({}); }
+};
+
+// Three sequences (none 16-aligned in the packed batch), GVA 2 → 4 value heads.
+// The NaN sits at token 57 of sequence 1 (chunk 3 of that sequence: tokens 48-63),
+// q/k head 1 (value heads 2 and 3) or, for v, value head 3 only. Expected, as on the
+// chunked CPU backend: that sequence's out at those heads is non-finite from the
+// start of the token's chunk (0 · NaN in the chunk's products) to the end of the
+// sequence, and so is its final state there; a NaN in q reaches its own token's out
+// only. Everything else is finite.
+TEST_P(GpuNonFinite, StaysInItsSequenceAndHead) {
+  const NonFiniteCase& c = GetParam();
+  sm90::set_launch_override(c.plan);
+  ProblemSpec spec;
+  spec.seqlens = {100, 77, 60};
+  spec.heads = 2;
+  spec.v_heads = 4;
+  spec.head_dim = c.head_dim;
+  HostProblem p = make_problem(spec, 4101);
+  const int64_t seq = 1, offset = 57, qk_head = 1, v_head = 3, element = 7;
+  const int64_t seq_begin = p.cu_seqlens[seq], seq_end = p.cu_seqlens[seq + 1];
+  const int64_t t = seq_begin + offset;
+  constexpr uint16_t kBf16NaN = 0x7fc0;
+  if (c.where == 'v')
+    p.v[static_cast<size_t>((t * p.HV + v_head) * p.V + element)] = kBf16NaN;
+  else
+    (c.where == 'q' ? p.q : p.k)[static_cast<size_t>((t * p.H + qk_head) * p.K + element)] = kBf16NaN;
+
+  const RunResult r = run_cuda(p);
+  ASSERT_TRUE(r.status.ok()) << r.status.message;
+  const int64_t group = p.HV / p.H;
+  auto hit_head = [&](int64_t hv) { return c.where == 'v' ? hv == v_head : hv / group == qk_head; };
+  const int64_t first = c.where == 'q' ? t : seq_begin + offset / 16 * 16;
+  const int64_t last = c.where == 'q' ? t : seq_end - 1;
+  int64_t wrong = 0;
+  for (int64_t tok = 0; tok < p.tokens(); ++tok)
+    for (int64_t hv = 0; hv < p.HV; ++hv) {
+      bool finite = true;
+      for (int64_t e = 0; e < p.V; ++e)
+        finite = finite && std::isfinite(r.out[static_cast<size_t>((tok * p.HV + hv) * p.V + e)]);
+      const bool expect_bad = hit_head(hv) && tok >= first && tok <= last;
+      if (finite == expect_bad && wrong++ < 8)
+        ADD_FAILURE() << c.where << " " << c.plan_name << " K=" << c.head_dim << ": out of token " << tok
+                      << ", value head " << hv << " is " << (finite ? "finite" : "non-finite");
+    }
+  const int64_t per_head = p.V * p.K;
+  for (int64_t n = 0; n < p.N; ++n)
+    for (int64_t hv = 0; hv < p.HV; ++hv) {
+      bool finite = true;
+      for (int64_t i = 0; i < per_head; ++i)
+        finite = finite && std::isfinite(r.final_state[static_cast<size_t>((n * p.HV + hv) * per_head + i)]);
+      const bool expect_bad = c.where != 'q' && n == seq && hit_head(hv);
+      EXPECT_NE(finite, expect_bad) << c.where << " " << c.plan_name << " K=" << c.head_dim
+                                    << ": final state of sequence " << n << ", value head " << hv;
+    }
+  EXPECT_EQ(wrong, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Inputs, GpuNonFinite, ::testing::ValuesIn(non_finite_cases()), [](const auto& info) {
+  return std::string(1, info.param.where) + "K" + std::to_string(info.param.head_dim) + "_" + info.param.plan_name;
+});
 
 // ---------------------------------------------------------------------------
 // Guard bands: device-resident cu_seqlens values that break the rules.
