@@ -35,32 +35,32 @@ __device__ __forceinline__ void split_bf16x2(float x, float y, uint32_t& hi, uin
   lo = pack_bf16(x - __uint_as_float(hi << 16), y - __uint_as_float(hi & 0xffff0000u));
 }
 
-// 1/sqrt(|x|²+1e-6) of every row of q and k; warp w handles rows 2w and 2w+1.
+// 1/sqrt(|x|²+1e-6) of every row of q and k; warp w handles rows 2w and 2w+1, a
+// half-warp each (8 elements a lane): the two rows' sums reduce side by side in
+// four shuffle levels, where a whole warp a row took five levels, one row after
+// the other.
 template <class Smem>
 __device__ __forceinline__ void row_norms(Smem& s, int warp, int lane) {
-  static_assert(kChunk == 2 * kPrologueWarps, "two rows per warp");
+  static_assert(kChunk == 2 * kPrologueWarps && kHeadDim == 16 * 8, "two rows per warp, 8 columns a lane");
+  const int row = 2 * warp + (lane >> 4), col = 8 * (lane & 15);
+  const uint4 qv = *reinterpret_cast<const uint4*>(&s.q[row][col]);
+  const uint4 kv = *reinterpret_cast<const uint4*>(&s.k[row][col]);
+  const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w}, kw[4] = {kv.x, kv.y, kv.z, kv.w};
+  float sq = 0.f, sk = 0.f;
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int row = 2 * warp + rr;
-    const uint2 qv = *reinterpret_cast<const uint2*>(&s.q[row][4 * lane]);
-    const uint2 kv = *reinterpret_cast<const uint2*>(&s.k[row][4 * lane]);
-    float sq = 0.f, sk = 0.f;
-    const uint32_t qw[2] = {qv.x, qv.y}, kw[2] = {kv.x, kv.y};
+  for (int i = 0; i < 4; ++i) {
+    const float2 qf = bf16x2_bits_to_float2(qw[i]), kf = bf16x2_bits_to_float2(kw[i]);
+    sq = fmaf(qf.x, qf.x, fmaf(qf.y, qf.y, sq));
+    sk = fmaf(kf.x, kf.x, fmaf(kf.y, kf.y, sk));
+  }
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float2 qf = bf16x2_bits_to_float2(qw[i]), kf = bf16x2_bits_to_float2(kw[i]);
-      sq = fmaf(qf.x, qf.x, fmaf(qf.y, qf.y, sq));
-      sk = fmaf(kf.x, kf.x, fmaf(kf.y, kf.y, sk));
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      sq += __shfl_xor_sync(0xffffffffu, sq, off);
-      sk += __shfl_xor_sync(0xffffffffu, sk, off);
-    }
-    if (lane == 0) {
-      s.rnorm_q[row] = rsqrtf(sq + 1e-6f);
-      s.rnorm_k[row] = rsqrtf(sk + 1e-6f);
-    }
+  for (int off = 8; off > 0; off >>= 1) {  // within the half-warp
+    sq += __shfl_xor_sync(0xffffffffu, sq, off);
+    sk += __shfl_xor_sync(0xffffffffu, sk, off);
+  }
+  if ((lane & 15) == 0) {
+    s.rnorm_q[row] = rsqrtf(sq + 1e-6f);
+    s.rnorm_k[row] = rsqrtf(sk + 1e-6f);
   }
 }
 
