@@ -9,6 +9,9 @@
 namespace flashkda::sm90 {
 
 constexpr int kPrologueThreads = 256;
+// exp(A_log) is clamped here (gate_prefix): at 2^100 the gate's sigmoid is already
+// saturated for every |g + dt_bias| above ~2^-95, so only the infinities change.
+constexpr float kMaxGateScale = 0x1p100f;
 constexpr int kPrologueWarps = kPrologueThreads / 32;
 // Element-wise thread map: thread (pair p, group q) owns key columns 2p, 2p+1 and
 // rows 4q..4q+3, so that every shared-memory access moves two elements.
@@ -17,11 +20,13 @@ constexpr int kRowGroups = kPrologueThreads / kColPairs;        // 4
 constexpr int kRowsPerThread = kChunk / kRowGroups;             // 4
 static_assert(kRowGroups * kRowsPerThread == kChunk, "thread map covers the chunk");
 
+// Unsigned arithmetic throughout: as signed ints the divisions and remainders
+// below each took a sign fix-up (~15 instructions a thread in all).
 struct ElementMap {
-  int d0;     // first of the thread's two key columns
-  int group;  // rows 4·group .. 4·group + 3
-  __device__ explicit ElementMap(int tid) : d0(2 * (tid % kColPairs)), group(tid / kColPairs) {}
-  __device__ int row(int r) const { return kRowsPerThread * group + r; }
+  unsigned d0;     // first of the thread's two key columns
+  unsigned group;  // rows 4·group .. 4·group + 3
+  __device__ explicit ElementMap(unsigned tid) : d0(2 * (tid % kColPairs)), group(tid / kColPairs) {}
+  __device__ unsigned row(unsigned r) const { return kRowsPerThread * group + r; }
 };
 
 __device__ __forceinline__ float2 bf16x2_bits_to_float2(uint32_t w) {
@@ -59,23 +64,35 @@ __device__ __forceinline__ void row_norms(Smem& s, int warp, int lane) {
     sk += __shfl_xor_sync(0xffffffffu, sk, off);
   }
   if ((lane & 15) == 0) {
-    s.rnorm_q[row] = rsqrtf(sq + 1e-6f);
-    s.rnorm_k[row] = rsqrtf(sk + 1e-6f);
+    s.rnorm_q[row] = rsqrt_approx(sq + 1e-6f);  // >= 1e-6: a normal float
+    s.rnorm_k[row] = rsqrt_approx(sk + 1e-6f);
   }
 }
 
 // γ = lower_bound·log2(e)·sigmoid(exp(A_log)·(g + dt_bias)) for the thread's
 // elements and its inclusive prefix G over the thread's 4 rows. Each group
 // publishes its column totals so later groups can add them after a barrier.
+// sigmoid(a·(g + d)) = 1 / (1 + 2^(g·c + c·d)) with c = −log2(e)·a: one FMA an
+// element for the exponent, where a·(g + d)·(−log2 e) took three (the prologue is
+// bound by the instructions it issues). a = exp(A_log) comes clamped to
+// kMaxGateScale: with a = inf, g·c and c·d could be infinities of opposite signs.
+struct GateConstants {
+  float c;    // −log2(e)·exp(A_log)
+  float2 cd;  // c·dt_bias of the thread's two columns
+};
+__device__ __forceinline__ GateConstants gate_constants(float exp_a, float2 dt_bias) {
+  const float c = -1.4426950408889634f * exp_a;
+  return {c, make_float2(c * dt_bias.x, c * dt_bias.y)};
+}
 template <class Smem>
-__device__ __forceinline__ void gate_prefix(Smem& s, const ElementMap& m, float exp_a, float2 dt_bias,
-                                            float lb_log2e, float2 (&G)[kRowsPerThread]) {
+__device__ __forceinline__ void gate_prefix(Smem& s, const ElementMap& m, const GateConstants& k, float lb_log2e,
+                                            float2 (&G)[kRowsPerThread]) {
   float2 acc = make_float2(0.f, 0.f);
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const float2 x = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.g[m.row(r)][m.d0]));
-    acc.x += lb_log2e * sigmoid(exp_a * (x.x + dt_bias.x));
-    acc.y += lb_log2e * sigmoid(exp_a * (x.y + dt_bias.y));
+    acc.x = fmaf(lb_log2e, rcp_approx(1.f + ex2_approx(fmaf(x.x, k.c, k.cd.x))), acc.x);
+    acc.y = fmaf(lb_log2e, rcp_approx(1.f + ex2_approx(fmaf(x.y, k.c, k.cd.y))), acc.y);
     G[r] = acc;
   }
   *reinterpret_cast<float2*>(&s.g_part[m.group][m.d0]) = acc;
@@ -88,7 +105,7 @@ __device__ __forceinline__ void finish_gate_prefix(Smem& s, const ElementMap& m,
   float2 base = make_float2(0.f, 0.f);
 #pragma unroll
   for (int q = 0; q < kRowGroups - 1; ++q) {
-    if (q < m.group) {
+    if (static_cast<unsigned>(q) < m.group) {
       const float2 part = *reinterpret_cast<const float2*>(&s.g_part[q][m.d0]);
       base.x += part.x;
       base.y += part.y;
@@ -98,7 +115,7 @@ __device__ __forceinline__ void finish_gate_prefix(Smem& s, const ElementMap& m,
   for (int r = 0; r < kRowsPerThread; ++r) {
     G[r].x += base.x;
     G[r].y += base.y;
-    if (m.row(r) == rows - 1)  // unrolled compare: G stays in registers
+    if (static_cast<int>(m.row(r)) == rows - 1)  // unrolled compare: G stays in registers
       *reinterpret_cast<float2*>(&s.decay_last[m.d0]) = make_float2(ex2_approx(G[r].x), ex2_approx(G[r].y));
   }
 }
@@ -112,12 +129,12 @@ __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap
   static_assert(kRowsPerThread == 4, "rows 4q..4q+3 per thread");
   // The thread's rows 4q..4q+3 in the swizzled record operands: a base per
   // thread and, per row r, r·64 + ((chunk ^ r) << 3) (sw128_row_split_holds).
-  const int i0 = m.row(0), chunk = ((m.d0 % 64) / 8) ^ (i0 % 8);
-  const int base = (i0 / 8) * 1024 + (m.d0 / 64) * 512 + (i0 % 8) * 64 + m.d0 % 8;
+  const unsigned i0 = m.row(0), chunk = ((m.d0 % 64) / 8) ^ (i0 % 8);
+  const unsigned base = (i0 / 8) * 1024 + (m.d0 / 64) * 512 + (i0 % 8) * 64 + m.d0 % 8;
   constexpr int kQdecRow0 = kChunk * kHeadDim;  // Q_dec is rows 16-31 of wq
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
-    const int i = m.row(r);
+    const unsigned i = m.row(r);
     const float rk = s.rnorm_k[i], rq = s.rnorm_q[i] * scale;
     const float2 kf = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.k[i][m.d0]));
     const float2 qf = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.q[i][m.d0]));
@@ -125,20 +142,22 @@ __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap
     const float up0 = ex2_approx(G[r].x), up1 = ex2_approx(G[r].y);        // 2^G  in (0, 1]
     const float down0 = ex2_approx(-G[r].x), down1 = ex2_approx(-G[r].y);  // 2^-G in [1, 2^116): a normal float
     const float kdec0 = k0 * up0, kdec1 = k1 * up1;
+    const float kinv0 = k0 * down0, kinv1 = k1 * down1;
     uint32_t hi, lo;
     split_bf16x2(kdec0, kdec1, hi, lo);
     *reinterpret_cast<uint32_t*>(&s.kdec_hi[i][m.d0]) = hi;
     *reinterpret_cast<uint32_t*>(&s.kdec_lo[i][m.d0]) = lo;
-    split_bf16x2(k0 * down0, k1 * down1, hi, lo);
+    split_bf16x2(kinv0, kinv1, hi, lo);
     *reinterpret_cast<uint32_t*>(&s.kinv_hi[i][m.d0]) = hi;
     *reinterpret_cast<uint32_t*>(&s.kinv_lo[i][m.d0]) = lo;
     split_bf16x2(qf.x * rq * up0, qf.y * rq * up1, hi, lo);
-    const int sw = base + r * 64 + ((chunk ^ r) << 3);
+    const unsigned sw = base + r * 64 + ((chunk ^ r) << 3);
     *reinterpret_cast<uint32_t*>(&s.wq[kQdecRow0 + sw]) = hi;
     *reinterpret_cast<uint32_t*>(&s.qdec_lo[i][m.d0]) = lo;
     *reinterpret_cast<uint32_t*>(&s.kdec16[i][m.d0]) = pack_f16(kdec0, kdec1);
-    // 2^(G_last − G) as a product of two normal floats (no third ex2); <= 1 on real rows.
-    split_bf16x2(k0 * (dl.x * down0), k1 * (dl.y * down1), hi, lo);
+    // K_res = K_inv · 2^G_last: 2^(G_last − G) as a product of two normal floats (no
+    // third ex2), applied to K_inv (k̂ · 2^-G, at most 2^116 in size: no overflow).
+    split_bf16x2(kinv0 * dl.x, kinv1 * dl.y, hi, lo);
     *reinterpret_cast<uint32_t*>(&s.kres_hi[sw]) = hi;
     *reinterpret_cast<uint32_t*>(&s.kres_lo[sw]) = lo;
   }
