@@ -166,6 +166,10 @@ struct NonFiniteCase {
   const char* plan_name;
 };
 
+void PrintTo(const NonFiniteCase& c, std::ostream* os) {
+  *os << "NaN in " << c.where << ", K = " << c.head_dim << ", " << c.plan_name;
+}
+
 std::vector<NonFiniteCase> non_finite_cases() {
   struct Plan {
     sm90::LaunchOverride o;
