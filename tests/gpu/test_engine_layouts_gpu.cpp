@@ -7,6 +7,7 @@
 // check_device_faults(). Skips, saying why, without a CUDA build or sm_90 device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -97,6 +98,24 @@ TEST_P(GpuEngineLayouts, Int32CuSeqlensAreBitwiseTheInt64Run) {
   a.cu_seqlens_int32 = d_cu32.ptr;
   expect_bitwise_dense(a, p, out, dense);
   EXPECT_TRUE(check_device_faults(nullptr).ok());
+}
+
+// A_log and dt_bias need only 4-byte alignment (validate.cpp): views that start one
+// float into a buffer (8-byte aligned + 4) give the dense run's bits.
+TEST_P(GpuEngineLayouts, WeightsAtFourByteOffsetsAreBitwiseTheDenseRun) {
+  const HostProblem p = make_problem(varlen_spec(DType::kFP32), 64);
+  const RunResult dense = run_cuda(p);
+  ASSERT_TRUE(dense.status.ok()) << dense.status.message;
+  std::vector<float> a_log(p.A_log.size() + 1, 0.f), dt_bias(p.dt_bias.size() + 1, 0.f);
+  std::copy(p.A_log.begin(), p.A_log.end(), a_log.begin() + 1);
+  std::copy(p.dt_bias.begin(), p.dt_bias.end(), dt_bias.begin() + 1);
+  DeviceInputs in(p);
+  DeviceBuffer<float> d_a_log(a_log), d_dt_bias(dt_bias);  // cudaMalloc: 256-byte aligned
+  DeviceBuffer<uint16_t> out(p.out_elems());
+  ForwardArgs a = in.args(p, out.ptr);
+  a.A_log = d_a_log.ptr + 1;
+  a.dt_bias = d_dt_bias.ptr + 1;
+  expect_bitwise_dense(a, p, out, dense);
 }
 
 // Per token [q | k | v | g | beta | pad] with the width a multiple of 8 (rows

@@ -252,6 +252,48 @@ INSTANTIATE_TEST_SUITE_P(Inputs, GpuNonFinite, ::testing::ValuesIn(non_finite_ca
   return std::string(1, info.param.where) + "K" + std::to_string(info.param.head_dim) + "_" + info.param.plan_name;
 });
 
+// A NaN in one value head's A_log, or in one element of its dt_bias, reaches every
+// gate of that head (every token's out, its final states) and nothing else: the
+// gate's exp(A_log) is clamped to a finite scale, but a NaN is not clamped away.
+TEST(GpuNonFiniteWeights, NaNInALogOrDtBiasStaysInItsHead) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t head_dim : {128, 64})
+    for (const bool in_a_log : {true, false}) {
+      ProblemSpec spec;
+      spec.seqlens = {40, 77};
+      spec.heads = 2;
+      spec.v_heads = 4;
+      spec.head_dim = head_dim;
+      HostProblem p = make_problem(spec, 4102);
+      const int64_t bad = in_a_log ? 2 : 1;
+      if (in_a_log) p.A_log[static_cast<size_t>(bad)] = std::nanf("");
+      else p.dt_bias[static_cast<size_t>(bad * p.K + 5)] = std::nanf("");
+      const RunResult r = run_cuda(p);
+      ASSERT_TRUE(r.status.ok()) << r.status.message;
+      const char* what = in_a_log ? "A_log" : "dt_bias";
+      int64_t wrong = 0;
+      for (int64_t t = 0; t < p.tokens(); ++t)
+        for (int64_t hv = 0; hv < p.HV; ++hv) {
+          bool finite = true;
+          for (int64_t e = 0; e < p.V; ++e)
+            finite = finite && std::isfinite(r.out[static_cast<size_t>((t * p.HV + hv) * p.V + e)]);
+          if (finite == (hv == bad) && wrong++ < 8)
+            ADD_FAILURE() << "NaN in " << what << ", K = " << head_dim << ": out of token " << t << ", value head "
+                          << hv << " is " << (finite ? "finite" : "non-finite");
+        }
+      EXPECT_EQ(wrong, 0);
+      const int64_t per_head = p.V * p.K;
+      for (int64_t n = 0; n < p.N; ++n)
+        for (int64_t hv = 0; hv < p.HV; ++hv) {
+          bool finite = true;
+          for (int64_t i = 0; i < per_head; ++i)
+            finite = finite && std::isfinite(r.final_state[static_cast<size_t>((n * p.HV + hv) * per_head + i)]);
+          EXPECT_NE(finite, hv == bad) << "NaN in " << what << ", K = " << head_dim << ": final state of sequence "
+                                       << n << ", value head " << hv;
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Guard bands: device-resident cu_seqlens values that break the rules.
 // ---------------------------------------------------------------------------

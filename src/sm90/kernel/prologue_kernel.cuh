@@ -20,11 +20,12 @@
 
 namespace flashkda::sm90 {
 
-// An 8-byte global load that stays where it is written: a plain load was moved
-// behind the chunk copies' wait (cp.async.wait_all), adding a round trip.
+// Two consecutive floats by global loads that stay where they are written: plain
+// loads were moved behind the chunk copies' wait (cp.async.wait_all), adding a
+// round trip. Two 4-byte loads: dt_bias is only promised 4-byte alignment.
 __device__ __forceinline__ float2 load_float2_in_order(const float* p) {
   float2 v;
-  asm volatile("ld.global.nc.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+  asm volatile("ld.global.nc.f32 %0, [%2];\n\tld.global.nc.f32 %1, [%2+4];" : "=f"(v.x), "=f"(v.y) : "l"(p));
   return v;
 }
 
@@ -115,7 +116,8 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   // op: ~2^-22 of relative error in a scale of the gate's argument, against nine
   // instructions a thread for expf. Formed before the copies' wait, so that the
   // small loads are waited for while the copies fly.
-  const float exp_a = real_column ? fminf(ex2_approx(a_log * 1.4426950408889634f), kMaxGateScale) : 0.f;
+  const float e_a = ex2_approx(a_log * 1.4426950408889634f);
+  const float exp_a = real_column ? (e_a > kMaxGateScale ? kMaxGateScale : e_a) : 0.f;  // a NaN stays NaN
   const GateConstants gate = gate_constants(exp_a, dt_bias);
   cute::cp_async_wait<0>();
   if (tid < kChunk) s.beta_sig[tid] = sigmoid(bf16_bits_to_float(beta_bits));  // pad rows: sigmoid(0)
