@@ -20,9 +20,11 @@
 
 namespace flashkda::sm90 {
 
-// Two consecutive floats by global loads that stay where they are written: plain
-// loads were moved behind the chunk copies' wait (cp.async.wait_all), adding a
-// round trip. Two 4-byte loads: dt_bias is only promised 4-byte alignment.
+// Two consecutive floats by two 4-byte loads (dt_bias is only promised 4-byte
+// alignment; one 8-byte load would fault on a view one float into a buffer).
+// Written as volatile PTX so that they stay before the chunk copies' wait in the
+// PTX; ptxas still schedules them behind it (its SASS), where an 8-byte load had
+// stayed in front.
 __device__ __forceinline__ float2 load_float2_in_order(const float* p) {
   float2 v;
   asm volatile("ld.global.nc.f32 %0, [%2];\n\tld.global.nc.f32 %1, [%2+4];" : "=f"(v.x), "=f"(v.y) : "l"(p));
@@ -93,10 +95,10 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   const ChunkTile chunk = locate_chunk(p, slot);
   if (!chunk.valid) return;
 
-  // The small loads first, all in flight with the chunk's copies: beta (16
-  // threads), A_log and dt_bias. Issued after the beta branch, ptxas placed them
-  // behind the copies' wait, and warp 0 waited on beta before issuing them: up
-  // to two more round trips before the first barrier.
+  // The small loads first: beta (16 threads), A_log and dt_bias. Issued after
+  // the beta branch, ptxas placed them behind the copies' wait, and warp 0 waited
+  // on beta before issuing them: up to two more round trips before the first
+  // barrier. Now beta's and A_log's fly with the copies (dt_bias's: see above).
   const bool real_column = kDim == kHeadDim || m.d0 < kDim;  // padding columns: zero k and q
   const bool beta_row = tid < kChunk && tid < chunk.rows;
   const uint16_t beta_bits =
@@ -114,8 +116,7 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   // Padding columns get the gate of exp_a = 0 (finite whatever A_log is: an
   // exp(A_log) that overflows times their zero g would be NaN). exp by the MUFU
   // op: ~2^-22 of relative error in a scale of the gate's argument, against nine
-  // instructions a thread for expf. Formed before the copies' wait, so that the
-  // small loads are waited for while the copies fly.
+  // instructions a thread for expf.
   const float e_a = ex2_approx(a_log * 1.4426950408889634f);
   const float exp_a = real_column ? (e_a > kMaxGateScale ? kMaxGateScale : e_a) : 0.f;  // a NaN stays NaN
   const GateConstants gate = gate_constants(exp_a, dt_bias);
