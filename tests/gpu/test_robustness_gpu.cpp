@@ -13,6 +13,7 @@
 // check_device_faults() must name cu_seqlens and the first bad sequence, once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ostream>
@@ -155,10 +156,22 @@ TEST(GpuDegenerateInput, ServingRegressionBf16State) {
 // ---------------------------------------------------------------------------
 
 // One NaN in one element of one token's q, k or v, under every launch form that
-// could carry it elsewhere: the one-pass recurrence (V split 1 and 2, 3 and 4
+// could spread it further: the one-pass recurrence (V split 1 and 2, 3 and 4
 // stages), and the segment scan with out formed by running the chains again or
 // by superposition (the NaN in the second chunk of a segment, so the segment's
 // first chunk must stay finite through pass 1's o⁰ and P).
+// Whether token t's out at value head hv, and sequence n's final state at value
+// head hv, are finite in every element.
+bool out_finite(const RunResult& r, const HostProblem& p, int64_t t, int64_t hv) {
+  const auto begin = r.out.begin() + (t * p.HV + hv) * p.V;
+  return std::all_of(begin, begin + p.V, [](float x) { return std::isfinite(x); });
+}
+bool state_finite(const RunResult& r, const HostProblem& p, int64_t n, int64_t hv) {
+  const int64_t per_head = p.V * p.K;
+  const auto begin = r.final_state.begin() + (n * p.HV + hv) * per_head;
+  return std::all_of(begin, begin + per_head, [](float x) { return std::isfinite(x); });
+}
+
 struct NonFiniteCase {
   char where;  // 'q', 'k' or 'v'
   int64_t head_dim;
@@ -227,22 +240,16 @@ TEST_P(GpuNonFinite, StaysInItsSequenceAndHead) {
   int64_t wrong = 0;
   for (int64_t tok = 0; tok < p.tokens(); ++tok)
     for (int64_t hv = 0; hv < p.HV; ++hv) {
-      bool finite = true;
-      for (int64_t e = 0; e < p.V; ++e)
-        finite = finite && std::isfinite(r.out[static_cast<size_t>((tok * p.HV + hv) * p.V + e)]);
+      const bool finite = out_finite(r, p, tok, hv);
       const bool expect_bad = hit_head(hv) && tok >= first && tok <= last;
       if (finite == expect_bad && wrong++ < 8)
         ADD_FAILURE() << c.where << " " << c.plan_name << " K=" << c.head_dim << ": out of token " << tok
                       << ", value head " << hv << " is " << (finite ? "finite" : "non-finite");
     }
-  const int64_t per_head = p.V * p.K;
   for (int64_t n = 0; n < p.N; ++n)
     for (int64_t hv = 0; hv < p.HV; ++hv) {
-      bool finite = true;
-      for (int64_t i = 0; i < per_head; ++i)
-        finite = finite && std::isfinite(r.final_state[static_cast<size_t>((n * p.HV + hv) * per_head + i)]);
       const bool expect_bad = c.where != 'q' && n == seq && hit_head(hv);
-      EXPECT_NE(finite, expect_bad) << c.where << " " << c.plan_name << " K=" << c.head_dim
+      EXPECT_NE(state_finite(r, p, n, hv), expect_bad) << c.where << " " << c.plan_name << " K=" << c.head_dim
                                     << ": final state of sequence " << n << ", value head " << hv;
     }
   EXPECT_EQ(wrong, 0);
@@ -274,21 +281,15 @@ TEST(GpuNonFiniteWeights, NaNInALogOrDtBiasStaysInItsHead) {
       int64_t wrong = 0;
       for (int64_t t = 0; t < p.tokens(); ++t)
         for (int64_t hv = 0; hv < p.HV; ++hv) {
-          bool finite = true;
-          for (int64_t e = 0; e < p.V; ++e)
-            finite = finite && std::isfinite(r.out[static_cast<size_t>((t * p.HV + hv) * p.V + e)]);
+          const bool finite = out_finite(r, p, t, hv);
           if (finite == (hv == bad) && wrong++ < 8)
             ADD_FAILURE() << "NaN in " << what << ", K = " << head_dim << ": out of token " << t << ", value head "
                           << hv << " is " << (finite ? "finite" : "non-finite");
         }
       EXPECT_EQ(wrong, 0);
-      const int64_t per_head = p.V * p.K;
       for (int64_t n = 0; n < p.N; ++n)
         for (int64_t hv = 0; hv < p.HV; ++hv) {
-          bool finite = true;
-          for (int64_t i = 0; i < per_head; ++i)
-            finite = finite && std::isfinite(r.final_state[static_cast<size_t>((n * p.HV + hv) * per_head + i)]);
-          EXPECT_NE(finite, hv == bad) << "NaN in " << what << ", K = " << head_dim << ": final state of sequence "
+          EXPECT_NE(state_finite(r, p, n, hv), hv == bad) << "NaN in " << what << ", K = " << head_dim << ": final state of sequence "
                                        << n << ", value head " << hv;
         }
     }
