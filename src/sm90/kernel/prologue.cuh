@@ -40,12 +40,13 @@ __device__ __forceinline__ void split_bf16x2(float x, float y, uint32_t& hi, uin
   lo = pack_bf16(x - __uint_as_float(hi << 16), y - __uint_as_float(hi & 0xffff0000u));
 }
 
-// 1/sqrt(|x|²+1e-6) of every row of q and k; warp w handles rows 2w and 2w+1, a
-// half-warp each (8 elements a lane): the two rows' sums reduce side by side in
-// four shuffle levels, where a whole warp a row took five levels, one row after
-// the other.
+// 1/sqrt(|x|²+1e-6) of every row of k, and the same times `scale` of every row of
+// q (the product write_decayed_operands needs, formed once a row instead of once
+// an element pair). Warp w handles rows 2w and 2w+1, a half-warp each (8
+// elements a lane): the two rows' sums reduce side by side in four shuffle
+// levels, where a whole warp a row took five levels, one row after the other.
 template <class Smem>
-__device__ __forceinline__ void row_norms(Smem& s, int warp, int lane) {
+__device__ __forceinline__ void row_norms(Smem& s, int warp, int lane, float scale) {
   static_assert(kChunk == 2 * kPrologueWarps && kHeadDim == 16 * 8, "two rows per warp, 8 columns a lane");
   const int row = 2 * warp + (lane >> 4), col = 8 * (lane & 15);
   const uint4 qv = *reinterpret_cast<const uint4*>(&s.q[row][col]);
@@ -64,7 +65,7 @@ __device__ __forceinline__ void row_norms(Smem& s, int warp, int lane) {
     sk += __shfl_xor_sync(0xffffffffu, sk, off);
   }
   if ((lane & 15) == 0) {
-    s.rnorm_q[row] = rsqrt_approx(sq + 1e-6f);  // >= 1e-6: a normal float
+    s.rnorm_q_scaled[row] = rsqrt_approx(sq + 1e-6f) * scale;  // sq + 1e-6 >= 1e-6: a normal float
     s.rnorm_k[row] = rsqrt_approx(sk + 1e-6f);
   }
 }
@@ -124,7 +125,7 @@ __device__ __forceinline__ void finish_gate_prefix(Smem& s, const ElementMap& m,
 // fragments of chunk_matrices.cuh and recurrence.cuh read them.
 template <class Smem>
 __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap& m,
-                                                       const float2 (&G)[kRowsPerThread], float scale) {
+                                                       const float2 (&G)[kRowsPerThread]) {
   const float2 dl = *reinterpret_cast<const float2*>(&s.decay_last[m.d0]);
   static_assert(kRowsPerThread == 4, "rows 4q..4q+3 per thread");
   // The thread's rows 4q..4q+3 in the swizzled record operands: a base per
@@ -135,7 +136,7 @@ __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const unsigned i = m.row(r);
-    const float rk = s.rnorm_k[i], rq = s.rnorm_q[i] * scale;
+    const float rk = s.rnorm_k[i], rq = s.rnorm_q_scaled[i];
     const float2 kf = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.k[i][m.d0]));
     const float2 qf = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.q[i][m.d0]));
     const float k0 = kf.x * rk, k1 = kf.y * rk;

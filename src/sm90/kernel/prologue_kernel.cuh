@@ -20,17 +20,6 @@
 
 namespace flashkda::sm90 {
 
-// Two consecutive floats by two 4-byte loads (dt_bias is only promised 4-byte
-// alignment; one 8-byte load would fault on a view one float into a buffer).
-// Written as volatile PTX so that they stay before the chunk copies' wait in the
-// PTX; ptxas still schedules them behind it (its SASS), where an 8-byte load had
-// stayed in front.
-__device__ __forceinline__ float2 load_float2_in_order(const float* p) {
-  float2 v;
-  asm volatile("ld.global.nc.f32 %0, [%2];\n\tld.global.nc.f32 %1, [%2+4];" : "=f"(v.x), "=f"(v.y) : "l"(p));
-  return v;
-}
-
 // Four CTAs per SM fit (54 KB of shared memory, <= 64 registers a thread): while
 // one waits on its loads or on its warp-0 inverse, the others compute.
 constexpr int kPrologueMinCtasPerSm = 4;
@@ -95,17 +84,22 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   const ChunkTile chunk = locate_chunk(p, slot);
   if (!chunk.valid) return;
 
-  // The small loads first: beta (16 threads), A_log and dt_bias. Issued after
-  // the beta branch, ptxas placed them behind the copies' wait, and warp 0 waited
-  // on beta before issuing them: up to two more round trips before the first
-  // barrier. Now beta's and A_log's fly with the copies (dt_bias's: see above).
+  // The small loads first: beta (16 threads) and A_log. Issued after the beta
+  // branch, ptxas placed them behind the copies' wait, and warp 0 waited on beta
+  // before issuing them: up to two more round trips before the first barrier.
+  // dt_bias goes by 4-byte copies beside the chunk's: its pointer is promised
+  // only 4-byte alignment, and ptxas put two plain 4-byte loads behind the wait.
   const bool real_column = kDim == kHeadDim || m.d0 < kDim;  // padding columns: zero k and q
   const bool beta_row = tid < kChunk && tid < chunk.rows;
   const uint16_t beta_bits =
       beta_row ? p.beta[(chunk.token_begin + tid) * p.beta_tok + static_cast<int64_t>(v_head) * p.beta_head] : 0;
   const float a_log = real_column ? p.A_log[v_head] : 0.f;
-  float2 dt_bias = make_float2(0.f, 0.f);
-  if (real_column) dt_bias = load_float2_in_order(p.dt_bias + static_cast<int64_t>(v_head) * kDim + m.d0);
+  if (tid < kDim)
+    cute::SM80_CP_ASYNC_CACHEALWAYS<uint32_t>::copy(
+        *reinterpret_cast<const uint32_t*>(p.dt_bias + static_cast<int64_t>(v_head) * kDim + tid),
+        *reinterpret_cast<uint32_t*>(&s.dt_bias[tid]));
+  else if (tid < kHeadDim)
+    s.dt_bias[tid] = 0.f;
   load_token_rows_async<kHeadDim, kPrologueThreads, kDim>(&s.q[0][0], kHeadDim, p.q, chunk.token_begin, chunk.rows,
                                                            p.q_tok, static_cast<int64_t>(qk_head) * p.q_head, 0, tid);
   load_token_rows_async<kHeadDim, kPrologueThreads, kDim>(&s.k[0][0], kHeadDim, p.k, chunk.token_begin, chunk.rows,
@@ -119,18 +113,18 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   // instructions a thread for expf.
   const float e_a = ex2_approx(a_log * 1.4426950408889634f);
   const float exp_a = real_column ? (e_a > kMaxGateScale ? kMaxGateScale : e_a) : 0.f;  // a NaN stays NaN
-  const GateConstants gate = gate_constants(exp_a, dt_bias);
   cute::cp_async_wait<0>();
   if (tid < kChunk) s.beta_sig[tid] = sigmoid(bf16_bits_to_float(beta_bits));  // pad rows: sigmoid(0)
   __syncthreads();
 
-  row_norms(s, warp, lane);
+  const GateConstants gate = gate_constants(exp_a, *reinterpret_cast<const float2*>(&s.dt_bias[m.d0]));
+  row_norms(s, warp, lane, p.scale);
   float2 G[kRowsPerThread];
   gate_prefix(s, m, gate, p.lower_bound_log2e, G);
   __syncthreads();
   finish_gate_prefix(s, m, G, chunk.rows);
   __syncthreads();
-  write_decayed_operands(s, m, G, p.scale);
+  write_decayed_operands(s, m, G);
   __syncthreads();
   constexpr bool kEarlyPart = kDim == kHeadDim;
   constexpr int kStoreThreads = kPrologueThreads - kMatrixWarps * 32;

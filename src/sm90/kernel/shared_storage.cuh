@@ -211,8 +211,9 @@ struct PrologueSmem : ChunkOperands {
   alignas(16) __nv_bfloat16 kinv_hi[kChunk][kLdRow];  // k̂·2^-G  (B of L and Mqk)
   alignas(16) __nv_bfloat16 kinv_lo[kChunk][kLdRow];
   alignas(16) __nv_bfloat16 qdec_lo[kChunk][kLdRow];  // low part of Q_dec (A of Mqk; the high part is in wq)
-  float rnorm_q[kChunk];   // 1/sqrt(|q|²+1e-6)
-  float rnorm_k[kChunk];
+  float rnorm_q_scaled[kChunk];  // scale/sqrt(|q|²+1e-6)
+  float rnorm_k[kChunk];         // 1/sqrt(|k|²+1e-6)
+  float dt_bias[kHeadDim];       // the value head's dt_bias; 0 in padding columns
   float beta_sig[kChunk];  // sigmoid(beta); 0.5 on pad rows (harmless: their k is 0)
 };
 
