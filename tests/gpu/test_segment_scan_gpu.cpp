@@ -343,6 +343,20 @@ TEST_F(GpuSegmentScan, LongSingleHead) {
   }
 }
 
+// The tensor-parallel table's H = 1, T = 2^20 row itself: one full head against
+// the float64 recurrence (spec section 5 asks for the bars at T = 1M), in the
+// heuristic's plan (~66 segments, the composition's whole chain). K = 128 only:
+// the oracle walks the 2^20 tokens on one core (~20-30 s).
+TEST_F(GpuSegmentScan, MillionTokenHeadWithinBars) {
+  sm90::set_launch_override({});
+  ProblemSpec spec;
+  spec.seqlen = int64_t{1} << 20;
+  spec.heads = 1;
+  const HostProblem p = make_problem(spec, 15);
+  expect_within_bars(p, errors_of(p, run_cuda(p), "heuristic H=1 T=2^20"));
+  expect_split(p);
+}
+
 // Outputs by superposition over many short segments (128 at T = 65536): the
 // composition runs 127 steps and the output kernel forms each segment's out
 // from the S_in it left; both forms of the composition, K = 128 and 64, and a
