@@ -5,6 +5,7 @@
 //                  [--cases 8192,varlen6,8x1024] [--table standard|tp] [--v-split 0|1|2] [--stages 0|3|4]
 //                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg[,rec]];..."]
 //                  [--checkpoints C] [--checkpoints-dtype bf16|fp32] [--checkpoints-value-major]
+//                  [--checkpoints-paired]
 //                  [--head-dim 128|64] [--json FILE]
 //
 // --cases: the standard table's three (default) and the tensor-parallel rows'
@@ -14,7 +15,11 @@
 // --checkpoints C: also write a bf16 checkpoint every C tokens in fla's key-major
 // layout (the prefix-caching call of spec section 7; C a multiple of 16);
 // --checkpoints-dtype fp32 and --checkpoints-value-major ([HV, V, K] entries) change
-// the entries' form, to tell the bytes from the layout.
+// the entries' form, to tell the bytes from the layout. --checkpoints-paired
+// times every row without and with the checkpoints, launch for launch in
+// alternation on the same inputs, and prints what they cost: the ratio of the two
+// medians and the median of the pairs' ratios (separate runs of the two drift
+// apart with the SM clock by about as much as the cost itself).
 // --head-dim 64: every row at K = V = 64 (the FlashKDA design column is for 128 only).
 // --v-split / --stages / --seg-chunks force one part of the launch plan
 // (sm90::LaunchOverride; --seg-chunks -1: never split a sequence, N: segments of
@@ -96,6 +101,18 @@ struct Row {
   double ms, gbps, floor_ms, published, sm_mhz;
 };
 
+// A row timed without and with checkpoints (--checkpoints-paired).
+struct PairedRow {
+  int heads;
+  std::string name;
+  double none_ms, ck_ms, ratio_of_medians, median_ratio, sm_mhz;
+};
+
+float median_of(std::vector<float> x) {
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,7 +120,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> states = {"fp32", "bf16", "none"};
   int iters = 100, warmup = 10;
   int64_t checkpoint_every = 0;
-  bool checkpoints_fp32 = false, checkpoints_value_major = false;
+  bool checkpoints_fp32 = false, checkpoints_value_major = false, checkpoints_paired = false;
   int64_t dim = 128;  // K = V of every row (--head-dim)
   flashkda::sm90::LaunchOverride forced;
   bool sweep = false, sweep_plan = false;
@@ -152,11 +169,16 @@ int main(int argc, char** argv) {
       checkpoints_fp32 = d == "fp32";
     }
     else if (a == "--checkpoints-value-major") checkpoints_value_major = true;
+    else if (a == "--checkpoints-paired") checkpoints_paired = true;
     else if (a == "--head-dim") {
       dim = std::atoll(next().c_str());
       if (dim != 64 && dim != 128) { std::fprintf(stderr, "--head-dim: expected 64 or 128\n"); return 2; }
     }
     else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
+  }
+  if (checkpoints_paired && checkpoint_every <= 0) {
+    std::fprintf(stderr, "--checkpoints-paired needs --checkpoints C\n");
+    return 2;
   }
   std::string why;
   if (!flashkda::cuda_backend_available(&why)) {
@@ -204,6 +226,7 @@ int main(int argc, char** argv) {
   if (sweep_plan) plans = {{1, 4}, {2, 4}, {2, 3}};
   if (!listed_plans.empty()) plans = listed_plans;
   std::vector<Row> rows;
+  std::vector<PairedRow> paired_rows;
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
@@ -284,28 +307,59 @@ int main(int argc, char** argv) {
         for (const auto& plan_override : plans) {
           flashkda::sm90::set_launch_override(plan_override);
           // The workspace depends on the plan (a split one holds segment states).
-          size_t ws_bytes = 0;
+          flashkda::ForwardArgs a_none = a;  // the paired twin without checkpoints
+          {
+            const flashkda::ForwardArgs defaults;
+            a_none.checkpoints = defaults.checkpoints;
+            a_none.checkpoints_dtype = defaults.checkpoints_dtype;
+            a_none.checkpoints_value_major = defaults.checkpoints_value_major;
+            a_none.checkpoint_interval = defaults.checkpoint_interval;
+            a_none.checkpoints_capacity = defaults.checkpoints_capacity;
+          }
+          size_t ws_bytes = 0, ws_none = 0;
           flashkda::Status wss = flashkda::workspace_size(a, flashkda::Backend::kCuda, &ws_bytes);
+          if (wss.ok()) wss = flashkda::workspace_size(a_none, flashkda::Backend::kCuda, &ws_none);
           if (!wss.ok()) { std::fprintf(stderr, "workspace_size failed: %s\n", wss.message.c_str()); return 1; }
+          ws_bytes = std::max(ws_bytes, ws_none);
           void* ws = nullptr;
           CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
           const flashkda::sm90::LaunchPlan used = flashkda::sm90::effective_launch_plan(flashkda::sm90::problem_shape(a), sms);
           for (int i = 0; i < warmup; ++i) {
             flashkda::Status s = flashkda::forward(a, flashkda::Backend::kCuda, ws, ws_bytes, nullptr);
+            if (s.ok() && checkpoints_paired) s = flashkda::forward(a_none, flashkda::Backend::kCuda, ws, ws_bytes, nullptr);
             if (!s.ok()) { std::fprintf(stderr, "forward failed: %s\n", s.message.c_str()); return 1; }
           }
-          std::vector<float> ms(iters);
-          for (int i = 0; i < iters; ++i) {
+          auto time_one = [&](const flashkda::ForwardArgs& args) {
+            float t = 0.f;
             CHECK_CUDA(cudaEventRecord(e0));
-            flashkda::forward(a, flashkda::Backend::kCuda, ws, ws_bytes, nullptr);
+            flashkda::forward(args, flashkda::Backend::kCuda, ws, ws_bytes, nullptr);
             CHECK_CUDA(cudaEventRecord(e1));
             CHECK_CUDA(cudaEventSynchronize(e1));
-            CHECK_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
+            CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+            return t;
+          };
+          std::vector<float> ms(iters), ms_none, pair_ratio;
+          for (int i = 0; i < iters; ++i) {
+            if (!checkpoints_paired) {
+              ms[i] = time_one(a);
+              continue;
+            }
+            // Which of the pair runs first alternates, so that neither always
+            // follows the other's writes.
+            float none = 0.f;
+            if (i % 2 == 0) none = time_one(a_none);
+            ms[i] = time_one(a);
+            if (i % 2 != 0) none = time_one(a_none);
+            ms_none.push_back(none);
+            pair_ratio.push_back(ms[i] / none);
           }
           CHECK_CUDA(cudaGetLastError());
           const double mhz = sm_clock_mhz();
-          std::sort(ms.begin(), ms.end());
-          const double med = ms[iters / 2];
+          const double med = median_of(ms);
+          if (checkpoints_paired) {
+            const double none_med = median_of(ms_none);
+            paired_rows.push_back({H, c.name, none_med, med, med / none_med, median_of(pair_ratio), mhz});
+          }
           const std::string plan = std::to_string(used.stages) + " stages" +
                                    (used.seg_chunks > 0 ? ", segments of " + std::to_string(used.seg_chunks) +
                                                               (used.superposed_outputs ? " superposed" : "")
@@ -340,6 +394,16 @@ int main(int argc, char** argv) {
     }
     std::printf("| %d | %s | %s | %d | %s | %.3f | %.0f | %.2f | %s | %s | %.0f |\n", r.heads, r.name.c_str(),
                 r.state.c_str(), r.v_split, r.plan.c_str(), r.ms, r.gbps, r.ms / r.floor_ms, pub, ratio, r.sm_mhz);
+  }
+  if (!paired_rows.empty()) {
+    std::printf("\nCheckpoints every %lld tokens (%s, %s), each launch paired with one without:\n\n",
+                static_cast<long long>(checkpoint_every), checkpoints_fp32 ? "fp32" : "bf16",
+                checkpoints_value_major ? "value-major" : "key-major");
+    std::printf("| H | case | none ms | with ms | ratio of medians | median of pair ratios | SM MHz |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
+    for (const PairedRow& r : paired_rows)
+      std::printf("| %d | %s | %.3f | %.3f | %.3f | %.3f | %.0f |\n", r.heads, r.name.c_str(), r.none_ms, r.ck_ms,
+                  r.ratio_of_medians, r.median_ratio, r.sm_mhz);
   }
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
