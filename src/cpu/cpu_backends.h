@@ -12,8 +12,9 @@ namespace flashkda::cpu {
 // The oracle: the token-by-token recurrence of the contract in float64.
 // `out_unrounded` (optional, host, same shape as out): also receives out before
 // its bf16 rounding, so that backends are judged against the oracle itself
-// (spec section 2) and not against a second rounding of it.
-Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded = nullptr);
+// (spec section 2) and not against a second rounding of it. `threads` <= 0: one
+// per hardware thread; the result is the same bits whatever the count.
+Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded = nullptr, int threads = 0);
 
 // The chunk-16 algorithm in fp32 with the kernels' decomposition (base-2 exponents,
 // L and Mqk, the inverse by forward substitution, the WY form), parallel over

@@ -2,12 +2,17 @@
 // in float64 on the bf16 inputs. Deliberately literal: one token at a time, the
 // six steps of the contract in order, no algebraic rearrangement.
 //
-// Parallel over (sequence, value head) pairs; every pair is independent and owns
-// disjoint slices of `out` and `final_state`. Also the twin of the affine segment
+// Parallel over (sequence, value head) pairs, and over blocks of a pair's state
+// rows when there are fewer pairs than threads (one long head): every row of the
+// state evolves on its own given the token's inputs (steps 4-6 below touch row e
+// and v[e] only), so a block repeats steps 1-3 for its tokens and computes exactly
+// what the whole pair would for its rows. Every task owns disjoint slices of
+// `out`, `final_state` and the checkpoints. Also the twin of the affine segment
 // scan (spec section 6): a run of tokens as the map S_in ↦ S_in·M + B.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "common/bf16.h"
@@ -81,25 +86,28 @@ double row_dot_q(const double* row, int64_t K, const TokenInputs& x) {
   return o;
 }
 
-// One (sequence, value head): the recurrence over the tokens of `span`.
-// checkpoint0: sequence n's first checkpoint entry (used when args.checkpoints is set).
+// Rows [row_begin, row_end) of one (sequence, value head): the recurrence over
+// the tokens of `span`. checkpoint0: sequence n's first checkpoint entry (used
+// when args.checkpoints is set).
 void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, int64_t hv, int64_t checkpoint0,
-                   float* out_unrounded) {
+                   int64_t row_begin, int64_t row_end, float* out_unrounded) {
   const int64_t HV = value_heads(args);
   const int64_t K = args.head_dim_k;
   const int64_t V = args.head_dim_v;
   const auto* v = static_cast<const uint16_t*>(args.v);
   auto* out = static_cast<uint16_t*>(args.out);
 
-  // S [V][K], value-first, starts at initial_state[n][hv] (or zero).
+  // S [V][K], value-first, starts at initial_state[n][hv] (or zero); only the
+  // rows [row_begin, row_end) are read, updated and written.
   std::vector<double> S(static_cast<size_t>(V * K), 0.0);
   const int64_t state_off = (n * HV + hv) * V * K;
+  const int64_t first = row_begin * K, last = row_end * K;  // the rows' elements
   if (args.initial_state != nullptr && args.initial_state_dtype == DType::kFP32) {
     const float* s0 = static_cast<const float*>(args.initial_state) + state_off;
-    for (int64_t i = 0; i < V * K; ++i) S[i] = s0[i];
+    for (int64_t i = first; i < last; ++i) S[i] = s0[i];
   } else if (args.initial_state != nullptr && args.initial_state_dtype == DType::kBF16) {
     const uint16_t* s0 = static_cast<const uint16_t*>(args.initial_state) + state_off;
-    for (int64_t i = 0; i < V * K; ++i) S[i] = bf16_to_float(s0[i]);
+    for (int64_t i = first; i < last; ++i) S[i] = bf16_to_float(s0[i]);
   }
 
   const double scale = args.scale;
@@ -107,11 +115,11 @@ void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n,
   for (int64_t t = span.token_begin; t < span.token_begin + span.length; ++t) {
     const int64_t done = t - span.token_begin;  // tokens of this sequence already in S
     if (args.checkpoints != nullptr && done % args.checkpoint_interval == 0)
-      write_checkpoint(args, checkpoint0 + done / args.checkpoint_interval, hv, S.data());
+      write_checkpoint(args, checkpoint0 + done / args.checkpoint_interval, hv, S.data(), row_begin, row_end);
     token_inputs(args, t, hv, x);
     const uint16_t* vt = v + (t * HV + hv) * V;
     uint16_t* ot = out + (t * HV + hv) * V;
-    for (int64_t e = 0; e < V; ++e) {
+    for (int64_t e = row_begin; e < row_end; ++e) {
       double* row = S.data() + e * K;
       // 4-5. Decay, then the delta-rule write of row e.
       update_row(row, K, x, bf16_to_float(vt[e]));
@@ -124,31 +132,42 @@ void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n,
 
   if (args.final_state != nullptr && args.final_state_dtype == DType::kFP32) {
     float* s1 = static_cast<float*>(args.final_state) + state_off;
-    for (int64_t i = 0; i < V * K; ++i) s1[i] = static_cast<float>(S[i]);
+    for (int64_t i = first; i < last; ++i) s1[i] = static_cast<float>(S[i]);
   } else if (args.final_state != nullptr && args.final_state_dtype == DType::kBF16) {
     uint16_t* s1 = static_cast<uint16_t*>(args.final_state) + state_off;
-    for (int64_t i = 0; i < V * K; ++i) s1[i] = float_to_bf16(static_cast<float>(S[i]));
+    for (int64_t i = first; i < last; ++i) s1[i] = float_to_bf16(static_cast<float>(S[i]));
   }
 }
 
 }  // namespace
 
-Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded) {
+Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded, int threads) {
   const int64_t H = args.num_heads;
   const int64_t HV = value_heads(args);
   if (H <= 0 || HV <= 0 || HV % H != 0 || args.head_dim_k <= 0 || args.head_dim_v <= 0)
     return Status::Invalid("reference_forward_f64: bad head counts or head dims");
   const std::vector<SequenceSpan> spans = sequence_spans(args, args.cu_seqlens);
-  const int64_t tasks = static_cast<int64_t>(spans.size()) * HV;
+  const int64_t pairs = static_cast<int64_t>(spans.size()) * HV;
   const std::vector<int64_t> checkpoint0 =
       args.checkpoints != nullptr ? checkpoint_offsets(spans, args.checkpoint_interval)
                                   : std::vector<int64_t>(spans.size() + 1, 0);
+  // Row blocks only where the pairs alone leave threads idle; a block of at
+  // least kMinBlockRows rows, since each block repeats steps 1-3 (2K exp a token).
+  constexpr int64_t kMinBlockRows = 8;
+  const int64_t V = args.head_dim_v;
+  const int64_t workers = threads > 0 ? threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t blocks =
+      pairs >= workers ? 1 : std::min((workers + pairs - 1) / pairs, std::max<int64_t>(1, V / kMinBlockRows));
+  const int64_t rows_per_block = (V + blocks - 1) / blocks;
 
   // Longest sequences are not reordered: the oracle is about clarity, and the
-  // (n, hv) pairs are handed out one at a time, which balances well enough.
-  parallel_for(tasks, 0, [&](int64_t i) {
-    reference_one(args, spans[static_cast<size_t>(i / HV)], i / HV, i % HV, checkpoint0[static_cast<size_t>(i / HV)],
-                  out_unrounded);
+  // tasks are handed out one at a time, which balances well enough.
+  parallel_for(pairs * blocks, static_cast<int>(workers), [&](int64_t i) {
+    const int64_t pair = i / blocks, block = i % blocks;
+    const int64_t row_begin = block * rows_per_block, row_end = std::min(V, row_begin + rows_per_block);
+    if (row_begin >= row_end) return;
+    reference_one(args, spans[static_cast<size_t>(pair / HV)], pair / HV, pair % HV,
+                  checkpoint0[static_cast<size_t>(pair / HV)], row_begin, row_end, out_unrounded);
   });
   return Status::Ok();
 }

@@ -54,7 +54,7 @@ inline RunResult run_backend(const HostProblem& p, Which which, int threads = 0)
   }
   r.out_unrounded.assign(p.out_elems(), std::nanf(""));
   const ForwardArgs args = p.host_args(r.out.data(), fin);
-  const Status st = which == Which::kReference ? cpu::reference_forward_f64(args, r.out_unrounded.data())
+  const Status st = which == Which::kReference ? cpu::reference_forward_f64(args, r.out_unrounded.data(), threads)
                                                : cpu::chunked_forward_f32(args, threads, r.out_unrounded.data());
   EXPECT_TRUE(st.ok()) << st.message;
   return r;

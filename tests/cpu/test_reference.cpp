@@ -1,9 +1,10 @@
 // The float64 oracle against an independent direct implementation (key-first
-// state, long double, its own indexing) for 1-2 tokens, and against a
-// hand-computed 1-token case with K = V = 2.
+// state, long double, its own indexing) for 1-2 tokens, against a hand-computed
+// 1-token case with K = V = 2, and against itself split into row blocks.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cpu_test_util.h"
@@ -142,6 +143,64 @@ TEST(Oracle, HandComputedOneToken) {
       EXPECT_NEAR(bf16_to_float(out[i]), expect_out[i], std::abs(expect_out[i]) / 256)
           << name << " out" << i;
     }
+  }
+}
+
+// With fewer (sequence, head) pairs than threads the oracle splits each pair's
+// state rows into blocks (reference_f64.cpp). A block must compute exactly what
+// the whole pair does for its rows: the same bits in out (rounded and not), the
+// final state and the checkpoints, whatever the thread count, including blocks of
+// unequal size and blocks that exceed the rows.
+TEST(Oracle, RowBlocksGiveTheSameBits) {
+  ProblemSpec one_head;
+  one_head.seqlen = 70;
+  one_head.heads = 1;
+  one_head.head_dim = 64;
+  ProblemSpec varlen = one_head;
+  varlen.seqlens = {37, 0, 64, 21};
+  varlen.heads = 2;
+  varlen.v_heads = 4;
+  varlen.head_dim = 32;
+  varlen.final_state = DType::kBF16;
+  varlen.initial_state = DType::kBF16;
+  for (const ProblemSpec& spec : {one_head, varlen}) {
+    const HostProblem p = make_problem(spec, 77);
+    constexpr int64_t kInterval = 16;
+    int64_t entries = 0;
+    for (const SequenceSpan& sp : sequence_spans(p.host_args(nullptr, nullptr), p.cu_seqlens.data()))
+      entries += (sp.length + kInterval - 1) / kInterval;
+    struct Run {
+      std::vector<uint16_t> out, ck;
+      std::vector<float> out_unrounded;
+      std::vector<unsigned char> fin;
+    };
+    auto run = [&](int threads) {
+      Run r;
+      r.out.assign(p.out_elems(), 0xFFFF);
+      r.out_unrounded.assign(p.out_elems(), std::nanf(""));
+      r.fin.assign(p.state_elems() * (spec.final_state == DType::kFP32 ? 4 : 2), 0xA5);
+      r.ck.assign(static_cast<size_t>(entries * p.HV * p.K * p.V), 0xFFFF);
+      ForwardArgs a = p.host_args(r.out.data(), r.fin.data());
+      a.checkpoints = r.ck.data();
+      a.checkpoints_dtype = DType::kBF16;
+      a.checkpoint_interval = kInterval;
+      a.checkpoints_capacity = entries;
+      const Status st = cpu::reference_forward_f64(a, r.out_unrounded.data(), threads);
+      EXPECT_TRUE(st.ok()) << st.message;
+      return r;
+    };
+    const Run whole = run(1);  // one thread: one block a pair
+    for (const int threads : {2, 5, 16, 40, 200}) {
+      const Run split = run(threads);
+      EXPECT_EQ(split.out, whole.out) << "threads " << threads;
+      EXPECT_EQ(0, std::memcmp(split.out_unrounded.data(), whole.out_unrounded.data(), whole.out_unrounded.size() * 4))
+          << "threads " << threads;
+      EXPECT_EQ(split.fin, whole.fin) << "threads " << threads;
+      EXPECT_EQ(split.ck, whole.ck) << "threads " << threads;
+    }
+    // The whole run wrote every element (nothing left at its poison).
+    for (uint16_t x : whole.out) ASSERT_NE(x, 0xFFFF);
+    for (uint16_t x : whole.ck) ASSERT_NE(x, 0xFFFF);
   }
 }
 
