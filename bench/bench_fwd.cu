@@ -9,7 +9,8 @@
 //                  [--head-dim 128|64] [--json FILE]
 //
 // --cases: the standard table's three (default) and the tensor-parallel rows'
-// 1024, 32768, 4x8192, and 1M (one sequence of 2^20 tokens). --table tp replaces
+// 1024, 32768, 4x8192, 1M (one sequence of 2^20 tokens), and 64x128 (a chunked
+// prefill's batch of many short sequences). --table tp replaces
 // --heads x --cases by the tensor-parallel table of spec section 5: H in {12, 24,
 // 48} x {1024, 8192, 32768}; H = 12 with 4x8192 and varlen6; H = 1 with 1M.
 // --checkpoints C: also write a bf16 checkpoint every C tokens in fla's key-major
@@ -191,7 +192,8 @@ int main(int argc, char** argv) {
                         {"1024", {1024}},
                         {"32768", {32768}},
                         {"4x8192", {8192, 8192, 8192, 8192}},
-                        {"1M", {int64_t{1} << 20}}};
+                        {"1M", {int64_t{1} << 20}},
+                        {"64x128", std::vector<int64_t>(64, 128)}};
   auto find_case = [&](const std::string& name) -> const Case* {
     for (const Case& c : known)
       if (name == c.name) return &c;

@@ -67,16 +67,16 @@ class GpuCheckpoints : public ::testing::TestWithParam<CkCase> {
   void TearDown() override { sm90::set_launch_override({}); }
 };
 
-TEST_P(GpuCheckpoints, MatchTheOracleAndLeaveTheResultAlone) {
-  const CkCase c = GetParam();
+// Case c on sequences of the given lengths (H = 2, HV = 4).
+void expect_checkpoints_match(const CkCase& c, const std::vector<int64_t>& seqlens, uint64_t seed) {
   ProblemSpec spec;
-  spec.seqlens = kSeqlens;
+  spec.seqlens = seqlens;
   spec.heads = 2;
   spec.v_heads = 4;
   spec.head_dim = c.head_dim;
-  const HostProblem p = make_problem(spec, 81);
+  const HostProblem p = make_problem(spec, seed);
   int64_t entries = 0;
-  for (int64_t L : kSeqlens) entries += (L + c.interval - 1) / c.interval;
+  for (int64_t L : seqlens) entries += (L + c.interval - 1) / c.interval;
   const size_t esize = c.dtype == DType::kFP32 ? 4 : 2;
   const size_t ck_bytes = static_cast<size_t>(entries * p.HV * p.K * p.V) * esize;
 
@@ -134,6 +134,22 @@ TEST_P(GpuCheckpoints, MatchTheOracleAndLeaveTheResultAlone) {
   for (int64_t i = 0; i < entries; ++i) {
     const double ei = rel_rms(gf.data() + i * per_entry, rf.data() + i * per_entry, per_entry);
     EXPECT_LE(ei, 2 * (c.dtype == DType::kFP32 ? kStateBar : kBf16StateBar)) << "entry " << i;
+  }
+}
+
+TEST_P(GpuCheckpoints, MatchTheOracleAndLeaveTheResultAlone) { expect_checkpoints_match(GetParam(), kSeqlens, 81); }
+
+// An engine's prefill batch: more sequences than a warp has lanes (the kernel
+// counts the entries before a sequence a lane a sequence, then sums over the
+// warp), empty ones among them, one chain and through the segment scan.
+TEST_F(GpuCheckpoints, ManySequences) {
+  std::vector<int64_t> seqlens;
+  for (int i = 0; i < 75; ++i) seqlens.push_back(i % 9 == 4 ? 0 : 1 + (i * 37) % 150);
+  seqlens.push_back(700);
+  for (const CkCase& c : {CkCase{DType::kBF16, false, 64, -1}, CkCase{DType::kFP32, true, 16, -1},
+                          CkCase{DType::kBF16, false, 32, 3}, CkCase{DType::kBF16, false, 16, -1, 64}}) {
+    SCOPED_TRACE(c.name());
+    expect_checkpoints_match(c, seqlens, 82);
   }
 }
 

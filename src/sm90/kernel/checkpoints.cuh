@@ -51,6 +51,32 @@ struct CheckpointCursor {
   int64_t slot[kSlotCheckpoints];
 };
 
+// Σ_{m < n} ceil(L_m / c): the number of periodic entries of the sequences before
+// n, eight sequences at a time so that their loads are in flight together (one
+// at a time, each sequence cost a dependent round trip to cu_seqlens before the
+// chain's first chunk, and an engine's prefill batch has hundreds). Every thread
+// runs the same loop: a thread-dependent loop or a warp's shuffles here took the
+// chunk loop's stage index off the uniform datapath (docs/perf-log.md).
+constexpr int kEntryCountBatch = 8;
+__device__ __forceinline__ int64_t entries_before(const FwdParams& p, int64_t n, int64_t c) {
+  int64_t sum = 0, m = 0;
+  for (; m + kEntryCountBatch <= n; m += kEntryCountBatch) {
+    int64_t len[kEntryCountBatch];
+#pragma unroll
+    for (int i = 0; i < kEntryCountBatch; ++i) {
+      const ClampedSpan s = sequence_span(p, m + i);
+      len[i] = s.end - s.begin;
+    }
+#pragma unroll
+    for (int i = 0; i < kEntryCountBatch; ++i) sum += (len[i] + c - 1) / c;
+  }
+  for (; m < n; ++m) {
+    const ClampedSpan s = sequence_span(p, m);
+    sum += (s.end - s.begin + c - 1) / c;
+  }
+  return sum;
+}
+
 __device__ __forceinline__ CheckpointCursor checkpoint_cursor(const FwdParams& p, const RecurrenceWork& w) {
   CheckpointCursor ck{};
   if (!w.true_state) return ck;
@@ -58,14 +84,8 @@ __device__ __forceinline__ CheckpointCursor checkpoint_cursor(const FwdParams& p
   if (p.checkpoints != nullptr) {
     const int64_t c = p.ck_chunks * kChunk;
     ck.every = p.ck_chunks;
-    if (p.cu_seqlens == nullptr && p.cu_seqlens32 == nullptr) {
-      ck.first_entry = w.seq * ((p.seqlen + c - 1) / c);
-    } else {
-      for (int64_t m = 0; m < w.seq; ++m) {
-        const ClampedSpan s = sequence_span(p, m);
-        ck.first_entry += (s.end - s.begin + c - 1) / c;
-      }
-    }
+    ck.first_entry = p.cu_seqlens == nullptr && p.cu_seqlens32 == nullptr ? w.seq * ((p.seqlen + c - 1) / c)
+                                                                           : entries_before(p, w.seq, c);
     const int64_t room = p.ck_capacity - ck.first_entry;
     ck.entries = (len + c - 1) / c;
     ck.entries = ck.entries < room ? ck.entries : (room > 0 ? room : 0);
