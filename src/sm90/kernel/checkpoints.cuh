@@ -51,6 +51,28 @@ struct CheckpointCursor {
   int64_t slot[kSlotCheckpoints];
 };
 
+// ceil(L / c) for c = 16·k: ceil(ceil(L / 16) / k), a shift where k is a power
+// of two (c = 64, fla's `h`), else a 32-bit division while the chunk count fits.
+// A 64-bit division is ~60 instructions; in entries_before, once per earlier
+// sequence and thread, it was a third of the checkpoint kernel's instructions on
+// a batch of 64 sequences of 128 tokens.
+struct EntryCount {
+  int64_t k;   // chunks an entry
+  int shift;   // log2(k) where k is a power of two, else -1
+  __device__ explicit EntryCount(int64_t chunks_per_entry) : k(chunks_per_entry), shift(0) {
+    while (shift < 62 && (int64_t{1} << shift) < k) ++shift;
+    if ((int64_t{1} << shift) != k) shift = -1;
+  }
+  __device__ int64_t of(int64_t tokens) const {
+    const int64_t chunks = (tokens + kChunk - 1) / kChunk;  // tokens >= 0: a shift
+    if (shift >= 0) return (chunks + k - 1) >> shift;
+    if (chunks < (int64_t{1} << 31) && k < (int64_t{1} << 31))
+      return static_cast<int64_t>((static_cast<uint32_t>(chunks) + static_cast<uint32_t>(k) - 1u) /
+                                  static_cast<uint32_t>(k));
+    return (chunks + k - 1) / k;
+  }
+};
+
 // Σ_{m < n} ceil(L_m / c): the number of periodic entries of the sequences before
 // n, eight sequences at a time so that their loads are in flight together (one
 // at a time, each sequence cost a dependent round trip to cu_seqlens before the
@@ -58,7 +80,7 @@ struct CheckpointCursor {
 // runs the same loop: a thread-dependent loop or a warp's shuffles here took the
 // chunk loop's stage index off the uniform datapath (docs/perf-log.md).
 constexpr int kEntryCountBatch = 8;
-__device__ __forceinline__ int64_t entries_before(const FwdParams& p, int64_t n, int64_t c) {
+__device__ __forceinline__ int64_t entries_before(const FwdParams& p, int64_t n, const EntryCount& count) {
   int64_t sum = 0, m = 0;
   for (; m + kEntryCountBatch <= n; m += kEntryCountBatch) {
     int64_t len[kEntryCountBatch];
@@ -68,11 +90,11 @@ __device__ __forceinline__ int64_t entries_before(const FwdParams& p, int64_t n,
       len[i] = s.end - s.begin;
     }
 #pragma unroll
-    for (int i = 0; i < kEntryCountBatch; ++i) sum += (len[i] + c - 1) / c;
+    for (int i = 0; i < kEntryCountBatch; ++i) sum += count.of(len[i]);
   }
   for (; m < n; ++m) {
     const ClampedSpan s = sequence_span(p, m);
-    sum += (s.end - s.begin + c - 1) / c;
+    sum += count.of(s.end - s.begin);
   }
   return sum;
 }
@@ -82,12 +104,12 @@ __device__ __forceinline__ CheckpointCursor checkpoint_cursor(const FwdParams& p
   if (!w.true_state) return ck;
   const int64_t len = sequence_span(p, w.seq).end - sequence_span(p, w.seq).begin;
   if (p.checkpoints != nullptr) {
-    const int64_t c = p.ck_chunks * kChunk;
+    const EntryCount count(p.ck_chunks);
     ck.every = p.ck_chunks;
-    ck.first_entry = p.cu_seqlens == nullptr && p.cu_seqlens32 == nullptr ? w.seq * ((p.seqlen + c - 1) / c)
-                                                                           : entries_before(p, w.seq, c);
+    ck.first_entry = p.cu_seqlens == nullptr && p.cu_seqlens32 == nullptr ? w.seq * count.of(p.seqlen)
+                                                                           : entries_before(p, w.seq, count);
     const int64_t room = p.ck_capacity - ck.first_entry;
-    ck.entries = (len + c - 1) / c;
+    ck.entries = count.of(len);
     ck.entries = ck.entries < room ? ck.entries : (room > 0 ? room : 0);
     ck.any = ck.entries > 0;
   }
