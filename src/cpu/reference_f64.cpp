@@ -156,8 +156,9 @@ Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded, int 
   constexpr int64_t kMinBlockRows = 8;
   const int64_t V = args.head_dim_v;
   const int64_t workers = threads > 0 ? threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  const int64_t blocks =
-      pairs >= workers ? 1 : std::min((workers + pairs - 1) / pairs, std::max<int64_t>(1, V / kMinBlockRows));
+  const int64_t blocks = pairs == 0 || pairs >= workers
+                             ? 1
+                             : std::min((workers + pairs - 1) / pairs, std::max<int64_t>(1, V / kMinBlockRows));
   const int64_t rows_per_block = (V + blocks - 1) / blocks;
 
   // Longest sequences are not reordered: the oracle is about clarity, and the
