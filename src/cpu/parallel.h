@@ -9,14 +9,17 @@
 
 namespace flashkda::cpu {
 
+// The threads a request asks for: requested_threads <= 0 means one per hardware thread.
+inline int64_t worker_threads(int requested_threads) {
+  return requested_threads > 0 ? requested_threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
+}
+
 // body(local, i) for every task i; each thread first makes its own scratch with
-// make_local(). requested_threads <= 0: std::thread::hardware_concurrency().
+// make_local(). Threads: worker_threads(requested_threads), at most one a task.
 template <typename MakeLocal, typename Body>
 void parallel_for(int64_t tasks, int requested_threads, MakeLocal make_local, Body body) {
   if (tasks <= 0) return;
-  int64_t threads = requested_threads > 0 ? requested_threads
-                                          : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  threads = std::min(threads, tasks);
+  const int64_t threads = std::min(worker_threads(requested_threads), tasks);
   std::atomic<int64_t> next{0};
   auto worker = [&]() {
     auto local = make_local();

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <thread>
 #include <vector>
 
 #include "common/bf16.h"
@@ -155,7 +154,7 @@ Status reference_forward_f64(const ForwardArgs& args, float* out_unrounded, int 
   // least kMinBlockRows rows, since each block repeats steps 1-3 (2K exp a token).
   constexpr int64_t kMinBlockRows = 8;
   const int64_t V = args.head_dim_v;
-  const int64_t workers = threads > 0 ? threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t workers = worker_threads(threads);
   const int64_t blocks = pairs == 0 || pairs >= workers
                              ? 1
                              : std::min((workers + pairs - 1) / pairs, std::max<int64_t>(1, V / kMinBlockRows));
