@@ -155,11 +155,6 @@ TEST(GpuDegenerateInput, ServingRegressionBf16State) {
 // tests/python/test_cpu.py, test_a_non_finite_input_stays_in_its_sequence_and_head).
 // ---------------------------------------------------------------------------
 
-// One NaN in one element of one token's q, k or v, under every launch form that
-// could spread it further: the one-pass recurrence (V split 1 and 2, 3 and 4
-// stages), and the segment scan with out formed by running the chains again or
-// by superposition (the NaN in the second chunk of a segment, so the segment's
-// first chunk must stay finite through pass 1's o⁰ and P).
 // Whether token t's out at value head hv, and sequence n's final state at value
 // head hv, are finite in every element.
 bool out_finite(const RunResult& r, const HostProblem& p, int64_t t, int64_t hv) {
@@ -183,6 +178,11 @@ void PrintTo(const NonFiniteCase& c, std::ostream* os) {
   *os << "NaN in " << c.where << ", K = " << c.head_dim << ", " << c.plan_name;
 }
 
+// One NaN in one element of one token's q, k or v, under every launch form that
+// could spread it further: the one-pass recurrence (V split 1 and 2, 3 and 4
+// stages), and the segment scan with out formed by running the chains again or
+// by superposition (the NaN in the second chunk of a segment, so the segment's
+// first chunk must stay finite through pass 1's o⁰ and P).
 std::vector<NonFiniteCase> non_finite_cases() {
   struct Plan {
     sm90::LaunchOverride o;
