@@ -10,7 +10,8 @@
 //
 // --cases: the standard table's three (default) and the tensor-parallel rows'
 // 1024, 32768, 4x8192, 1M (one sequence of 2^20 tokens), and 64x128 (a chunked
-// prefill's batch of many short sequences). --table tp replaces
+// prefill's batch of many short sequences); any other NxL is N sequences of L
+// tokens. --table tp replaces
 // --heads x --cases by the tensor-parallel table of spec section 5: H in {12, 24,
 // 48} x {1024, 8192, 32768}; H = 12 with 4x8192 and varlen6; H = 1 with 1M.
 // --checkpoints C: also write a bf16 checkpoint every C tokens in fla's key-major
@@ -43,6 +44,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,7 +73,7 @@ __global__ void fill_normal_bf16(uint16_t* x, int64_t n, uint64_t seed, float st
 }
 
 struct Case {
-  const char* name;
+  std::string name;
   std::vector<int64_t> seqlens;  // one entry: a single sequence without cu_seqlens
 };
 
@@ -194,9 +196,17 @@ int main(int argc, char** argv) {
                         {"4x8192", {8192, 8192, 8192, 8192}},
                         {"1M", {int64_t{1} << 20}},
                         {"64x128", std::vector<int64_t>(64, 128)}};
+  // Any other "NxL" is N sequences of L tokens (cu_seqlens), e.g. 512x128.
+  std::deque<Case> parsed;  // stable addresses
   auto find_case = [&](const std::string& name) -> const Case* {
     for (const Case& c : known)
       if (name == c.name) return &c;
+    long long n = 0, len = 0;
+    char tail = 0;
+    if (std::sscanf(name.c_str(), "%lldx%lld%c", &n, &len, &tail) == 2 && n >= 1 && len >= 1 && n <= (1 << 20)) {
+      parsed.push_back({name, std::vector<int64_t>(static_cast<size_t>(n), len)});
+      return &parsed.back();
+    }
     return nullptr;
   };
   // The (H, case) rows to time.
@@ -371,9 +381,9 @@ int main(int argc, char** argv) {
                                                                (checkpoints_value_major ? " value-major" : " key-major")
                                                          : "");
           rows.push_back({H, c.name, st, used.v_split, plan, med, bytes / (med * 1e-3) / 1e9,
-                          bytes / kCopyBandwidth * 1e3, st == "fp32" && dim == 128 ? published_ms(H, c.name) : 0.0,
+                          bytes / kCopyBandwidth * 1e3, st == "fp32" && dim == 128 ? published_ms(H, c.name.c_str()) : 0.0,
                           mhz});
-          std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d %s  %4.0f MHz  %.3f ms\n", H, c.name, st.c_str(),
+          std::fprintf(stderr, "  H=%d %-8s %-4s vsplit=%d %s  %4.0f MHz  %.3f ms\n", H, c.name.c_str(), st.c_str(),
                        used.v_split, plan.c_str(), mhz, med);
           CHECK_CUDA(cudaFree(ws));
         }

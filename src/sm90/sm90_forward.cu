@@ -308,6 +308,19 @@ size_t chunk_output_bytes(const ForwardArgs& args) {
   const size_t tile = args.head_dim_k == 64 ? sizeof(ChunkOutputs<64>) : sizeof(ChunkOutputs<kHeadDim>);
   return static_cast<size_t>(slots_for(args) * value_heads(args)) * tile;
 }
+
+// A varlen call with periodic checkpoints: every sequence's first entry (N int64,
+// checkpoints.cuh), on a 256-byte boundary after the rest of the workspace.
+bool tabulates_first_entries(const ForwardArgs& args) {
+  const bool varlen = args.cu_seqlens != nullptr || args.cu_seqlens_int32 != nullptr;
+  return varlen && args.checkpoints != nullptr;
+}
+size_t first_entries_offset(const ForwardArgs& args, const LaunchPlan& plan) {
+  const size_t before = records_bytes(args) + segment_state_bytes(args, plan.seg_chunks) +
+                        (plan.superposed_outputs ? chunk_output_bytes(args) : 0) +
+                        (orders_sequences(args, plan) ? sequence_order_bytes(args) : 0);
+  return (before + kSegmentStateAlign - 1) / kSegmentStateAlign * kSegmentStateAlign;
+}
 }  // namespace
 
 Status workspace_size(const ForwardArgs& args, size_t* bytes) {
@@ -318,7 +331,8 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // the bytes saved (docs/perf-log.md). When the plan splits sequences, 128 KB
   // of fp32 segment states per (segment slot, value head) follow, and, with
   // outputs by superposition, 16 KB of o⁰ and P per (chunk slot, value head);
-  // else, in a varlen batch, the sequences' order (4 bytes a sequence).
+  // else, in a varlen batch, the sequences' order (4 bytes a sequence). A varlen
+  // call with periodic checkpoints adds 8 bytes a sequence (their first entries).
   LaunchPlan plan;
   Status s = plan_for(args, &plan, nullptr);
   if (!s.ok()) return s;
@@ -326,6 +340,8 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   if (seg > 0) *bytes = records_bytes(args) + seg + (plan.superposed_outputs ? chunk_output_bytes(args) : 0);
   else if (orders_sequences(args, plan)) *bytes = records_bytes(args) + sequence_order_bytes(args);
   else *bytes = static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
+  if (tabulates_first_entries(args))
+    *bytes = first_entries_offset(args, plan) + static_cast<size_t>(num_sequences(args)) * sizeof(int64_t);
   return Status::Ok();
 }
 
@@ -519,6 +535,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   p.v_split = dim64 ? 1 : plan.v_split;
   if (orders_sequences(args, plan))
     p.seq_order = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + records_bytes(args));
+  if (tabulates_first_entries(args))
+    p.ck_first_entries = reinterpret_cast<int64_t*>(static_cast<char*>(workspace) + first_entries_offset(args, plan));
   const int64_t num_ctas = n * hv * p.v_split;
   auto s = static_cast<cudaStream_t>(stream);
   cudaError_t err = cudaSuccess;

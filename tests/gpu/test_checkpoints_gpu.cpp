@@ -139,9 +139,9 @@ void expect_checkpoints_match(const CkCase& c, const std::vector<int64_t>& seqle
 
 TEST_P(GpuCheckpoints, MatchTheOracleAndLeaveTheResultAlone) { expect_checkpoints_match(GetParam(), kSeqlens, 81); }
 
-// An engine's prefill batch: more sequences than a warp has lanes (the kernel
-// counts the entries before a sequence a lane a sequence, then sums over the
-// warp), empty ones among them, one chain and through the segment scan.
+// An engine's prefill batch: many short sequences, empty ones among them, one
+// chain and through the segment scan. Each sequence's first entry comes from a
+// table the prologue's set-up CTA sums (checkpoints.cuh).
 TEST_F(GpuCheckpoints, ManySequences) {
   std::vector<int64_t> seqlens;
   for (int i = 0; i < 75; ++i) seqlens.push_back(i % 9 == 4 ? 0 : 1 + (i * 37) % 150);
@@ -150,6 +150,19 @@ TEST_F(GpuCheckpoints, ManySequences) {
                           CkCase{DType::kBF16, false, 32, 3}, CkCase{DType::kBF16, false, 16, -1, 64}}) {
     SCOPED_TRACE(c.name());
     expect_checkpoints_match(c, seqlens, 82);
+  }
+}
+
+// More sequences than the set-up CTA sums in one pass (kEntriesPerThread x its
+// threads = 1,024): the carry between passes, a power-of-two interval (a shift)
+// and another (a division).
+TEST_F(GpuCheckpoints, MoreSequencesThanOneSetupPass) {
+  std::vector<int64_t> seqlens;
+  for (int i = 0; i < 1100; ++i) seqlens.push_back(i % 13 == 5 ? 0 : 1 + (i * 53) % 100);
+  seqlens[1030] = 300;
+  for (const CkCase& c : {CkCase{DType::kBF16, false, 64, -1}, CkCase{DType::kBF16, false, 48, 3}}) {
+    SCOPED_TRACE(c.name());
+    expect_checkpoints_match(c, seqlens, 83);
   }
 }
 

@@ -53,9 +53,9 @@ struct CheckpointCursor {
 
 // ceil(L / c) for c = 16·k: ceil(ceil(L / 16) / k), a shift where k is a power
 // of two (c = 64, fla's `h`), else a 32-bit division while the chunk count fits.
-// A 64-bit division is ~60 instructions; in entries_before, once per earlier
-// sequence and thread, it was a third of the checkpoint kernel's instructions on
-// a batch of 64 sequences of 128 tokens.
+// A 64-bit division is ~60 instructions: once per earlier sequence and thread,
+// when every recurrence thread counted its sequence's first entry, it was a third
+// of the checkpoint kernel's instructions on a batch of 64 sequences of 128 tokens.
 struct EntryCount {
   int64_t k;   // chunks an entry
   int shift;   // log2(k) where k is a power of two, else -1
@@ -73,30 +73,51 @@ struct EntryCount {
   }
 };
 
-// Σ_{m < n} ceil(L_m / c): the number of periodic entries of the sequences before
-// n, eight sequences at a time so that their loads are in flight together (one
-// at a time, each sequence cost a dependent round trip to cu_seqlens before the
-// chain's first chunk, and an engine's prefill batch has hundreds). Every thread
-// runs the same loop: a thread-dependent loop or a warp's shuffles here took the
-// chunk loop's stage index off the uniform datapath (docs/perf-log.md).
-constexpr int kEntryCountBatch = 8;
-__device__ __forceinline__ int64_t entries_before(const FwdParams& p, int64_t n, const EntryCount& count) {
-  int64_t sum = 0, m = 0;
-  for (; m + kEntryCountBatch <= n; m += kEntryCountBatch) {
-    int64_t len[kEntryCountBatch];
+// Every sequence's first periodic entry, Σ_{m < n} ceil(L_m / c), into
+// p.ck_first_entries, by the kThreads threads of one CTA (the prologue's set-up
+// CTA, before any recurrence CTA runs), kEntriesPerThread consecutive sequences a
+// thread and pass, their loads in flight together. Summed by each recurrence CTA
+// instead, the CTA of sequence n waited on ~n/8 dependent round trips to
+// cu_seqlens before its first chunk (docs/perf-log.md). `warp_sums`: kThreads/32
+// int64 of shared memory.
+constexpr int kEntriesPerThread = 4;
+template <int kThreads>
+__device__ __forceinline__ void write_first_entries(const FwdParams& p, int64_t* warp_sums, int tid) {
+  constexpr int kWarps = kThreads / 32, kPass = kThreads * kEntriesPerThread;
+  const int warp = tid >> 5, lane = tid & 31;
+  const EntryCount count(p.ck_chunks);
+  int64_t carry = 0;  // entries of the passes before
+  for (int64_t base = 0; base < p.num_seqs; base += kPass) {
+    const int64_t first = base + static_cast<int64_t>(tid) * kEntriesPerThread;
+    int64_t entries[kEntriesPerThread], mine = 0;
 #pragma unroll
-    for (int i = 0; i < kEntryCountBatch; ++i) {
-      const ClampedSpan s = sequence_span(p, m + i);
-      len[i] = s.end - s.begin;
+    for (int i = 0; i < kEntriesPerThread; ++i) {
+      const ClampedSpan s = sequence_span(p, first + i < p.num_seqs ? first + i : 0);
+      entries[i] = first + i < p.num_seqs ? count.of(s.end - s.begin) : 0;
+      mine += entries[i];
     }
+    int64_t upto = mine;  // inclusive scan over the warp's lanes
 #pragma unroll
-    for (int i = 0; i < kEntryCountBatch; ++i) sum += count.of(len[i]);
+    for (int d = 1; d < 32; d *= 2) {
+      const int64_t x = __shfl_up_sync(0xffffffffu, upto, d);
+      if (lane >= d) upto += x;
+    }
+    if (lane == 31) warp_sums[warp] = upto;
+    __syncthreads();
+    int64_t at = carry + upto - mine, pass_total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < warp) at += warp_sums[w];
+      pass_total += warp_sums[w];
+    }
+    __syncthreads();  // warp_sums is rewritten by the next pass
+#pragma unroll
+    for (int i = 0; i < kEntriesPerThread; ++i) {
+      if (first + i < p.num_seqs) p.ck_first_entries[first + i] = at;
+      at += entries[i];
+    }
+    carry += pass_total;
   }
-  for (; m < n; ++m) {
-    const ClampedSpan s = sequence_span(p, m);
-    sum += count.of(s.end - s.begin);
-  }
-  return sum;
 }
 
 __device__ __forceinline__ CheckpointCursor checkpoint_cursor(const FwdParams& p, const RecurrenceWork& w) {
@@ -106,8 +127,7 @@ __device__ __forceinline__ CheckpointCursor checkpoint_cursor(const FwdParams& p
   if (p.checkpoints != nullptr) {
     const EntryCount count(p.ck_chunks);
     ck.every = p.ck_chunks;
-    ck.first_entry = p.cu_seqlens == nullptr && p.cu_seqlens32 == nullptr ? w.seq * count.of(p.seqlen)
-                                                                           : entries_before(p, w.seq, count);
+    ck.first_entry = p.ck_first_entries != nullptr ? p.ck_first_entries[w.seq] : w.seq * count.of(p.seqlen);
     const int64_t room = p.ck_capacity - ck.first_entry;
     ck.entries = count.of(len);
     ck.entries = ck.entries < room ? ck.entries : (room > 0 ? room : 0);

@@ -70,6 +70,9 @@ struct FwdParams {
   int64_t ck_capacity;             // entries the buffer holds
   const int64_t* slot_ck_offsets;  // [N, 2] or null
   const void* slot_ck_slots;       // [N, 2], index type as state_indices
+  // Varlen with periodic checkpoints: sequence n's first entry (Σ_{m<n} ceil(L_m / c)),
+  // in the workspace, written by the prologue's set-up CTA (checkpoints.cuh).
+  int64_t* ck_first_entries;
 
   // Varlen, one pass: the sequences longest first, a permutation of 0..N-1 in the
   // workspace that the prologue writes and the recurrence's CTAs take their

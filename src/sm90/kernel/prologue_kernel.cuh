@@ -46,11 +46,15 @@ __device__ __forceinline__ void store_record_range(uint4* record, const Prologue
 }
 
 // kDim: the caller's K = V (shared_storage.cuh): the columns past it load as zeros.
-// kOrderSequences: the CTA of slot 0 and value head 0 first writes the varlen
-// batch's longest-first order (tile_scheduler.cuh). Its own instantiation: with
-// the sort's code in it, the kernel's registers and schedule changed throughout,
-// and the K = 64 rows that order nothing measured 0.4-1.3 % slower.
-template <int kDim, bool kOrderSequences>
+// The CTA of slot 0 and value head 0 first does the batch's set-up for the
+// recurrence: kOrderSequences, a varlen batch's longest-first order (p.seq_order,
+// tile_scheduler.cuh); kFirstEntries, its sequences' first checkpoint entries
+// (p.ck_first_entries, checkpoints.cuh), and the order too where p.seq_order is
+// set. Each its own instantiation: with the sort's code in it, the kernel's
+// registers and schedule changed throughout, and the K = 64 rows that order
+// nothing measured 0.4-1.3 % slower; so the calls without checkpoints keep a
+// kernel without the entries' code.
+template <int kDim, bool kOrderSequences, bool kFirstEntries>
 __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
     kda_chunk_prologue_kernel(const __grid_constant__ FwdParams p) {
   static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
@@ -74,11 +78,18 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
          slot_checkpoint_fault(p, slot, 1, span.end - span.begin)))
       record_fault(kFaultForwardSlotCheckpoint, slot);
   }
-  if constexpr (kOrderSequences) {
+  if constexpr (kOrderSequences || kFirstEntries) {
     static_assert(sizeof(PrologueSmem) >= kOrderBins * sizeof(int32_t), "the order's bins fit the chunk's shared memory");
     if (slot == 0 && v_head == 0) {
-      order_sequences_longest_first<kPrologueThreads>(p, reinterpret_cast<int32_t*>(smem_raw), tid);
-      __syncthreads();  // the bins' shared memory, before the chunk's loads reuse it
+      // Each part's shared memory is free again after its barrier.
+      if (!kFirstEntries || p.seq_order != nullptr) {
+        order_sequences_longest_first<kPrologueThreads>(p, reinterpret_cast<int32_t*>(smem_raw), tid);
+        __syncthreads();
+      }
+      if constexpr (kFirstEntries) {
+        write_first_entries<kPrologueThreads>(p, reinterpret_cast<int64_t*>(smem_raw), tid);
+        __syncthreads();
+      }
     }
   }
   const ChunkTile chunk = locate_chunk(p, slot);
