@@ -67,8 +67,10 @@ class GpuCheckpoints : public ::testing::TestWithParam<CkCase> {
   void TearDown() override { sm90::set_launch_override({}); }
 };
 
-// Case c on sequences of the given lengths (H = 2, HV = 4).
-void expect_checkpoints_match(const CkCase& c, const std::vector<int64_t>& seqlens, uint64_t seed) {
+// Case c on sequences of the given lengths (H = 2, HV = 4); int32_cu: the
+// boundaries as cu_seqlens_int32 without a host copy, as engines pass them.
+void expect_checkpoints_match(const CkCase& c, const std::vector<int64_t>& seqlens, uint64_t seed,
+                              bool int32_cu = false) {
   ProblemSpec spec;
   spec.seqlens = seqlens;
   spec.heads = 2;
@@ -105,12 +107,14 @@ void expect_checkpoints_match(const CkCase& c, const std::vector<int64_t>& seqle
   DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
   DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), init(p.init_f32), fin(p.state_elems());
   DeviceBuffer<int64_t> cu(p.cu_seqlens);
+  DeviceBuffer<int32_t> cu32(std::vector<int32_t>(p.cu_seqlens.begin(), p.cu_seqlens.end()));
   GuardedDeviceBuffer ck(ck_bytes);
   ForwardArgs a = p.host_args(out.ptr, fin.ptr);
   a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
   a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr; a.initial_state = init.ptr;
-  a.cu_seqlens = cu.ptr;
-  a.cu_seqlens_host = p.cu_seqlens.data();
+  a.cu_seqlens = int32_cu ? nullptr : cu.ptr;
+  a.cu_seqlens_int32 = int32_cu ? cu32.ptr : nullptr;
+  a.cu_seqlens_host = int32_cu ? nullptr : p.cu_seqlens.data();
   a.checkpoints = ck.data();
   a.checkpoints_dtype = c.dtype;
   a.checkpoint_interval = c.interval;
@@ -155,15 +159,16 @@ TEST_F(GpuCheckpoints, ManySequences) {
 
 // More sequences than the set-up CTA sums in one pass (kEntriesPerThread x its
 // threads = 1,024): the carry between passes, a power-of-two interval (a shift)
-// and another (a division).
+// and another (a division), int64 and int32 boundaries.
 TEST_F(GpuCheckpoints, MoreSequencesThanOneSetupPass) {
   std::vector<int64_t> seqlens;
   for (int i = 0; i < 1100; ++i) seqlens.push_back(i % 13 == 5 ? 0 : 1 + (i * 53) % 100);
   seqlens[1030] = 300;
-  for (const CkCase& c : {CkCase{DType::kBF16, false, 64, -1}, CkCase{DType::kBF16, false, 48, 3}}) {
-    SCOPED_TRACE(c.name());
-    expect_checkpoints_match(c, seqlens, 83);
-  }
+  for (const bool int32_cu : {false, true})
+    for (const CkCase& c : {CkCase{DType::kBF16, false, 64, -1}, CkCase{DType::kBF16, false, 48, 3}}) {
+      SCOPED_TRACE(c.name() + (int32_cu ? " cu_seqlens_int32" : ""));
+      expect_checkpoints_match(c, seqlens, 83, int32_cu);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuCheckpoints,

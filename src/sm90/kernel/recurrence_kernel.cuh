@@ -103,6 +103,11 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     cute::cp_async_fence();  // one group per chunk, empty past the end: keeps the wait count uniform
   };
 
+  // Checkpoints: the cursor's loads (cu_seqlens, the sequence's first entry) go
+  // first, in flight with the state's; after the copies' asm they waited for
+  // their own round trip before the first chunk.
+  CheckpointCursor mine{};
+  if (kCheckpoints && w.true_state) mine = checkpoint_cursor(p, w);
   StateRows S;
   if (w.from == StateFrom::kInitial) load_state<kDim>(S, state_location<kDim>(p, w.seq, w.v_head), row, lane);
   else load_state_rows<kDim>(S, w.from, w.in_rows, row, lane);
@@ -113,12 +118,11 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   int64_t ck_next = kNoCheckpoint, ck_entry = 0;
   PeriodicBf16Entries ck_periodic;  // the common case's stops (checkpoints.cuh)
   if (kCheckpoints && w.true_state) {
-    // Every thread finds the cursor, one writes it: with the search (a loop
+    // Every thread finds the cursor, one writes it: with the search (then a loop
     // over the sequences before this one) under `tid == 0`, the compiler could
     // no longer prove the chunk loop warp-uniform, and the stage's wgmma
     // descriptors left the uniform datapath (a broadcast of the stage, a
     // register-to-uniform move and a warp sync a chunk: 1-4 % of a call).
-    const CheckpointCursor mine = checkpoint_cursor(p, w);
     if (tid == 0) ck = mine;
     __syncthreads();
     if (ck.any) {
