@@ -5,13 +5,15 @@
 //                  [--cases 8192,varlen6,8x1024] [--table standard|tp] [--v-split 0|1|2] [--stages 0|3|4]
 //                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg[,rec]];..."]
 //                  [--checkpoints C] [--checkpoints-dtype bf16|fp32] [--checkpoints-value-major]
-//                  [--checkpoints-paired]
+//                  [--checkpoints-paired] [--no-host-lengths]
 //                  [--head-dim 128|64] [--json FILE]
 //
 // --cases: the standard table's three (default) and the tensor-parallel rows'
 // 1024, 32768, 4x8192, 1M (one sequence of 2^20 tokens), and 64x128 (a chunked
-// prefill's batch of many short sequences); any other NxL is N sequences of L
-// tokens. --table tp replaces
+// prefill's batch of many short sequences); any other case is a '+'-joined list
+// of NxL (N sequences of L tokens) and L terms, e.g. 512x128 or 1x8000+3x64.
+// --no-host-lengths: varlen rows without cu_seqlens_host (engines' calls), so the
+// launch plan knows the token count but not the lengths. --table tp replaces
 // --heads x --cases by the tensor-parallel table of spec section 5: H in {12, 24,
 // 48} x {1024, 8192, 32768}; H = 12 with 4x8192 and varlen6; H = 1 with 1M.
 // --checkpoints C: also write a bf16 checkpoint every C tokens in fla's key-major
@@ -124,6 +126,7 @@ int main(int argc, char** argv) {
   int iters = 100, warmup = 10;
   int64_t checkpoint_every = 0;
   bool checkpoints_fp32 = false, checkpoints_value_major = false, checkpoints_paired = false;
+  bool host_lengths = true;  // --no-host-lengths: cu_seqlens on the device only, as engines pass it
   int64_t dim = 128;  // K = V of every row (--head-dim)
   flashkda::sm90::LaunchOverride forced;
   bool sweep = false, sweep_plan = false;
@@ -173,6 +176,7 @@ int main(int argc, char** argv) {
     }
     else if (a == "--checkpoints-value-major") checkpoints_value_major = true;
     else if (a == "--checkpoints-paired") checkpoints_paired = true;
+    else if (a == "--no-host-lengths") host_lengths = false;
     else if (a == "--head-dim") {
       dim = std::atoll(next().c_str());
       if (dim != 64 && dim != 128) { std::fprintf(stderr, "--head-dim: expected 64 or 128\n"); return 2; }
@@ -196,18 +200,24 @@ int main(int argc, char** argv) {
                         {"4x8192", {8192, 8192, 8192, 8192}},
                         {"1M", {int64_t{1} << 20}},
                         {"64x128", std::vector<int64_t>(64, 128)}};
-  // Any other "NxL" is N sequences of L tokens (cu_seqlens), e.g. 512x128.
+  // Any other case is a '+'-joined list of NxL (N sequences of L tokens) and L
+  // (one of L) terms, given as cu_seqlens: 512x128, 1x8000+3x64.
   std::deque<Case> parsed;  // stable addresses
   auto find_case = [&](const std::string& name) -> const Case* {
     for (const Case& c : known)
       if (name == c.name) return &c;
-    long long n = 0, len = 0;
-    char tail = 0;
-    if (std::sscanf(name.c_str(), "%lldx%lld%c", &n, &len, &tail) == 2 && n >= 1 && len >= 1 && n <= (1 << 20)) {
-      parsed.push_back({name, std::vector<int64_t>(static_cast<size_t>(n), len)});
-      return &parsed.back();
+    Case made{name, {}};
+    for (const std::string& term : split_list(name, '+')) {
+      long long n = 1, len = 0;
+      char tail = 0;
+      const bool many = std::sscanf(term.c_str(), "%lldx%lld%c", &n, &len, &tail) == 2;
+      if (!many && std::sscanf(term.c_str(), "%lld%c", &len, &tail) != 1) return nullptr;
+      if (n < 1 || len < 1 || made.seqlens.size() + n > (1 << 20)) return nullptr;
+      made.seqlens.insert(made.seqlens.end(), static_cast<size_t>(n), len);
     }
-    return nullptr;
+    if (made.seqlens.size() < 2) return nullptr;  // one sequence: the known single-sequence cases
+    parsed.push_back(made);
+    return &parsed.back();
   };
   // The (H, case) rows to time.
   std::vector<std::pair<int, Case>> table;
@@ -293,7 +303,7 @@ int main(int argc, char** argv) {
         a.final_state_dtype = dt;
         if (N > 1) {
           a.cu_seqlens = d_cu;
-          a.cu_seqlens_host = cu.data();
+          a.cu_seqlens_host = host_lengths ? cu.data() : nullptr;
           a.num_seqs = N;
         }
         a.batch = 1; a.seqlen = T; a.num_heads = H; a.num_v_heads = H; a.head_dim_k = dim; a.head_dim_v = dim;

@@ -186,6 +186,18 @@ int64_t chunks_per_segment(const ProblemShape& shape, int64_t segments) {
   return (shape.total_chunks + parts - 1) / parts;
 }
 
+// Pass 1's CTAs of the sequences that segments of `seg` chunks cut (the others
+// run whole, R CTAs each, and finish in their own time), over the known lengths.
+int64_t cut_sequences_pass1_ctas(const ProblemShape& shape, int64_t seg) {
+  const int64_t r = shape.row_parts, first_saving = shape.superposable ? 1 : 3;
+  int64_t ctas = 0;
+  for (int64_t n = 0; n < shape.seqs; ++n) {
+    const int64_t c = (shape.cu_seqlens_host[n + 1] - shape.cu_seqlens_host[n] + kChunk - 1) / kChunk;
+    if (c > seg) ctas += 2 * r * ((c + seg - 1) / seg) - first_saving * r;
+  }
+  return ctas * shape.heads;
+}
+
 int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
   if (shape.seqs <= 0 || shape.heads <= 0 || shape.total_chunks <= 0) return 0;
   const int64_t wave = kSegmentCtasPerSm * num_sms;
@@ -193,11 +205,25 @@ int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
   const int64_t first_saving = shape.superposable ? 1 : 3;  // CTAs of R the first (and last) segments need fewer
   const int64_t segments = (wave + first_saving * r * shape.seqs * shape.heads) / (2 * r * shape.heads);
   if (segments <= shape.seqs) return 0;
-  const int64_t seg = std::max(kMinSegmentChunks, chunks_per_segment(shape, segments));
+  int64_t seg = std::max(kMinSegmentChunks, chunks_per_segment(shape, segments));
   // Unknown lengths (varlen without cu_seqlens_host): assume equal ones.
   const int64_t longest =
       shape.longest_chunks >= 0 ? shape.longest_chunks : (shape.total_chunks + shape.seqs - 1) / shape.seqs;
   const int64_t min_segments = shape.superposable ? kMinSuperposedSegmentsPerChain : kMinSegmentsPerChain;
+  // Known lengths: the count above spreads the wave over every sequence, as if
+  // all were cut alike. In a serving batch of one long prefill among short ones
+  // the long one's pass 1 alone then overflowed the wave, and its second wave
+  // cost a whole segment more: at H = 48 one 8000-token sequence among 3 or 15
+  // of 64 tokens ran 0.78 / 0.98 ms split against 0.72 / 0.76 ms in one pass
+  // (docs/perf-log.md). So the longest sequence gets fewer, longer segments
+  // until the cut sequences' pass 1 fits the wave; none if it then has too few.
+  if (shape.cu_seqlens_host != nullptr) {
+    while (cut_sequences_pass1_ctas(shape, seg) > wave) {
+      const int64_t fewer = (longest + seg - 1) / seg - 1;
+      if (fewer < min_segments) return 0;
+      seg = (longest + fewer - 1) / fewer;
+    }
+  }
   if (longest < min_segments * seg - (seg - 1)) return 0;
   return seg;
 }
@@ -361,6 +387,7 @@ ProblemShape problem_shape(const ForwardArgs& args) {
     shape.total_chunks = (args.batch * args.seqlen + kChunk - 1) / kChunk;  // lengths unknown: about this many
   } else {
     shape.longest_chunks = 0;
+    shape.cu_seqlens_host = args.cu_seqlens_host;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t c = chunks(args.cu_seqlens_host[i + 1] - args.cu_seqlens_host[i]);
       shape.total_chunks += c;

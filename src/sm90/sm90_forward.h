@@ -51,6 +51,7 @@ struct ProblemShape {
   int64_t heads = 0;
   int64_t total_chunks = 0;
   int64_t longest_chunks = -1;
+  const int64_t* cu_seqlens_host = nullptr;  // the lengths, where known: [seqs + 1] boundaries
   int64_t row_parts = 2;  // 64-row (4-warp) CTAs per state in the segment scan: K / 64
   bool superposable = false;  // the call takes no checkpoints: a segment scan may form out by superposition
 };

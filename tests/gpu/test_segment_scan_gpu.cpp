@@ -768,5 +768,64 @@ TEST(SegmentPlan, HeuristicChoices) {
 #endif
 }
 
+// A serving batch with known lengths: one long prefill among short sequences.
+// Pass 1's CTAs of the cut sequences stay within one wave (the short ones run
+// whole beside them); where no cut of the longest into enough segments fits,
+// the batch runs in one pass.
+TEST(SegmentPlan, MixedBatchesKeepTheCutSequencesInOneWave) {
+#ifdef FLASHKDA_WITH_CUDA
+  constexpr int kH200Sms = 132;
+  constexpr int64_t kWave = 2 * kH200Sms;
+  for (const bool superposable : {false, true})
+    for (const int64_t heads : {12, 24, 48})
+      for (const std::vector<int64_t>& tokens :
+           {std::vector<int64_t>{8000, 64, 64, 64}, {8000, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64},
+            {4000, 256, 256, 256, 256}, {4096, 4096, 256, 256, 256, 256, 256, 256, 256, 256},
+            {64, 64, 30000, 100, 100, 100}}) {
+        std::vector<int64_t> cu = {0};
+        for (int64_t t : tokens) cu.push_back(cu.back() + t);
+        sm90::ProblemShape s;
+        s.seqs = static_cast<int64_t>(tokens.size());
+        s.heads = heads;
+        s.superposable = superposable;
+        s.cu_seqlens_host = cu.data();
+        s.longest_chunks = 0;
+        for (int64_t t : tokens) {
+          s.total_chunks += (t + 15) / 16;
+          s.longest_chunks = std::max(s.longest_chunks, (t + 15) / 16);
+        }
+        const sm90::LaunchPlan p = sm90::choose_launch_plan(s, kH200Sms);
+        SCOPED_TRACE(std::to_string(heads) + " heads, " + std::to_string(tokens.size()) + " sequences" +
+                     (superposable ? ", superposable" : ""));
+        if (p.seg_chunks == 0) continue;
+        const int64_t r = s.row_parts, saving = p.superposed_outputs ? 1 : 3;
+        int64_t cut = 0;
+        for (int64_t t : tokens) {
+          const int64_t c = (t + 15) / 16, g = (c + p.seg_chunks - 1) / p.seg_chunks;
+          if (g > 1) cut += heads * (2 * r * g - saving * r);
+        }
+        EXPECT_LE(cut, kWave);
+        EXPECT_GE((s.longest_chunks + p.seg_chunks - 1) / p.seg_chunks, p.superposed_outputs ? 2 : 3);
+      }
+  // Measured (docs/perf-log.md): 48 heads with one 8000-token sequence among
+  // three of 64 ran faster in one pass; 12 and 24 heads faster split.
+  auto mixed = [](int64_t heads) {
+    static const int64_t cu[] = {0, 8000, 8064, 8128, 8192};
+    sm90::ProblemShape s;
+    s.seqs = 4;
+    s.heads = heads;
+    s.cu_seqlens_host = cu;
+    s.total_chunks = 500 + 3 * 4;
+    s.longest_chunks = 500;
+    return sm90::choose_launch_plan(s, kH200Sms);
+  };
+  EXPECT_GT(mixed(12).seg_chunks, 0);
+  EXPECT_GT(mixed(24).seg_chunks, 0);
+  EXPECT_EQ(mixed(48).seg_chunks, 0);
+#else
+  GTEST_SKIP() << "no GPU run: this build has no CUDA kernels (FLASHKDA_ENABLE_CUDA=OFF)";
+#endif
+}
+
 }  // namespace
 }  // namespace flashkda::testing
