@@ -217,12 +217,19 @@ int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
   // of 64 tokens ran 0.78 / 0.98 ms split against 0.72 / 0.76 ms in one pass
   // (docs/perf-log.md). So the longest sequence gets fewer, longer segments
   // until the cut sequences' pass 1 fits the wave; none if it then has too few.
-  if (shape.cu_seqlens_host != nullptr) {
-    while (cut_sequences_pass1_ctas(shape, seg) > wave) {
-      const int64_t fewer = (longest + seg - 1) / seg - 1;
-      if (fewer < min_segments) return 0;
-      seg = (longest + fewer - 1) / fewer;
+  // The CTAs only grow with the longest's segment count G (every sequence's
+  // segments are as many or more), so the most G that fits is found by bisection:
+  // O(N log G) on the host, for batches of many sequences too.
+  if (shape.cu_seqlens_host != nullptr && cut_sequences_pass1_ctas(shape, seg) > wave) {
+    auto seg_for = [&](int64_t g) { return (longest + g - 1) / g; };
+    int64_t lo = min_segments - 1, hi = (longest + seg - 1) / seg;  // fits at lo (or none), not at hi
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (cut_sequences_pass1_ctas(shape, seg_for(mid)) <= wave) lo = mid;
+      else hi = mid;
     }
+    if (lo < min_segments) return 0;
+    seg = seg_for(lo);
   }
   if (longest < min_segments * seg - (seg - 1)) return 0;
   return seg;
