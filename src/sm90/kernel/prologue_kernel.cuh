@@ -45,15 +45,26 @@ __device__ __forceinline__ void store_record_range(uint4* record, const Prologue
   }
 }
 
+// A varlen batch's set-up where it takes checkpoints: the longest-first order
+// (where the plan runs one pass) and every sequence's first entry, by the CTA's
+// kPrologueThreads threads; `smem`: the CTA's shared memory, free by then.
+__device__ __noinline__ void order_and_first_entries(const FwdParams& p, unsigned char* smem, int tid) {
+  if (p.seq_order != nullptr) {
+    order_sequences_longest_first<kPrologueThreads>(p, reinterpret_cast<int32_t*>(smem), tid);
+    __syncthreads();
+  }
+  write_first_entries<kPrologueThreads>(p, reinterpret_cast<int64_t*>(smem), tid);
+}
+
 // kDim: the caller's K = V (shared_storage.cuh): the columns past it load as zeros.
-// The CTA of slot 0 and value head 0 first does the batch's set-up for the
+// The CTA of slot 0 and value head 0 also does the batch's set-up for the
 // recurrence: kOrderSequences, a varlen batch's longest-first order (p.seq_order,
-// tile_scheduler.cuh); kFirstEntries, its sequences' first checkpoint entries
-// (p.ck_first_entries, checkpoints.cuh), and the order too where p.seq_order is
-// set. Each its own instantiation: with the sort's code in it, the kernel's
-// registers and schedule changed throughout, and the K = 64 rows that order
-// nothing measured 0.4-1.3 % slower; so the calls without checkpoints keep a
-// kernel without the entries' code.
+// tile_scheduler.cuh), first; kFirstEntries, its sequences' first checkpoint
+// entries (p.ck_first_entries, checkpoints.cuh), and the order too where
+// p.seq_order is set, last. Each its own instantiation: with the sort's code in
+// it, the kernel's registers and schedule changed throughout, and the K = 64 rows
+// that order nothing measured 0.4-1.3 % slower; so the calls without checkpoints
+// keep a kernel without the entries' code.
 template <int kDim, bool kOrderSequences, bool kFirstEntries>
 __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
     kda_chunk_prologue_kernel(const __grid_constant__ FwdParams p) {
@@ -78,22 +89,30 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
          slot_checkpoint_fault(p, slot, 1, span.end - span.begin)))
       record_fault(kFaultForwardSlotCheckpoint, slot);
   }
-  if constexpr (kOrderSequences || kFirstEntries) {
-    static_assert(sizeof(PrologueSmem) >= kOrderBins * sizeof(int32_t), "the order's bins fit the chunk's shared memory");
+  static_assert(sizeof(PrologueSmem) >= kOrderBins * sizeof(int32_t), "the order's bins fit the chunk's shared memory");
+  if constexpr (kOrderSequences && !kFirstEntries) {
     if (slot == 0 && v_head == 0) {
-      // Each part's shared memory is free again after its barrier.
-      if (!kFirstEntries || p.seq_order != nullptr) {
-        order_sequences_longest_first<kPrologueThreads>(p, reinterpret_cast<int32_t*>(smem_raw), tid);
-        __syncthreads();
-      }
-      if constexpr (kFirstEntries) {
-        write_first_entries<kPrologueThreads>(p, reinterpret_cast<int64_t*>(smem_raw), tid);
-        __syncthreads();
-      }
+      order_sequences_longest_first<kPrologueThreads>(p, reinterpret_cast<int32_t*>(smem_raw), tid);
+      __syncthreads();  // the bins' shared memory, before the chunk's loads reuse it
     }
   }
+  // With the first entries, the whole set-up comes after the CTA's own chunk (or
+  // in its place), out of line: ahead of it, or inlined, the table's code changed
+  // the chunk's schedule (docs/perf-log.md). The recurrence reads neither before
+  // this kernel ends.
+  auto batch_setup_last = [&] {
+    if constexpr (kFirstEntries) {
+      if (slot == 0 && v_head == 0) {
+        __syncthreads();  // the chunk's shared memory, before the set-up reuses it
+        order_and_first_entries(p, smem_raw, tid);
+      }
+    }
+  };
   const ChunkTile chunk = locate_chunk(p, slot);
-  if (!chunk.valid) return;
+  if (!chunk.valid) {
+    batch_setup_last();
+    return;
+  }
 
   // The small loads first: beta (16 threads) and A_log. Issued after the beta
   // branch, ptxas placed them behind the copies' wait, and warp 0 waited on beta
@@ -155,6 +174,7 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   } else {
     store_record_range<kDim, 0, record_vectors<kDim>(), kPrologueThreads>(record_address(), s, tid);
   }
+  batch_setup_last();
 }
 
 }  // namespace flashkda::sm90
