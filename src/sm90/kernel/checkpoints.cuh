@@ -86,7 +86,7 @@ __device__ __forceinline__ void write_first_entries(const FwdParams& p, int64_t*
   constexpr int kWarps = kThreads / 32, kPass = kThreads * kEntriesPerThread;
   const int warp = tid >> 5, lane = tid & 31;
   const EntryCount count(p.ck_chunks);
-  int64_t carry = 0;  // entries of the passes before
+  int64_t before_pass = 0;  // entries of the sequences of the earlier passes
   for (int64_t base = 0; base < p.num_seqs; base += kPass) {
     const int64_t first = base + static_cast<int64_t>(tid) * kEntriesPerThread;
     int64_t entries[kEntriesPerThread], mine = 0;
@@ -104,7 +104,7 @@ __device__ __forceinline__ void write_first_entries(const FwdParams& p, int64_t*
     }
     if (lane == 31) warp_sums[warp] = upto;
     __syncthreads();
-    int64_t at = carry + upto - mine, pass_total = 0;
+    int64_t at = before_pass + upto - mine, pass_total = 0;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       if (w < warp) at += warp_sums[w];
@@ -116,7 +116,7 @@ __device__ __forceinline__ void write_first_entries(const FwdParams& p, int64_t*
       if (first + i < p.num_seqs) p.ck_first_entries[first + i] = at;
       at += entries[i];
     }
-    carry += pass_total;
+    before_pass += pass_total;
   }
 }
 
