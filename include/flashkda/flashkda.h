@@ -78,9 +78,11 @@ struct ForwardArgs {
   // Sequence boundaries, in the backend's memory (device memory for kCuda).
   const int64_t* cu_seqlens = nullptr;
   // Optional host copy of the same boundaries. When given, it is validated
-  // (starts at 0, non-decreasing, ends at T); the kernels read only the device
-  // copy (a longest-first schedule that would use it is future work). For the
-  // CPU backends cu_seqlens is already a host pointer and is validated directly.
+  // (starts at 0, non-decreasing, ends at T), checkpoints_capacity is checked
+  // against it, and kCuda's launch plan sees the lengths (a long sequence among
+  // short ones is cut into segments where that pays); the kernels read only the
+  // device copy. For the CPU backends cu_seqlens is already a host pointer and
+  // is validated directly.
   const int64_t* cu_seqlens_host = nullptr;
   int64_t num_seqs = 0;  // N when cu_seqlens is given; ignored otherwise
   // The same boundaries as int32 (vLLM's offsets), instead of cu_seqlens (one of
