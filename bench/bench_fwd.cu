@@ -53,6 +53,7 @@
 
 #include "bench/bench_common.cuh"
 #include "flashkda/flashkda.h"
+#include "sm90/segment_plan.h"
 #include "sm90/sm90_forward.h"
 
 namespace {
@@ -345,7 +346,8 @@ int main(int argc, char** argv) {
           ws_bytes = std::max(ws_bytes, ws_none);
           void* ws = nullptr;
           CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
-          const flashkda::sm90::LaunchPlan used = flashkda::sm90::effective_launch_plan(flashkda::sm90::problem_shape(a), sms);
+          flashkda::sm90::LaunchPlan used;
+          if (!flashkda::sm90::launch_plan_for(a, sms, &used).ok()) { std::fprintf(stderr, "no launch plan\n"); return 1; }
           for (int i = 0; i < warmup; ++i) {
             flashkda::Status s = flashkda::forward(a, flashkda::Backend::kCuda, ws, ws_bytes, nullptr);
             if (s.ok() && checkpoints_paired) s = flashkda::forward(a_none, flashkda::Backend::kCuda, ws, ws_bytes, nullptr);
@@ -382,8 +384,19 @@ int main(int argc, char** argv) {
             const double none_med = median_of(ms_none);
             paired_rows.push_back({H, c.name, none_med, med, med / none_med, median_of(pair_ratio), mhz});
           }
+          // Lengths on the device only: the segments the device chose (pieces of seg_chunks).
+          std::string device_choice;
+          if (used.device_segments) {
+            int32_t pieces = 0;
+            CHECK_CUDA(cudaMemcpy(&pieces, static_cast<char*>(ws) + flashkda::sm90::device_segment_plan_offset(a, used),
+                                  sizeof(pieces), cudaMemcpyDeviceToHost));
+            device_choice = pieces == flashkda::sm90::kWholeSequences
+                                ? " (device: none cut)"
+                                : " (device: " + std::to_string(pieces * used.seg_chunks) + ")";
+          }
           const std::string plan = std::to_string(used.stages) + " stages" +
                                    (used.seg_chunks > 0 ? ", segments of " + std::to_string(used.seg_chunks) +
+                                                              device_choice +
                                                               (used.superposed_outputs ? " superposed" : "")
                                                         : "") +
                                    (checkpoint_every > 0 ? ", checkpoints every " + std::to_string(checkpoint_every) +

@@ -92,9 +92,14 @@ struct SmemLimitSet {
 // (default: smem_bytes; a kernel launched with several sizes passes its largest)
 // first if not yet done. Returns the launch's error, else any error pending on
 // this thread (cleared), as `kernel<<<...>>>(p); return cudaGetLastError();` does.
+// after_previous_starts: launched with programmatic stream serialization, so its
+// CTAs may start once every CTA of the previous kernel has started (or
+// signalled, griddepcontrol.launch_dependents); the kernel itself orders what
+// must come after that kernel (griddepcontrol.wait).
 template <class Params>
 cudaError_t launch_with_smem(const void* kernel, SmemLimitSet& limit, int device, dim3 grid, dim3 block,
-                             size_t smem_bytes, cudaStream_t stream, const Params& p, size_t limit_bytes = 0) {
+                             size_t smem_bytes, cudaStream_t stream, const Params& p, size_t limit_bytes = 0,
+                             bool after_previous_starts = false) {
   if (limit_bytes < smem_bytes) limit_bytes = smem_bytes;
   const uint64_t bit = device >= 0 && device < kMaxCachedDevices ? uint64_t{1} << device : 0;
   const bool was_set = bit != 0 && (limit.devices.load(std::memory_order_acquire) & bit) != 0;
@@ -109,7 +114,21 @@ cudaError_t launch_with_smem(const void* kernel, SmemLimitSet& limit, int device
     if (e != cudaSuccess) return e;
   }
   void* args[] = {const_cast<Params*>(&p)};
-  cudaError_t err = cudaLaunchKernel(kernel, grid, block, args, smem_bytes, stream);
+  auto launch = [&]() -> cudaError_t {
+    if (!after_previous_starts) return cudaLaunchKernel(kernel, grid, block, args, smem_bytes, stream);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem_bytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelExC(&cfg, kernel, args);
+  };
+  cudaError_t err = launch();
   if (err != cudaSuccess && was_set) {
     // A failed launch queued nothing, so it may be retried. The cached bit can be
     // stale: cudaDeviceReset() destroys the context, and with it the attribute.
@@ -117,7 +136,7 @@ cudaError_t launch_with_smem(const void* kernel, SmemLimitSet& limit, int device
     cudaGetLastError();
     limit.devices.fetch_and(~bit, std::memory_order_release);
     err = raise_limit();
-    if (err == cudaSuccess) err = cudaLaunchKernel(kernel, grid, block, args, smem_bytes, stream);
+    if (err == cudaSuccess) err = launch();
   }
   const cudaError_t pending = cudaGetLastError();
   return err != cudaSuccess ? err : pending;

@@ -12,6 +12,7 @@
 #include "sm90/kernel/shared_storage.cuh"
 #include "sm90/kernel/tile_scheduler.cuh"
 #include "sm90/sm90_forward.h"
+#include "sm90/segment_plan.h"
 
 namespace flashkda::sm90 {
 
@@ -131,29 +132,10 @@ Status check_supported(const ForwardArgs& args) {
 namespace {
 
 // The segment scan (spec section 6) when the chains of chunk steps, not the
-// GPU's throughput, bound the call: few heads, long sequences. Pass 1 runs 2·R
-// 4-warp CTAs per segment and head (value rows B, key rows M; R = K / 64 CTAs
-// per state), except R for the first segment (it runs for real). G is the most
-// segments whose pass 1 fills one wave of kSegmentCtasPerSm CTAs on every SM.
-//   Pass 3 by chains: the last segment needs no summary, and pass 3 walks each
-//   segment but the first again, so a chain is about 2·C/G: heads · (2R·G_total
-//   − 3R·N) <= the wave, and a sequence that would get fewer than 3 segments
-//   gains nothing (pass 3 of segment 1 waits for all of segment 0), so then no
-//   sequence is cut.
-//   Outputs by superposition (calls without checkpoints): pass 1 also summarises
-//   the last segment and out follows token-parallel, so a chain is C/G_s steps,
-//   with heads · (2R·G_s − R·N) <= the wave: one or two segments fewer than above
-//   at a few heads, about as many at one head. It replaces pass 3's chains where
-//   that pays (superposition_pays).
-constexpr int64_t kSegmentCtasPerSm = 2;   // 4-warp recurrence CTAs resident on an SM (4 stages)
+// GPU's throughput, bound the call: few heads, long sequences. The segment count
+// follows segment_plan.h's rule; outputs by superposition replace pass 3's
+// chains where that pays (superposition_pays).
 constexpr int kSegmentStages = 4;
-// Shorter segments lose: at T = 1024 (64 chunks) H = 12 and 24 ran 2-35 %
-// slower split into segments of 6-22 chunks than as one chain (H200,
-// docs/perf-log.md): the prologue, the extra launches and the composition cost
-// more than the shorter chain saves.
-constexpr int64_t kMinSegmentChunks = 32;
-constexpr int64_t kMinSegmentsPerChain = 3;
-constexpr int64_t kMinSuperposedSegmentsPerChain = 2;
 
 // Outputs by superposition against pass 3 by chains (both measured on the H200,
 // docs/perf-log.md, "Outputs by superposition"): a chunk step takes ~0.9 µs in
@@ -177,62 +159,31 @@ bool superposition_pays(const ProblemShape& shape, int64_t seg_chains, int64_t s
   return 10 * (chains - superposed) >= kSuperpositionMinGainTenths * chains;
 }
 
-// The shortest segment (in chunks) that cuts the sequences into at most
-// `segments` in all. One sequence of C chunks: ceil(C / G) makes at most G.
-// Several: sequence n gets ceil(C_n / seg) <= C_n / seg + 1, so seg >=
-// total / (segments − N) keeps them within `segments` whatever the lengths.
-int64_t chunks_per_segment(const ProblemShape& shape, int64_t segments) {
-  const int64_t parts = shape.seqs == 1 ? segments : segments - shape.seqs;
-  return (shape.total_chunks + parts - 1) / parts;
-}
-
-// Pass 1's CTAs of the sequences that segments of `seg` chunks cut (the others
-// run whole, R CTAs each, and finish in their own time), over the known lengths.
-int64_t cut_sequences_pass1_ctas(const ProblemShape& shape, int64_t seg) {
-  const int64_t r = shape.row_parts, first_saving = shape.superposable ? 1 : 3;
+// Pass 1's CTAs of the sequences that segments of `seg` chunks cut, over the
+// known lengths (ProblemShape::cu_seqlens_host), or, for a skewed shape, over one
+// sequence holding every chunk.
+int64_t cut_sequences_pass1_ctas(const ProblemShape& shape, const SegmentRule& rule, int64_t seg) {
+  if (shape.skewed) return rule.cut_ctas(shape.total_chunks, seg) * shape.heads;
   int64_t ctas = 0;
-  for (int64_t n = 0; n < shape.seqs; ++n) {
-    const int64_t c = (shape.cu_seqlens_host[n + 1] - shape.cu_seqlens_host[n] + kChunk - 1) / kChunk;
-    if (c > seg) ctas += 2 * r * ((c + seg - 1) / seg) - first_saving * r;
-  }
+  for (int64_t n = 0; n < shape.seqs; ++n)
+    ctas += rule.cut_ctas((shape.cu_seqlens_host[n + 1] - shape.cu_seqlens_host[n] + kChunk - 1) / kChunk, seg);
   return ctas * shape.heads;
 }
 
 int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
-  if (shape.seqs <= 0 || shape.heads <= 0 || shape.total_chunks <= 0) return 0;
-  const int64_t wave = kSegmentCtasPerSm * num_sms;
-  const int64_t r = shape.row_parts;
-  const int64_t first_saving = shape.superposable ? 1 : 3;  // CTAs of R the first (and last) segments need fewer
-  const int64_t segments = (wave + first_saving * r * shape.seqs * shape.heads) / (2 * r * shape.heads);
-  if (segments <= shape.seqs) return 0;
-  int64_t seg = std::max(kMinSegmentChunks, chunks_per_segment(shape, segments));
-  // Unknown lengths (varlen without cu_seqlens_host): assume equal ones.
-  const int64_t longest =
-      shape.longest_chunks >= 0 ? shape.longest_chunks : (shape.total_chunks + shape.seqs - 1) / shape.seqs;
-  const int64_t min_segments = shape.superposable ? kMinSuperposedSegmentsPerChain : kMinSegmentsPerChain;
-  // Known lengths: the count above spreads the wave over every sequence, as if
-  // all were cut alike. In a serving batch of one long prefill among short ones
-  // the long one's pass 1 alone then overflowed the wave, and its second wave
-  // cost a whole segment more: at H = 48 one 8000-token sequence among 3 or 15
-  // of 64 tokens ran 0.78 / 0.98 ms split against 0.72 / 0.76 ms in one pass
-  // (docs/perf-log.md). So the longest sequence gets fewer, longer segments
-  // until the cut sequences' pass 1 fits the wave; none if it then has too few.
-  // The CTAs only grow with the longest's segment count G (every sequence's
-  // segments are as many or more), so the most G that fits is found by bisection:
-  // O(N log G) on the host, for batches of many sequences too.
-  if (shape.cu_seqlens_host != nullptr && cut_sequences_pass1_ctas(shape, seg) > wave) {
-    auto seg_for = [&](int64_t g) { return (longest + g - 1) / g; };
-    int64_t lo = min_segments - 1, hi = (longest + seg - 1) / seg;  // fits at lo (or none), not at hi
-    while (hi - lo > 1) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (cut_sequences_pass1_ctas(shape, seg_for(mid)) <= wave) lo = mid;
-      else hi = mid;
-    }
-    if (lo < min_segments) return 0;
-    seg = seg_for(lo);
-  }
-  if (longest < min_segments * seg - (seg - 1)) return 0;
-  return seg;
+  SegmentRule rule;
+  rule.seqs = shape.seqs;
+  rule.heads = shape.heads;
+  rule.row_parts = shape.row_parts;
+  rule.total_chunks = shape.total_chunks;
+  // Unknown lengths (varlen without cu_seqlens_host): equal ones, unless skewed.
+  rule.longest = shape.skewed ? shape.total_chunks
+                 : shape.longest_chunks >= 0 ? shape.longest_chunks
+                                             : (shape.total_chunks + shape.seqs - 1) / shape.seqs;
+  rule.superposable = shape.superposable;
+  rule.wave = kSegmentCtasPerSm * num_sms;
+  const bool known = shape.skewed || shape.cu_seqlens_host != nullptr;
+  return segment_chunks(rule, known, [&](int64_t seg) { return cut_sequences_pass1_ctas(shape, rule, seg); });
 }
 
 // The shape the split calls plan from: shapes only, never the lengths of
@@ -260,7 +211,8 @@ int64_t split_segment_chunks(const ProblemShape& shape, int num_sms) {
   if (shape.seqs <= 0 || shape.heads <= 0 || shape.total_chunks <= 0) return 0;
   const int64_t segments = kSegmentCtasPerSm * num_sms / (2 * shape.row_parts * shape.heads);
   if (segments <= shape.seqs) return 0;
-  return std::max(kMinSegmentChunks, chunks_per_segment(shape, segments));
+  const int64_t parts = shape.seqs == 1 ? segments : segments - shape.seqs;  // as SegmentRule::spread_chunks
+  return std::max(kMinSegmentChunks, (shape.total_chunks + parts - 1) / parts);
 }
 
 // The output kernel's CTAs per (segment slot, value head).
@@ -290,18 +242,34 @@ size_t sequence_order_bytes(const ForwardArgs& args) {
   return static_cast<size_t>(num_sequences(args)) * sizeof(int32_t);
 }
 
-// The plan for these arguments on the current device (the SM count read once).
-Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device, int* sms = nullptr) {
-  int dev = 0, num_sms = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cached_attribute(&DeviceFacts::num_sms, cudaDevAttrMultiProcessorCount, dev, &num_sms);
-  if (err != cudaSuccess) return cuda_status(err, "reading the device's SM count");
+}  // namespace
+
+Status launch_plan_for(const ForwardArgs& args, int num_sms, LaunchPlan* plan) {
   // The two calls of a context-parallel forward always run the segment scan's
   // passes, with their own segment count (split_segment_chunks); where they do
   // not cut, every sequence is one segment.
   const bool split = args.summaries_M != nullptr || args.resume_from_summaries;
   if (!split) {
-    *plan = effective_launch_plan(problem_shape(args), num_sms);
+    const ProblemShape shape = problem_shape(args);
+    *plan = effective_launch_plan(shape, num_sms);
+    // Lengths only the device holds: the finest segments any lengths would need
+    // (one sequence holding every token), if those cut at all, and the device
+    // picks the segments from the true lengths (LaunchPlan::device_segments).
+    // Assumed equal instead, a long prefill among short sequences ran whole at a
+    // few heads: 1.2-1.6x the time of its split (docs/perf-log.md).
+    const bool lengths_unknown =
+        shape.seqs > 1 && (args.cu_seqlens != nullptr || args.cu_seqlens_int32 != nullptr) &&
+        args.cu_seqlens_host == nullptr;
+    if (lengths_unknown && g_force_seg_chunks.load() == 0) {
+      ProblemShape skewed = shape;
+      skewed.skewed = true;
+      skewed.longest_chunks = shape.total_chunks;
+      const LaunchPlan finest = effective_launch_plan(skewed, num_sms);
+      if (finest.seg_chunks > 0) {
+        *plan = finest;
+        plan->device_segments = true;
+      }
+    }
   } else {
     const int64_t forced = g_force_seg_chunks.load();
     plan->seg_chunks = forced > 0 ? forced : forced < 0 ? 0 : split_segment_chunks(split_shape(args), num_sms);
@@ -326,6 +294,33 @@ Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device, int* sms
   if (plan->superposed_outputs && segment_slots_for(args, plan->seg_chunks) * value_heads(args) *
                                           output_parts(plan->seg_chunks) > kMaxGridCtas)
     plan->superposed_outputs = false;
+  if (plan->seg_chunks <= 0) plan->device_segments = false;
+  return Status::Ok();
+}
+
+int64_t segment_chunks_of_kind(const ProblemShape& shape, bool superposed, int num_sms) {
+  SegmentRule rule;
+  rule.seqs = shape.seqs;
+  rule.heads = shape.heads;
+  rule.row_parts = shape.row_parts;
+  rule.total_chunks = shape.total_chunks;
+  rule.longest = shape.longest_chunks;
+  rule.wave = kSegmentCtasPerSm * num_sms;
+  return segment_chunks_of_kind(rule, superposed, [&](const SegmentRule& r, int64_t seg) {
+    return cut_sequences_pass1_ctas(shape, r, seg);
+  });
+}
+
+namespace {
+
+// The plan for these arguments on the current device (the SM count read once).
+Status plan_for(const ForwardArgs& args, LaunchPlan* plan, int* device, int* sms = nullptr) {
+  int dev = 0, num_sms = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cached_attribute(&DeviceFacts::num_sms, cudaDevAttrMultiProcessorCount, dev, &num_sms);
+  if (err != cudaSuccess) return cuda_status(err, "reading the device's SM count");
+  const Status s = launch_plan_for(args, num_sms, plan);
+  if (!s.ok()) return s;
   if (device != nullptr) *device = dev;
   if (sms != nullptr) *sms = num_sms;
   return Status::Ok();
@@ -354,7 +349,27 @@ size_t first_entries_offset(const ForwardArgs& args, const LaunchPlan& plan) {
                         (orders_sequences(args, plan) ? sequence_order_bytes(args) : 0);
   return (before + kSegmentStateAlign - 1) / kSegmentStateAlign * kSegmentStateAlign;
 }
+// The device's segment plan (LaunchPlan::device_segments), after the first
+// entries, or where they would start: its DeviceSegmentPlan, then the list of
+// segments (at most one a segment slot), then the cut sequences (at most
+// max_cut_sequences: a cut one has more than a piece's tokens), then the
+// sequences longest first (the segment 0s' order).
+size_t device_plan_offset(const ForwardArgs& args, const LaunchPlan& plan) {
+  return first_entries_offset(args, plan) +
+         (tabulates_first_entries(args) ? static_cast<size_t>(num_sequences(args)) * sizeof(int64_t) : 0);
+}
+int64_t max_cut_sequences(const ForwardArgs& args, const LaunchPlan& plan) {
+  return std::min(num_sequences(args), args.batch * args.seqlen / (kChunk * plan.seg_chunks) + 1);
+}
+size_t device_plan_bytes(const ForwardArgs& args, const LaunchPlan& plan) {
+  return sizeof(DeviceSegmentPlan) + static_cast<size_t>(segment_slots_for(args, plan.seg_chunks)) * sizeof(SegmentRef) +
+         static_cast<size_t>(max_cut_sequences(args, plan)) * sizeof(int32_t) + sequence_order_bytes(args);
+}
 }  // namespace
+
+size_t device_segment_plan_offset(const ForwardArgs& args, const LaunchPlan& plan) {
+  return device_plan_offset(args, plan);
+}
 
 Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // One ChunkOperands record per (chunk slot, value head): 19 KB per 16 tokens
@@ -365,7 +380,9 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // of fp32 segment states per (segment slot, value head) follow, and, with
   // outputs by superposition, 16 KB of o⁰ and P per (chunk slot, value head);
   // else, in a varlen batch, the sequences' order (4 bytes a sequence). A varlen
-  // call with periodic checkpoints adds 8 bytes a sequence (their first entries).
+  // call with periodic checkpoints adds 8 bytes a sequence (their first entries),
+  // one whose segments the device plans (LaunchPlan::device_segments) its plan:
+  // 16 bytes, 8 a segment slot and at most 8 a sequence.
   LaunchPlan plan;
   Status s = plan_for(args, &plan, nullptr);
   if (!s.ok()) return s;
@@ -373,8 +390,8 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   if (seg > 0) *bytes = records_bytes(args) + seg + (plan.superposed_outputs ? chunk_output_bytes(args) : 0);
   else if (orders_sequences(args, plan)) *bytes = records_bytes(args) + sequence_order_bytes(args);
   else *bytes = static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
-  if (tabulates_first_entries(args))
-    *bytes = first_entries_offset(args, plan) + static_cast<size_t>(num_sequences(args)) * sizeof(int64_t);
+  if (tabulates_first_entries(args) || plan.device_segments)
+    *bytes = device_plan_offset(args, plan) + (plan.device_segments ? device_plan_bytes(args, plan) : 0);
   return Status::Ok();
 }
 
@@ -571,6 +588,20 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     p.seq_order = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + records_bytes(args));
   if (tabulates_first_entries(args))
     p.ck_first_entries = reinterpret_cast<int64_t*>(static_cast<char*>(workspace) + first_entries_offset(args, plan));
+  if (plan.device_segments) {
+    // What the prologue's set-up CTA plans from (plan_segments_on_device), and where.
+    char* at = static_cast<char*>(workspace) + device_plan_offset(args, plan);
+    p.seg_plan = reinterpret_cast<DeviceSegmentPlan*>(at);
+    p.seg_list = reinterpret_cast<SegmentRef*>(at + sizeof(DeviceSegmentPlan));
+    p.seg_cut = reinterpret_cast<int32_t*>(at + sizeof(DeviceSegmentPlan) +
+                                           segment_slots_for(args, plan.seg_chunks) * sizeof(SegmentRef));
+    p.max_cut = static_cast<int32_t>(max_cut_sequences(args, plan));
+    p.seq_order = p.seg_cut + p.max_cut;
+    p.seg_chunks = plan.seg_chunks;
+    p.num_seg_slots = segment_slots_for(args, plan.seg_chunks);
+    p.superpose = plan.superposed_outputs ? 1 : 0;
+    p.num_sms = num_sms;
+  }
   const int64_t num_ctas = n * hv * p.v_split;
   auto s = static_cast<cudaStream_t>(stream);
   cudaError_t err = cudaSuccess;
@@ -616,7 +647,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       const int64_t kinds = p.split_mode == kSplitSummaries ? 2 : 1;
       const int forced = g_force_compose.load();
       const bool forced_rows = forced == 4 || forced == 8 || forced == 16 || forced == 32;
-      const int rows = forced == 1 ? 0 : forced_rows ? forced : staged_compose_rows(n * hv * kinds, K, num_sms);
+      const int64_t seqs = plan.device_segments ? p.max_cut : n;  // the device's plan lists the cut ones
+      const int rows = forced == 1 ? 0 : forced_rows ? forced : staged_compose_rows(seqs * hv * kinds, K, num_sms);
       return launch_segment_compose(p, dev, rows, s);
     };
     auto run_pass = [&](RecurrencePass pass, int64_t ctas) {
@@ -630,10 +662,14 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       p.output_parts = static_cast<int32_t>(output_parts(plan.seg_chunks));
       p.chunk_outputs =
           static_cast<char*>(workspace) + records_bytes(args) + segment_state_bytes(args, plan.seg_chunks);
-      p.pass = kPassSummaries;
-      const int64_t ctas = p.num_seg_slots * hv * 2 * row_parts;
-      err = dim64 ? launch_recurrence<4, 4, false, 64, kRecordsByCpAsync, true>(p, ctas, dev, s)
-                  : launch_recurrence<4, 4, false, 128, kRecordsByBulkCopy, true>(p, ctas, dev, s);
+      auto superposed_pass = [&](RecurrencePass pass, int64_t ctas) {
+        p.pass = pass;
+        return dim64 ? launch_recurrence<4, 4, false, 64, kRecordsByCpAsync, true>(p, ctas, dev, s)
+                     : launch_recurrence<4, 4, false, 128, kRecordsByBulkCopy, true>(p, ctas, dev, s);
+      };
+      // The device's segment 0s write out themselves: the kernel without superposition.
+      if (plan.device_segments) err = run_pass(kPassFirstSegments, n * hv * row_parts);
+      if (err == cudaSuccess) err = superposed_pass(kPassSummaries, p.num_seg_slots * hv * 2 * row_parts);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
       err = compose();
       if (err != cudaSuccess) return cuda_status(err, "launching the segment composition kernel");
@@ -642,7 +678,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       return Status::Ok();
     }
     if (p.split_mode != kSplitResume) {
-      err = run_pass(kPassSummaries, p.num_seg_slots * hv * 2 * row_parts);
+      if (plan.device_segments) err = run_pass(kPassFirstSegments, n * hv * row_parts);
+      if (err == cudaSuccess) err = run_pass(kPassSummaries, p.num_seg_slots * hv * 2 * row_parts);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
     }
     err = compose();

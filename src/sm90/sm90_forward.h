@@ -42,6 +42,12 @@ struct LaunchPlan {
   // kernel after the composition) instead of a second chain of chunk steps per
   // segment (pass 3). Not with checkpoints, which need the true states on the way.
   bool superposed_outputs = false;
+  // A varlen call whose lengths only the device holds (no cu_seqlens_host): the
+  // host launched the segment scan for pieces of seg_chunks chunks, the finest
+  // any lengths would need (planned as if one sequence held every token), and
+  // the prologue's set-up CTA picks how many pieces a segment takes from the
+  // lengths (segment_plan.h), none where it would cut nothing.
+  bool device_segments = false;
 };
 // What the launch heuristic looks at: sequences, value heads, the chunks of all
 // sequences, and the longest sequence's chunks (-1: unknown, for varlen calls
@@ -54,10 +60,26 @@ struct ProblemShape {
   const int64_t* cu_seqlens_host = nullptr;  // the lengths, where known: [seqs + 1] boundaries
   int64_t row_parts = 2;  // 64-row (4-warp) CTAs per state in the segment scan: K / 64
   bool superposable = false;  // the call takes no checkpoints: a segment scan may form out by superposition
+  // Unknown lengths planned as if one sequence held every chunk (and the others
+  // none): the finest segments any lengths would need.
+  bool skewed = false;
 };
 ProblemShape problem_shape(const ForwardArgs& args);
 // The launch heuristic's choice for this shape on `num_sms` SMs.
 LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms);
+// The plan forward() runs these arguments with on `num_sms` SMs (any override
+// applied): the heuristic's for their shape, the split calls' own, or the
+// finest segments with LaunchPlan::device_segments where the lengths are on the
+// device only; grids too large for a launch fall back to one pass.
+Status launch_plan_for(const ForwardArgs& args, int num_sms, LaunchPlan* plan);
+// The segments segment_plan.h's rule gives known lengths (shape.cu_seqlens_host)
+// for a plan of this kind (superposed outputs, or pass 3 by chains), as the
+// device plans them where only it has the lengths; 0: no cut.
+int64_t segment_chunks_of_kind(const ProblemShape& shape, bool superposed, int num_sms);
+// Where in the workspace the device's plan goes, for a plan with
+// device_segments: a DeviceSegmentPlan (params.h), its first int32 the pieces a
+// segment (pieces_per_segment), then its lists.
+size_t device_segment_plan_offset(const ForwardArgs& args, const LaunchPlan& plan);
 // The segment scan's composition (pass 2) for `chains` (sequence, value head,
 // kind of rows) of K = dim rows: the rows of S a CTA of its staged form, the
 // fewest of 4, 8, 16, 32 that keep the grid within the SM count; 0 where none

@@ -22,6 +22,7 @@
 #include "tests/gpu/gpu_harness.h"
 
 #ifdef FLASHKDA_WITH_CUDA
+#include "sm90/segment_plan.h"
 #include "sm90/sm90_forward.h"
 #include "tests/common/degenerate_problem.h"
 #endif
@@ -195,6 +196,106 @@ TEST_F(GpuSegmentScan, GroupedValueHeads) {
   const HostProblem p = make_problem(spec, 10);
   force_segments(3);
   expect_within_bars(p, errors_of(p, run_cuda(p), "GVA seg_chunks=3"));
+}
+
+// A varlen call without cu_seqlens_host, as engines make it: the plan launches
+// the segment scan for the finest pieces and the prologue's set-up CTA picks
+// the segments from the lengths on the device. For mixed and equal batches
+// (int64 and int32 boundaries, empty sequences, K = 64): the pieces it wrote
+// are what segment_plan.h's rule gives for the true lengths; the result is
+// within the bars, and bitwise the host-planned call of the same segments (the
+// same cut forced with the lengths on the host, or one pass where nothing is cut).
+struct DevicePlannedRun {
+  RunResult r;
+  sm90::LaunchPlan plan;
+  int32_t pieces = 0;
+};
+DevicePlannedRun run_with_lengths_on_device(const HostProblem& p, bool int32_cu) {
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), init(p.init_f32), fin(p.state_elems());
+  DeviceBuffer<int64_t> cu(p.cu_seqlens);
+  DeviceBuffer<int32_t> cu32(std::vector<int32_t>(p.cu_seqlens.begin(), p.cu_seqlens.end()));
+  ForwardArgs a = p.host_args(out.ptr, fin.ptr);
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
+  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr; a.initial_state = init.ptr;
+  a.cu_seqlens = int32_cu ? nullptr : cu.ptr;
+  a.cu_seqlens_int32 = int32_cu ? cu32.ptr : nullptr;
+  a.cu_seqlens_host = nullptr;
+  DevicePlannedRun d;
+  int sms = 0;
+  FKDA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  d.r.status = sm90::launch_plan_for(a, sms, &d.plan);
+  if (!d.r.status.ok()) return d;
+  size_t bytes = 0;
+  d.r.status = workspace_size(a, Backend::kCuda, &bytes);
+  if (!d.r.status.ok()) return d;
+  DeviceBuffer<uint8_t> ws(bytes);
+  FKDA_CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.n * 2));
+  d.r.status = forward(a, Backend::kCuda, ws.ptr, bytes, nullptr);
+  if (!d.r.status.ok()) return d;
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+  if (d.plan.device_segments)
+    FKDA_CUDA_CHECK(cudaMemcpy(&d.pieces, ws.ptr + sm90::device_segment_plan_offset(a, d.plan), 4,
+                               cudaMemcpyDeviceToHost));
+  d.r.out_bits = out.to_host();
+  d.r.out = bf16_vector_to_float(d.r.out_bits);
+  d.r.final_state = fin.to_host();
+  d.r.state_bytes.resize(d.r.final_state.size() * 4);
+  std::memcpy(d.r.state_bytes.data(), d.r.final_state.data(), d.r.state_bytes.size());
+  return d;
+}
+
+TEST_F(GpuSegmentScan, SegmentsPlannedOnTheDeviceWhereOnlyItHasTheLengths) {
+  struct Case {
+    int64_t heads, head_dim;
+    std::vector<int64_t> seqlens;
+    bool int32_cu;
+  };
+  std::vector<int64_t> prefill_among_short = {3000};
+  for (int i = 0; i < 11; ++i) prefill_among_short.push_back(i == 4 ? 0 : 17 + 40 * i);
+  const std::vector<Case> cases = {
+      {4, 128, prefill_among_short, false},
+      {4, 128, prefill_among_short, true},
+      {8, 128, {1024, 1024, 1024, 1024}, false},        // equal: a coarser cut, or none
+      {2, 128, {400, 400, 400, 400, 400, 400}, true},  // short: nothing cut
+      {4, 64, {2500, 0, 300, 31}, false},
+      {2, 128, {40, 4000, 700}, true},
+  };
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (const Case& c : cases) {
+    ProblemSpec spec;
+    spec.seqlens = c.seqlens;
+    spec.heads = c.heads;
+    spec.head_dim = c.head_dim;
+    const HostProblem p = make_problem(spec, 90 + c.heads);
+    const DevicePlannedRun d = run_with_lengths_on_device(p, c.int32_cu);
+    ASSERT_TRUE(d.r.status.ok()) << d.r.status.message;
+    ASSERT_TRUE(d.plan.device_segments) << "a case the device plans (heads " << c.heads << ")";
+    // The rule on the true lengths, for the family launched.
+    const int64_t seg = sm90::segment_chunks_of_kind(sm90::problem_shape(p.host_args(nullptr, nullptr)),
+                                                     d.plan.superposed_outputs, sms);
+    const int32_t expected = sm90::pieces_per_segment(seg, d.plan.seg_chunks);
+    const std::string label = "device plan H=" + std::to_string(c.heads) + " K=" + std::to_string(c.head_dim) +
+                              " pieces=" + std::to_string(d.pieces) + "x" + std::to_string(d.plan.seg_chunks);
+    EXPECT_EQ(d.pieces, expected) << label;
+    expect_within_bars(p, errors_of(p, d.r, label.c_str()));
+    // The host-planned call of the same segments.
+    sm90::LaunchOverride same{};
+    if (d.pieces == sm90::kWholeSequences) {
+      same.seg_chunks = -1;
+      same.v_split = 2;
+    } else {
+      same.seg_chunks = static_cast<int64_t>(d.pieces) * d.plan.seg_chunks;
+      same.outputs = d.plan.superposed_outputs ? kOutputsBySuperposition : kOutputsByChains;
+    }
+    sm90::set_launch_override(same);
+    const RunResult host = run_cuda(p);
+    sm90::set_launch_override({});
+    ASSERT_TRUE(host.status.ok()) << host.status.message;
+    EXPECT_EQ(d.r.out_bits, host.out_bits) << label;
+    EXPECT_EQ(d.r.state_bytes, host.state_bytes) << label;
+  }
 }
 
 class GpuSegmentStates
@@ -822,6 +923,58 @@ TEST(SegmentPlan, MixedBatchesKeepTheCutSequencesInOneWave) {
   EXPECT_GT(mixed(12).seg_chunks, 0);
   EXPECT_GT(mixed(24).seg_chunks, 0);
   EXPECT_EQ(mixed(48).seg_chunks, 0);
+#else
+  GTEST_SKIP() << "no GPU run: this build has no CUDA kernels (FLASHKDA_ENABLE_CUDA=OFF)";
+#endif
+}
+
+
+// Lengths only on the device (varlen without cu_seqlens_host, as engines call):
+// where one sequence holding every token would be cut, the plan launches the
+// segment scan for those finest pieces and leaves the segments to the device;
+// where even that cuts nothing (many heads), and where the host has the
+// lengths, it is the heuristic's plan for the shape.
+TEST(SegmentPlan, UnknownLengthsLeaveTheSegmentsToTheDevice) {
+#ifdef FLASHKDA_WITH_CUDA
+  constexpr int kH200Sms = 132;
+  static const int64_t kCu[] = {0, 8000, 8064, 8128, 8192, 8256};  // read by no call below
+  auto args = [](int64_t heads, int64_t seqs, bool host) {
+    ForwardArgs a;
+    a.batch = 1;
+    a.seqlen = kCu[seqs];
+    a.num_heads = a.num_v_heads = heads;
+    a.head_dim_k = a.head_dim_v = 128;
+    a.cu_seqlens = kCu;
+    a.cu_seqlens_host = host ? kCu : nullptr;
+    a.num_seqs = seqs;
+    return a;
+  };
+  for (const int64_t heads : {1, 4, 12, 24}) {
+    SCOPED_TRACE(std::to_string(heads) + " heads");
+    sm90::LaunchPlan plan;
+    ASSERT_TRUE(sm90::launch_plan_for(args(heads, 5, false), kH200Sms, &plan).ok());
+    EXPECT_TRUE(plan.device_segments);
+    sm90::ProblemShape skewed = sm90::problem_shape(args(heads, 5, false));
+    skewed.skewed = true;
+    skewed.longest_chunks = skewed.total_chunks;
+    const sm90::LaunchPlan finest = sm90::choose_launch_plan(skewed, kH200Sms);
+    EXPECT_EQ(plan.seg_chunks, finest.seg_chunks);
+    EXPECT_EQ(plan.superposed_outputs, finest.superposed_outputs);
+    ASSERT_TRUE(sm90::launch_plan_for(args(heads, 5, true), kH200Sms, &plan).ok());
+    EXPECT_FALSE(plan.device_segments);
+  }
+  sm90::LaunchPlan plan;
+  ASSERT_TRUE(sm90::launch_plan_for(args(96, 5, false), kH200Sms, &plan).ok());
+  EXPECT_FALSE(plan.device_segments);
+  EXPECT_EQ(plan.seg_chunks, 0);
+  ASSERT_TRUE(sm90::launch_plan_for(args(12, 1, false), kH200Sms, &plan).ok());  // one sequence: its length is T
+  EXPECT_FALSE(plan.device_segments);
+  // The device's count of pieces: the fewest that cover the rule's segment, one
+  // at least, and "whole" where the rule cuts nothing.
+  EXPECT_EQ(sm90::pieces_per_segment(0, 40), sm90::kWholeSequences);
+  EXPECT_EQ(sm90::pieces_per_segment(40, 40), 1);
+  EXPECT_EQ(sm90::pieces_per_segment(41, 40), 2);
+  EXPECT_EQ(sm90::pieces_per_segment(39, 40), 1);
 #else
   GTEST_SKIP() << "no GPU run: this build has no CUDA kernels (FLASHKDA_ENABLE_CUDA=OFF)";
 #endif

@@ -19,7 +19,8 @@ cudaError_t launch_staged(const FwdParams& p, int64_t chains, int device, cudaSt
 template <int kDim>
 cudaError_t launch_compose(const FwdParams& p, int device, int staged_rows, cudaStream_t stream) {
   const int64_t kinds = p.split_mode == kSplitSummaries ? 2 : 1;
-  const int64_t chains = static_cast<int64_t>(p.num_seqs) * p.num_v_heads * kinds;
+  const int64_t seqs = p.seg_plan != nullptr ? p.max_cut : p.num_seqs;  // the device's plan lists the cut ones
+  const int64_t chains = seqs * p.num_v_heads * kinds;
   switch (staged_rows) {
     case 4: return launch_staged<kDim, 4>(p, chains, device, stream);
     case 8: return launch_staged<kDim, 8>(p, chains, device, stream);

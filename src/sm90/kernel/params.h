@@ -14,6 +14,15 @@ enum RecurrencePass : int32_t {
   kPassWhole = 0,      // one chain per (sequence, head), one pass
   kPassSummaries = 1,  // segment scan pass 1: segment 0 runs, the others' (M, B) (and o⁰, P: superpose)
   kPassFromStates = 3, // segment scan pass 3: segments 1.. from their incoming states
+  // The device's plan (FwdParams::seg_plan) runs pass 1 as two launches: every
+  // sequence's segment 0, one CTA per (sequence, head, 64 rows) as the one-pass
+  // plan's (kPassFirstSegments), then the listed segments past the first
+  // (kPassSummaries), in a launch that may start while the first runs
+  // (fwd_launch.cuh). In this order the segment 0s are placed on an idle GPU,
+  // one an SM as far as they fit; placed beside the other launch's CTAs, two of
+  // them shared an SM and every chain ran at that pace (H = 12, 4 x 2048 left
+  // whole: 1.33x the one-pass time).
+  kPassFirstSegments = 4,
 };
 
 // The two calls of a context-parallel forward (ForwardArgs::summaries_M,
@@ -23,6 +32,19 @@ enum RecurrencePass : int32_t {
 //   kSplitResume     pass 2 from the given initial states, pass 3 with every
 //                    segment (segment 0 from its initial state)
 enum SplitMode : int32_t { kSplitNone = 0, kSplitSummaries = 1, kSplitResume = 2 };
+
+// The device's segment plan (FwdParams::seg_plan), in the workspace.
+struct DeviceSegmentPlan {
+  int32_t pieces;    // pieces a segment (kWholeSequences, segment_plan.h: none cut)
+  int32_t segments;  // entries of FwdParams::seg_list
+  int32_t cut;       // entries of FwdParams::seg_cut
+  int32_t unused;
+};
+// Segment `index` of sequence `seq`.
+struct SegmentRef {
+  int32_t seq;
+  int32_t index;
+};
 
 struct FwdParams {
   // bf16 tensors as raw 16-bit patterns; shapes as in flashkda::ForwardArgs.
@@ -96,6 +118,20 @@ struct FwdParams {
   int64_t seg_chunks;
   int64_t num_seg_slots;
   float* seg_states;
+  // A varlen call whose lengths only the device holds (LaunchPlan::device_segments):
+  // seg_chunks is a piece, the segment slots index pieces, and the prologue's
+  // set-up CTA writes the plan to the workspace from the lengths
+  // (plan_segments_on_device, tile_scheduler.cuh): how many pieces a segment
+  // takes, the list of segments the passes' CTAs take in order, and the list of
+  // the sequences cut (the composition's). Null: a segment is one piece, and the
+  // grids map onto segment slots and sequences. num_sms: the wave the rule
+  // fills; max_cut: the most sequences the device's plan can cut (the
+  // composition's grid).
+  DeviceSegmentPlan* seg_plan;
+  SegmentRef* seg_list;
+  int32_t* seg_cut;
+  int32_t num_sms;
+  int32_t max_cut;
   int32_t pass;  // RecurrencePass: what the recurrence kernel's CTAs do
   int32_t split_mode;  // SplitMode
   float* summaries_M;  // kSplitSummaries: fp32 [N, HV, K, K]

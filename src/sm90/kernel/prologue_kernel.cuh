@@ -45,27 +45,34 @@ __device__ __forceinline__ void store_record_range(uint4* record, const Prologue
   }
 }
 
-// A varlen batch's set-up where it takes checkpoints: the longest-first order
-// (where the plan runs one pass) and every sequence's first entry, by the CTA's
-// kPrologueThreads threads; `smem`: the CTA's shared memory, free by then.
-__device__ __noinline__ void order_and_first_entries(const FwdParams& p, unsigned char* smem, int tid) {
+// A varlen batch's set-up after the chunk: the longest-first order (where the
+// plan runs one pass), every sequence's first checkpoint entry (where it takes
+// periodic checkpoints), and the segment plan (where only the device has the
+// lengths), by the CTA's kPrologueThreads threads; `smem`: the CTA's shared
+// memory, free by then.
+__device__ __noinline__ void batch_setup(const FwdParams& p, unsigned char* smem, int tid) {
   if (p.seq_order != nullptr) {
     order_sequences_longest_first<kPrologueThreads>(p, reinterpret_cast<int32_t*>(smem), tid);
     __syncthreads();
   }
-  write_first_entries<kPrologueThreads>(p, reinterpret_cast<int64_t*>(smem), tid);
+  if (p.ck_first_entries != nullptr) {
+    write_first_entries<kPrologueThreads>(p, reinterpret_cast<int64_t*>(smem), tid);
+    __syncthreads();
+  }
+  if (p.seg_plan != nullptr) plan_segments_on_device<kPrologueThreads>(p, reinterpret_cast<int64_t*>(smem), tid);
 }
 
 // kDim: the caller's K = V (shared_storage.cuh): the columns past it load as zeros.
 // The CTA of slot 0 and value head 0 also does the batch's set-up for the
 // recurrence: kOrderSequences, a varlen batch's longest-first order (p.seq_order,
-// tile_scheduler.cuh), first; kFirstEntries, its sequences' first checkpoint
-// entries (p.ck_first_entries, checkpoints.cuh), and the order too where
-// p.seq_order is set, last. Each its own instantiation: with the sort's code in
-// it, the kernel's registers and schedule changed throughout, and the K = 64 rows
-// that order nothing measured 0.4-1.3 % slower; so the calls without checkpoints
-// keep a kernel without the entries' code.
-template <int kDim, bool kOrderSequences, bool kFirstEntries>
+// tile_scheduler.cuh), first; kSetupLast, batch_setup after the chunk: its
+// sequences' first checkpoint entries (p.ck_first_entries, checkpoints.cuh) and
+// the device's segment plan (p.seg_plan), and the order too where p.seq_order
+// is set. Each its own instantiation: with the sort's code in it, the kernel's
+// registers and schedule changed throughout, and the K = 64 rows that order
+// nothing measured 0.4-1.3 % slower; so the other calls keep a kernel without
+// the set-up's code.
+template <int kDim, bool kOrderSequences, bool kSetupLast>
 __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
     kda_chunk_prologue_kernel(const __grid_constant__ FwdParams p) {
   static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
@@ -90,21 +97,21 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
       record_fault(kFaultForwardSlotCheckpoint, slot);
   }
   static_assert(sizeof(PrologueSmem) >= kOrderBins * sizeof(int32_t), "the order's bins fit the chunk's shared memory");
-  if constexpr (kOrderSequences && !kFirstEntries) {
+  if constexpr (kOrderSequences && !kSetupLast) {
     if (slot == 0 && v_head == 0) {
       order_sequences_longest_first<kPrologueThreads>(p, reinterpret_cast<int32_t*>(smem_raw), tid);
       __syncthreads();  // the bins' shared memory, before the chunk's loads reuse it
     }
   }
-  // With the first entries, the whole set-up comes after the CTA's own chunk (or
-  // in its place), out of line: ahead of it, or inlined, the table's code changed
-  // the chunk's schedule (docs/perf-log.md). The recurrence reads neither before
+  // Otherwise the whole set-up comes after the CTA's own chunk (or in its
+  // place), out of line: ahead of it, or inlined, the entries' code changed the
+  // chunk's schedule (docs/perf-log.md). The recurrence reads none of it before
   // this kernel ends.
   auto batch_setup_last = [&] {
-    if constexpr (kFirstEntries) {
+    if constexpr (kSetupLast) {
       if (slot == 0 && v_head == 0) {
         __syncthreads();  // the chunk's shared memory, before the set-up reuses it
-        order_and_first_entries(p, smem_raw, tid);
+        batch_setup(p, smem_raw, tid);
       }
     }
   };

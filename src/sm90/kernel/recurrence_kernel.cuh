@@ -55,7 +55,8 @@ struct RecurrenceConfig {
 // kSuperposed: the segment scan's pass 1 with outputs by superposition
 // (segment_outputs.cuh): every CTA's out tiles go to the workspace, none to out:
 // o⁰ (value rows) as fp32 accumulator fragments, P (key rows) as bf16 hi + lo in
-// a swizzled layout for the output kernel's wgmma.
+// a swizzled layout for the output kernel's wgmma. (The device's plan runs the
+// segment 0s in a launch of their own, kPassFirstSegments, with out written.)
 template <int kStateWarps, int kStages, bool kCheckpoints, int kDim, bool kBulkRecords, bool kSuperposed>
 __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThreads, 1)
     kda_recurrence_kernel(const __grid_constant__ FwdParams p) {
@@ -76,8 +77,17 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   __syncthreads();
 #endif
 
+  // The device's segment plan runs pass 1 as two launches (RecurrencePass): the
+  // segment 0s first, then the listed later segments, which may start once
+  // every segment-0 CTA has. The later launch completes only after the first
+  // (its CTA 0 waits for it), so that the composition after it sees both.
+  const bool waits_for_first_segments = p.pass == kPassSummaries && p.seg_plan != nullptr && blockIdx.x == 0;
+  if (p.pass == kPassFirstSegments) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const RecurrenceWork w = get_recurrence_work<Cfg::kVCta, kDim>(p);
-  if (!w.active) return;
+  if (!w.active) {
+    if (waits_for_first_segments) asm volatile("griddepcontrol.wait;" ::: "memory");
+    return;
+  }
   const int64_t num_chunks = (w.length + kChunk - 1) / kChunk;
   const int row = w.row0 + 16 * warp;  // the warp's first row of the state
 
@@ -171,6 +181,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   } else if (w.to == StateTo::kBuffer) {
     store_state_rows<kDim>(S, w.out_rows, row, lane);
   }
+  if (waits_for_first_segments) asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 }  // namespace flashkda::sm90

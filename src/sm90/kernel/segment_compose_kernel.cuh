@@ -67,10 +67,12 @@ struct ComposeChain {
   bool to_final;    // the last step's result is the final state
   int v_head, row0;
   int64_t seq, first_slot, j_begin, j_end;
+  int64_t pieces;  // segment slots between segments (segment_pieces)
 };
 
 // Grid: kDim / kRows CTAs per (sequence, value head) and per kind of rows; a
-// summaries call has two kinds (B rows, then M rows), the others one.
+// summaries call has two kinds (B rows, then M rows), the others one. With the
+// device's plan, per (listed cut sequence, value head): FwdParams::max_cut of them.
 template <int kDim, int kRows>
 __device__ __forceinline__ ComposeChain compose_chain(const FwdParams& p) {
   constexpr int kCtasPerHead = compose_ctas_per_head<kDim, kRows>();
@@ -83,8 +85,13 @@ __device__ __forceinline__ ComposeChain compose_chain(const FwdParams& p) {
   const int64_t sh = rest / kinds;
   c.v_head = static_cast<int>(sh % p.num_v_heads);
   c.seq = sh / p.num_v_heads;
-  const SegmentTile first = segment_of_sequence(p, c.seq, 0);
+  if (p.seg_plan != nullptr) {  // the device's plan: the sequences it cut, listed
+    if (c.seq >= p.seg_plan->cut) return c;
+    c.seq = p.seg_cut[c.seq];
+  }
+  const SegmentTile first = segment_of_sequence(p, c.seq, 0, segment_pieces(p));
   c.first_slot = first.slot;
+  c.pieces = first.pieces;
   c.active = true;
   c.j_begin = 1;  // a forward: S_in(1) .. S_in(G − 1)
   c.j_end = first.count - 1;
@@ -193,7 +200,7 @@ __global__ void __launch_bounds__(kDim)
   float s[kComposeRows][1];  // the thread's rows of its column
   load_tile_start<kDim>(p, c, c.row0, col, s);
   for (int64_t j = c.j_begin; j < c.j_end; ++j) {
-    SegmentState* st = segment_state(p, c.first_slot + j, c.v_head);
+    SegmentState* st = segment_state(p, c.first_slot + j * c.pieces, c.v_head);
     float m[kDim];  // column col of M_j: K loads in flight together
 #pragma unroll
     for (int k = 0; k < kDim; ++k) m[k] = st->m[k * kHeadDim + col];
@@ -286,7 +293,7 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
   // Rows of M need no B_j: one copy a stage, else two (each arrives on the barrier).
   init_stage_barriers(sm.full, c.key_rows ? 1 : 2);
   auto fetch = [&](int64_t j, int stage) {
-    const SegmentState* st = segment_state(p, c.first_slot + j, c.v_head);
+    const SegmentState* st = segment_state(p, c.first_slot + j * c.pieces, c.v_head);
     bulk_copy<sizeof(sm.m[0])>(&sm.m[stage][0][0], st->m, sm.full[stage]);
     if (!c.key_rows) bulk_copy<sizeof(sm.b[0])>(&sm.b[stage][0][0], st->b + c.row0 * kHeadDim, sm.full[stage]);
   };
@@ -338,7 +345,7 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
     if (tid == 0 && j + 2 < c.j_end) fetch(j + 2, stage);
     share_tile();
     if (writes_back(c, j)) {
-      float* b = segment_state(p, c.first_slot + j, c.v_head)->b + (c.row0 + r0) * kHeadDim + c0;
+      float* b = segment_state(p, c.first_slot + j * c.pieces, c.v_head)->b + (c.row0 + r0) * kHeadDim + c0;
 #pragma unroll
       for (int i = 0; i < kTR; ++i) {
         if constexpr (kTC == 4) *reinterpret_cast<float4*>(b + i * kHeadDim) = make_float4(x[i][0], x[i][1], x[i][2], x[i][3]);

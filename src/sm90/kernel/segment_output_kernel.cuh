@@ -1,8 +1,9 @@
 // Kernel 4 of the segment scan with outputs by superposition (segment_outputs.cuh):
 //   out_t = o⁰_t + S_in · P_t
 // for every token of every segment, token-parallel: the chain of chunk steps ran
-// once, in pass 1. One CTA takes kOutputChunksPerCta chunks of one (segment, value
-// head); warp w owns V rows 16w..16w+15 (kDim / 16 warps):
+// once, in pass 1. One CTA takes kOutputChunksPerCta chunks of one (segment
+// piece, value head) (a segment is one piece unless the device planned it:
+// tile_scheduler.cuh); warp w owns V rows 16w..16w+15 (kDim / 16 warps):
 //   S_in     rows 16w.. of the segment's incoming state (pass 2 left it in the
 //            previous segment's b, fp32), split once into bf16 hi + lo A fragments
 //   load     each chunk's ChunkOutputs (o⁰ in accumulator order, P swizzled for
@@ -14,7 +15,8 @@
 //   store    bf16 through the staging tile, as the recurrence stores out (epilogue.cuh),
 //            a chunk late: chunk c's tile leaves while chunk c + 1's products run
 //            (the kernel waits on latency, not bandwidth: 1/1M 366 -> 357 µs)
-// Segment 0 ran from the true initial state in pass 1: its o⁰ is its output.
+// Segment 0 ran from the true initial state in pass 1: its o⁰ is its output (the
+// device's plan wrote its out directly instead).
 #pragma once
 #include "sm90/kernel/chunk_loader.cuh"
 #include "sm90/kernel/epilogue.cuh"
@@ -59,17 +61,23 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((kSw128AtomBytes - raw_addr % kSw128AtomBytes) % kSw128AtomBytes));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-  // blockIdx.x = (segment slot · HV + hv) · output_parts + part
+  // blockIdx.x = (segment slot · HV + hv) · output_parts + part: the part's
+  // chunks of the slot's piece of its segment.
   const int64_t idx = blockIdx.x;
   const int64_t part = idx % p.output_parts;
   const int64_t sh = idx / p.output_parts;
   const int v_head = static_cast<int>(sh % p.num_v_heads);
-  const SegmentTile t = locate_segment(p, sh / p.num_v_heads);
-  if (!t.valid) return;
+  const int64_t pieces = segment_pieces(p);
+  if (pieces == kWholeSequences) return;  // the device cut nothing: every out is written
+  const SegmentTile t = locate_piece(p, sh / p.num_v_heads, pieces);
+  // The device's plan wrote the segment 0s' out in their own launch (kPassFirstSegments).
+  if (!t.valid || (t.index == 0 && p.seg_plan != nullptr)) return;
   const int64_t chunks = (t.length + kChunk - 1) / kChunk;
-  const int64_t c0 = part * kOutputChunksPerCta;
-  if (c0 >= chunks) return;
-  const int64_t c1 = c0 + kOutputChunksPerCta < chunks ? c0 + kOutputChunksPerCta : chunks;
+  const int64_t piece_begin = t.piece * p.seg_chunks;
+  const int64_t piece_end = piece_begin + p.seg_chunks < chunks ? piece_begin + p.seg_chunks : chunks;
+  const int64_t c0 = piece_begin + part * kOutputChunksPerCta;
+  if (c0 >= piece_end) return;
+  const int64_t c1 = c0 + kOutputChunksPerCta < piece_end ? c0 + kOutputChunksPerCta : piece_end;
   const ChunkOutputs<kDim>* const first = chunk_outputs<kDim>(p, t.first_slot, v_head);
 
   init_stage_barriers(s.full, 1);
@@ -85,7 +93,7 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   FragA s_hi[kKeySteps], s_lo[kKeySteps];
   if (from_state) {
     StateRows S_in;  // dies once split
-    load_state_rows<kDim>(S_in, StateFrom::kBuffer, segment_state(p, t.slot - 1, v_head)->b, 16 * warp, lane);
+    load_state_rows<kDim>(S_in, StateFrom::kBuffer, segment_state(p, t.slot - t.pieces, v_head)->b, 16 * warp, lane);
 #pragma unroll
     for (int kk = 0; kk < kKeySteps; ++kk) split_a_bf16(S_in.tile[2 * kk], S_in.tile[2 * kk + 1], s_hi[kk], s_lo[kk]);
   }

@@ -21,6 +21,7 @@
 
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/shared_storage.cuh"
+#include "sm90/segment_plan.h"
 
 namespace flashkda::sm90 {
 
@@ -160,12 +161,18 @@ __device__ __forceinline__ void order_sequences_longest_first(const FwdParams& p
 }
 
 // Segment slots index the segment states the way chunk slots index the records:
-// segment j of sequence n has slot n + floor(begin(n) / (16·seg_chunks)) + j,
-// distinct, below N + ceil(T / (16·seg_chunks)), and inside that bound for any
-// clamped cu_seqlens. Every sequence has at least one segment (an empty one
-// still carries its initial state to its final state).
+// piece j of sequence n, the j-th run of seg_chunks chunks, has slot n +
+// floor(begin(n) / (16·seg_chunks)) + j, distinct, below N + ceil(T /
+// (16·seg_chunks)), and inside that bound for any clamped cu_seqlens. A segment
+// is `pieces` consecutive pieces (segment_pieces) and has the slot of its first.
+// Every sequence has at least one segment (an empty one still carries its
+// initial state to its final state).
 __device__ __forceinline__ int64_t first_segment_slot(const FwdParams& p, int64_t n) {
   return n + seq_begin(p, n) / (kChunk * p.seg_chunks);
+}
+// Pieces a segment: the device's plan where it made one (LaunchPlan::device_segments), else 1.
+__device__ __forceinline__ int64_t segment_pieces(const FwdParams& p) {
+  return p.seg_plan != nullptr ? p.seg_plan->pieces : 1;
 }
 
 struct SegmentTile {
@@ -173,38 +180,140 @@ struct SegmentTile {
   int seq;
   int64_t index;        // j
   int64_t count;        // segments of the sequence, G >= 1
-  int64_t slot;         // segment slot of j
+  int64_t slot;         // segment slot of j (its first piece's)
+  int64_t pieces;       // pieces a segment: segment j − 1 has slot − pieces
+  int64_t piece;        // locate_piece: which of segment j's pieces the slot names
   int64_t token_begin;  // first token of segment j
   int64_t length;       // its tokens
+  int64_t first_chunk;  // of the sequence, segment j's first
   int64_t first_slot;   // chunk slot of its first chunk
 };
 
-__device__ __forceinline__ SegmentTile segment_of_sequence(const FwdParams& p, int64_t n, int64_t j) {
+__device__ __forceinline__ SegmentTile segment_of_sequence(const FwdParams& p, int64_t n, int64_t j, int64_t pieces) {
   const ClampedSpan span = sequence_span(p, n);
   const int64_t len = span.end - span.begin, chunks = (len + kChunk - 1) / kChunk;
-  const int64_t seg_tokens = kChunk * p.seg_chunks;
+  const int64_t seg = p.seg_chunks * pieces, seg_tokens = kChunk * seg;
   SegmentTile t;
   t.seq = static_cast<int>(n);
-  t.count = chunks > p.seg_chunks ? (chunks + p.seg_chunks - 1) / p.seg_chunks : 1;
+  t.count = chunks > seg ? (chunks + seg - 1) / seg : 1;
   t.index = j;
   t.valid = j >= 0 && j < t.count;
-  t.slot = n + span.begin / seg_tokens + j;
+  t.slot = n + span.begin / (kChunk * p.seg_chunks) + j * pieces;
+  t.pieces = pieces;
+  t.piece = 0;
   t.token_begin = span.begin + j * seg_tokens;
   const int64_t rem = len - j * seg_tokens;
   t.length = rem < 0 ? 0 : (rem < seg_tokens ? rem : seg_tokens);
-  t.first_slot = n + span.begin / kChunk + j * p.seg_chunks;
+  t.first_chunk = j * seg;
+  t.first_slot = n + span.begin / kChunk + t.first_chunk;
   return t;
 }
 
-// The segment of a segment slot: the last sequence whose first segment slot is <= slot.
-__device__ __forceinline__ SegmentTile locate_segment(const FwdParams& p, int64_t slot) {
+// The segment holding the piece of a segment slot (the last sequence whose first
+// segment slot is <= slot), and which of its pieces that is.
+__device__ __forceinline__ SegmentTile locate_piece(const FwdParams& p, int64_t slot, int64_t pieces) {
   int64_t lo = 0, hi = p.num_seqs - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
     if (first_segment_slot(p, mid) <= slot) lo = mid;
     else hi = mid - 1;
   }
-  return segment_of_sequence(p, lo, slot - first_segment_slot(p, lo));
+  const int64_t piece = slot - first_segment_slot(p, lo);
+  SegmentTile t = segment_of_sequence(p, lo, piece / pieces, pieces);
+  t.piece = piece % pieces;
+  return t;
+}
+// The segment whose first piece has this slot (invalid for the other pieces' slots).
+__device__ __forceinline__ SegmentTile locate_segment(const FwdParams& p, int64_t slot, int64_t pieces) {
+  SegmentTile t = locate_piece(p, slot, pieces);
+  t.valid = t.valid && t.piece == 0;
+  return t;
+}
+
+// The device's segment plan (LaunchPlan::device_segments): segment_plan.h's rule
+// over the batch's true lengths for the kind of plan launched (superposed or by
+// chains), as a count of the host's pieces, and the lists the passes take their
+// work from (FwdParams::seg_plan), by the kThreads threads of one CTA (the
+// prologue's set-up CTA: the segment scan's passes all run after that kernel).
+// The rule's sums over the sequences are block-wide reductions: its bisection is
+// ~log2(G) passes over cu_seqlens. `scratch`: kThreads / 32 int64 of shared memory.
+template <int kThreads>
+__device__ __forceinline__ void plan_segments_on_device(const FwdParams& p, int64_t* scratch, int tid) {
+  constexpr int kWarps = kThreads / 32;
+  const int warp = tid >> 5, lane = tid & 31;
+  auto chunks_of = [&](int64_t n) {
+    const ClampedSpan span = sequence_span(p, n);
+    return (span.end - span.begin + kChunk - 1) / kChunk;
+  };
+  // The sum (or the largest) of f(n) over the sequences, on every thread.
+  auto reduce = [&](const auto& f, bool largest) {
+    auto join = [largest](int64_t a, int64_t b) { return largest ? (a > b ? a : b) : a + b; };
+    int64_t x = 0;
+    for (int64_t n = tid; n < p.num_seqs; n += kThreads) x = join(x, f(n));
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) x = join(x, __shfl_xor_sync(0xffffffffu, x, d));
+    if (lane == 0) scratch[warp] = x;
+    __syncthreads();
+    int64_t all = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) all = join(all, scratch[w]);
+    __syncthreads();  // scratch is rewritten by the next reduction
+    return all;
+  };
+  SegmentRule rule;
+  rule.seqs = p.num_seqs;
+  rule.heads = p.num_v_heads;
+  rule.row_parts = p.head_dim / 64;
+  rule.total_chunks = reduce(chunks_of, false);
+  rule.longest = reduce(chunks_of, true);
+  rule.wave = kSegmentCtasPerSm * p.num_sms;
+  const int64_t seg = segment_chunks_of_kind(rule, p.superpose != 0, [&](const SegmentRule& r, int64_t s) {
+    return reduce([&](int64_t n) { return r.cut_ctas(chunks_of(n), s); }, false) * r.heads;
+  });
+  const int32_t pieces = pieces_per_segment(seg, p.seg_chunks);
+  const int64_t seg_dev = p.seg_chunks * pieces;
+  // The lists, in sequence order: every segment past the first (each
+  // sequence's in order; the first run in their own launch, kPassFirstSegments),
+  // and the sequences the composition walks (as compose_chain decides: two
+  // segments or more superposed, three or more by chains). Each pass of kThreads
+  // sequences: a block-wide exclusive scan of (segments, cut) packed in one
+  // int64 (segments in the low 32 bits: fewer than 2^31, the host's grid check).
+  const int64_t min_composed = p.superpose != 0 ? 2 : 3;
+  int64_t before = 0;  // (segments, cut) of the earlier passes
+  for (int64_t base = 0; base < p.num_seqs; base += kThreads) {
+    const int64_t n = base + tid;
+    const int64_t c = n < p.num_seqs ? chunks_of(n) : 0;
+    const int64_t count = n < p.num_seqs ? (c > seg_dev ? (c + seg_dev - 1) / seg_dev : 1) : 0;
+    const int64_t later = count > 1 ? count - 1 : 0;
+    const int64_t mine = later + (count >= min_composed ? (int64_t{1} << 32) : 0);
+    int64_t upto = mine;  // inclusive over the warp's lanes
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int64_t x = __shfl_up_sync(0xffffffffu, upto, d);
+      if (lane >= d) upto += x;
+    }
+    if (lane == 31) scratch[warp] = upto;
+    __syncthreads();
+    int64_t at = before + upto - mine, pass_total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < warp) at += scratch[w];
+      pass_total += scratch[w];
+    }
+    __syncthreads();  // scratch is rewritten by the next pass
+    // Valid boundaries keep both lists within their room (the host sized them);
+    // the bounds hold for any cu_seqlens (clamped spans may overlap).
+    const int64_t first = at & 0xffffffffll, cut_at = at >> 32;
+    for (int64_t j = 0; j < later && first + j < p.num_seg_slots; ++j)
+      p.seg_list[first + j] = SegmentRef{static_cast<int32_t>(n), static_cast<int32_t>(j + 1)};
+    if (count >= min_composed && cut_at < p.max_cut) p.seg_cut[cut_at] = static_cast<int32_t>(n);
+    before += pass_total;
+  }
+  if (tid == 0) {
+    const int64_t segments = before & 0xffffffffll, cut = before >> 32;
+    *p.seg_plan = DeviceSegmentPlan{pieces, static_cast<int32_t>(segments < p.num_seg_slots ? segments : p.num_seg_slots),
+                                    static_cast<int32_t>(cut < p.max_cut ? cut : p.max_cut), 0};
+  }
 }
 
 // A segment's fp32 states in the workspace, one pair per (segment slot, value
@@ -251,7 +360,11 @@ struct RecurrenceWork {
 //                     (identity in, v = 0); the last needs no summary, unless
 //                     the outputs come by superposition (p.superpose): then the
 //                     last runs like the others, and every CTA's out tiles go to
-//                     chunk_outputs (o⁰, P) instead of out.
+//                     chunk_outputs (o⁰, P) instead of out. With the device's
+//                     plan (p.seg_plan), only its listed segments past the first.
+//   kPassFirstSegments parts = kDim / kRows: the device's plan's segment 0s
+//                     (every sequence's, longest first), each as segment 0 of
+//                     kPassSummaries runs, out written.
 //   kPassFromStates   parts = kDim / kRows: segments 1 .. G−1 from the state
 //                     that pass 2 left in the previous segment's b.
 // A context-parallel forward's two calls (SplitMode, params.h) change two
@@ -277,22 +390,45 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
   }
   static_assert(kDim % kRows == 0, "the CTAs of a pass cover the state's rows");
   constexpr int kValueParts = kDim / kRows;
-  const int parts = p.pass == kPassSummaries ? 2 * kValueParts : kValueParts;
   const int64_t idx = blockIdx.x;
-  const int part = static_cast<int>(idx % parts);
-  const int64_t sh = idx / parts;
-  w.v_head = static_cast<int>(sh % p.num_v_heads);
-  const SegmentTile t = locate_segment(p, sh / p.num_v_heads);
+  int part;
+  SegmentTile t;
+  if (p.pass == kPassFirstSegments) {
+    // Segment 0 of every sequence, a CTA per (sequence, head, value rows), as
+    // the one-pass plan's grid and in its order (longest first): a sequence the
+    // device left whole runs here as it would there.
+    part = static_cast<int>(idx % kValueParts);
+    const int64_t sh = idx / kValueParts;
+    w.v_head = static_cast<int>(sh % p.num_v_heads);
+    const int64_t rank = sh / p.num_v_heads;
+    t = segment_of_sequence(p, p.seq_order != nullptr ? p.seq_order[rank] : rank, 0, p.seg_plan->pieces);
+  } else if (p.seg_plan == nullptr) {
+    const int parts = p.pass == kPassSummaries ? 2 * kValueParts : kValueParts;
+    part = static_cast<int>(idx % parts);
+    const int64_t sh = idx / parts;
+    w.v_head = static_cast<int>(sh % p.num_v_heads);
+    t = locate_segment(p, sh / p.num_v_heads, 1);
+  } else {
+    // The device's list of segments past the first: the value-row CTAs of every
+    // listed segment, then the key rows.
+    const int64_t kind_ctas = p.num_seg_slots * p.num_v_heads * kValueParts;
+    const int64_t rest = idx % kind_ctas, i = rest / (static_cast<int64_t>(p.num_v_heads) * kValueParts);
+    part = static_cast<int>((idx / kind_ctas) * kValueParts + rest % kValueParts);
+    w.v_head = static_cast<int>((rest / kValueParts) % p.num_v_heads);
+    if (i >= p.seg_plan->segments) return w;
+    const SegmentRef ref = p.seg_list[i];
+    t = segment_of_sequence(p, ref.seq, ref.index, p.seg_plan->pieces);
+  }
   w.seq = t.seq;
   w.value_rows = part < kValueParts;
   w.row0 = (part % kValueParts) * kRows;
   w.token_begin = t.token_begin;
   w.length = t.length;
   w.first_slot = t.first_slot;
-  w.first_chunk = t.index * p.seg_chunks;
+  w.first_chunk = t.first_chunk;
   const bool first = t.index == 0, last = t.index == t.count - 1;
   if (!t.valid) return w;
-  if (p.pass == kPassSummaries) {
+  if (p.pass == kPassSummaries || p.pass == kPassFirstSegments) {
     if (p.split_mode == kSplitSummaries) {
       // Every segment, the first and the last too, is summarised.
       w.active = true;
@@ -321,7 +457,7 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
     w.active = !first || from_initial;
     w.write_out = w.true_state = true;
     w.from = from_initial ? StateFrom::kInitial : StateFrom::kBuffer;
-    if (!from_initial) w.in_rows = segment_state(p, t.slot - 1, w.v_head)->b;
+    if (!from_initial) w.in_rows = segment_state(p, t.slot - t.pieces, w.v_head)->b;
     w.to = last ? StateTo::kFinal : StateTo::kNone;
   }
   return w;
