@@ -177,8 +177,8 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
         cu_seqlens: int64 or int32 (vLLM's offsets) ``[N+1]`` on the tensors' device
             (requires B == 1), or None.
     Keyword-only extensions: ``cu_seqlens_host`` (an int64 CPU copy of cu_seqlens: validated;
-    never made implicitly, as a device-to-host copy would synchronise; with it the launch plan
-    sees the lengths and splits a long sequence among short ones where that pays); ``state_pool`` (bf16/fp32
+    never made implicitly, as a device-to-host copy would synchronise; with it the host plans how a
+    long sequence among short ones is split, without it the device does); ``state_pool`` (bf16/fp32
     ``[P, HV, V, K]``, any stride between slots) with ``state_indices`` (int32/int64 ``[N]``) and
     optionally ``has_initial_state`` (bool/uint8 ``[N]``): sequence n starts from slot
     ``state_indices[n]`` (from zero when the index is negative or its flag is false) and its final

@@ -56,8 +56,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     # disable_recompute, use_graph and max_num_seqs are about fla's own kernels
     # (training memory, its varlen chunk list): nothing to do here. cu_seqlens_cpu is
     # passed on as fwd's cu_seqlens_host: the host then checks the boundaries and the
-    # checkpoint capacity, and the CUDA launch plan sees the real lengths (it splits
-    # long sequences by them).
+    # checkpoint capacity, and the CUDA launch plan splits long sequences by the
+    # real lengths on the host (without them, the device plans the split).
     # fla's layout is [B, T, H, K] (no head-first form): name a tensor of another rank,
     # and dt_bias of another size, before the shapes are unpacked from them.
     for name, x in (("q", q), ("v", v)):
