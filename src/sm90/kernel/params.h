@@ -96,9 +96,10 @@ struct FwdParams {
   // in the workspace, written by the prologue's set-up CTA (checkpoints.cuh).
   int64_t* ck_first_entries;
 
-  // Varlen, one pass: the sequences longest first, a permutation of 0..N-1 in the
-  // workspace that the prologue writes and the recurrence's CTAs take their
-  // sequence from (tile_scheduler.cuh); null: in order.
+  // Varlen, one pass (or the segment 0s of the device's segment plan): the
+  // sequences longest first, a permutation of 0..N-1 in the workspace that the
+  // prologue writes and the recurrence's CTAs take their sequence from
+  // (tile_scheduler.cuh); null: in order.
   int32_t* seq_order;
 
   int32_t num_seqs;    // N
