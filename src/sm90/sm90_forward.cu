@@ -588,18 +588,21 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     p.seq_order = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + records_bytes(args));
   if (tabulates_first_entries(args))
     p.ck_first_entries = reinterpret_cast<int64_t*>(static_cast<char*>(workspace) + first_entries_offset(args, plan));
-  if (plan.device_segments) {
-    // What the prologue's set-up CTA plans from (plan_segments_on_device), and where.
-    char* at = static_cast<char*>(workspace) + device_plan_offset(args, plan);
-    p.seg_plan = reinterpret_cast<DeviceSegmentPlan*>(at);
-    p.seg_list = reinterpret_cast<SegmentRef*>(at + sizeof(DeviceSegmentPlan));
-    p.seg_cut = reinterpret_cast<int32_t*>(at + sizeof(DeviceSegmentPlan) +
-                                           segment_slots_for(args, plan.seg_chunks) * sizeof(SegmentRef));
-    p.max_cut = static_cast<int32_t>(max_cut_sequences(args, plan));
-    p.seq_order = p.seg_cut + p.max_cut;
+  if (plan.seg_chunks > 0) {
+    // The segment scan's pieces, set before the prologue: where the device plans
+    // the segments, its set-up CTA plans from them (plan_segments_on_device).
     p.seg_chunks = plan.seg_chunks;
     p.num_seg_slots = segment_slots_for(args, plan.seg_chunks);
     p.superpose = plan.superposed_outputs ? 1 : 0;
+  }
+  if (plan.device_segments) {
+    // Where the device's plan goes.
+    char* at = static_cast<char*>(workspace) + device_plan_offset(args, plan);
+    p.seg_plan = reinterpret_cast<DeviceSegmentPlan*>(at);
+    p.seg_list = reinterpret_cast<SegmentRef*>(at + sizeof(DeviceSegmentPlan));
+    p.seg_cut = reinterpret_cast<int32_t*>(at + sizeof(DeviceSegmentPlan) + p.num_seg_slots * sizeof(SegmentRef));
+    p.max_cut = static_cast<int32_t>(max_cut_sequences(args, plan));
+    p.seq_order = p.seg_cut + p.max_cut;
     p.num_sms = num_sms;
   }
   const int64_t num_ctas = n * hv * p.v_split;
@@ -639,8 +642,6 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   };
   if (plan.seg_chunks > 0) {
     // The segment scan: summaries, their composition, the segments from their states.
-    p.seg_chunks = plan.seg_chunks;
-    p.num_seg_slots = segment_slots_for(args, plan.seg_chunks);
     p.seg_states = reinterpret_cast<float*>(static_cast<char*>(workspace) + records_bytes(args));
     const int64_t row_parts = K / 64;  // 4-warp CTAs own 64 rows
     auto compose = [&] {
@@ -658,7 +659,6 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     if (plan.superposed_outputs) {
       // Pass 1 leaves o⁰ and P; the composition also writes the final states; the
       // output kernel forms out (segment_outputs.cuh).
-      p.superpose = 1;
       p.output_parts = static_cast<int32_t>(output_parts(plan.seg_chunks));
       p.chunk_outputs =
           static_cast<char*>(workspace) + records_bytes(args) + segment_state_bytes(args, plan.seg_chunks);

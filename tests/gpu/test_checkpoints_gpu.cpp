@@ -158,7 +158,7 @@ TEST_F(GpuCheckpoints, ManySequences) {
 }
 
 // More sequences than the set-up CTA sums in one pass (kEntriesPerThread x its
-// threads = 1,024): the carry between passes, a power-of-two interval (a shift)
+// threads = 1,024): the running total between passes, a power-of-two interval (a shift)
 // and another (a division), int64 and int32 boundaries.
 TEST_F(GpuCheckpoints, MoreSequencesThanOneSetupPass) {
   std::vector<int64_t> seqlens;

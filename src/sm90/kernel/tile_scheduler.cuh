@@ -165,7 +165,7 @@ __device__ __forceinline__ void order_sequences_longest_first(const FwdParams& p
 // floor(begin(n) / (16·seg_chunks)) + j, distinct, below N + ceil(T /
 // (16·seg_chunks)), and inside that bound for any clamped cu_seqlens. A segment
 // is `pieces` consecutive pieces (segment_pieces) and has the slot of its first.
-// Every sequence has at least one segment (an empty one still carries its
+// Every sequence has at least one segment (an empty one still takes its
 // initial state to its final state).
 __device__ __forceinline__ int64_t first_segment_slot(const FwdParams& p, int64_t n) {
   return n + seq_begin(p, n) / (kChunk * p.seg_chunks);
@@ -221,12 +221,6 @@ __device__ __forceinline__ SegmentTile locate_piece(const FwdParams& p, int64_t 
   const int64_t piece = slot - first_segment_slot(p, lo);
   SegmentTile t = segment_of_sequence(p, lo, piece / pieces, pieces);
   t.piece = piece % pieces;
-  return t;
-}
-// The segment whose first piece has this slot (invalid for the other pieces' slots).
-__device__ __forceinline__ SegmentTile locate_segment(const FwdParams& p, int64_t slot, int64_t pieces) {
-  SegmentTile t = locate_piece(p, slot, pieces);
-  t.valid = t.valid && t.piece == 0;
   return t;
 }
 
@@ -407,7 +401,7 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
     part = static_cast<int>(idx % parts);
     const int64_t sh = idx / parts;
     w.v_head = static_cast<int>(sh % p.num_v_heads);
-    t = locate_segment(p, sh / p.num_v_heads, 1);
+    t = locate_piece(p, sh / p.num_v_heads, 1);  // the host's plan: a segment is one piece
   } else {
     // The device's list of segments past the first: the value-row CTAs of every
     // listed segment, then the key rows.
