@@ -403,6 +403,37 @@ TEST_P(GpuGuardBand, ForwardCuSeqlensSegmentScan) {
   }
 }
 
+// The same where the device plans the segments (no host copy, a long sequence
+// among short ones at a few heads: LaunchPlan::device_segments). The prologue's
+// set-up CTA plans from the clamped spans; the lists it writes, and the launches
+// that read them, stay within the workspace the host sized.
+TEST_P(GpuGuardBand, ForwardCuSeqlensDevicePlan) {
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (const int64_t head_dim : {128, 64}) {
+    ProblemSpec spec;
+    spec.seqlens = {3000, 20, 40, 60, 80, 0, 100, 50, 70, 90, 30, 60};
+    spec.heads = 4;
+    spec.head_dim = head_dim;
+    const HostProblem p = make_problem(spec, 53);
+    ForwardArgs shape = p.host_args(nullptr, nullptr);
+    shape.cu_seqlens_host = nullptr;
+    sm90::LaunchPlan plan;
+    ASSERT_TRUE(sm90::launch_plan_for(shape, sms, &plan).ok());
+    ASSERT_TRUE(plan.device_segments) << "K=" << head_dim << ": a call whose segments the device plans";
+    std::vector<int64_t> bad = p.cu_seqlens;
+    GetParam().corrupt(bad, p.T);
+    const int64_t expect_first = first_bad_sequence(bad, p.T);
+    ASSERT_GE(expect_first, 0);
+    forward_with_device_cu_seqlens(p, bad);
+    const Status f = check_device_faults(nullptr);
+    EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << "K=" << head_dim << ": " << f.message;
+    EXPECT_NE(f.message.find("cu_seqlens (forward)"), std::string::npos) << f.message;
+    EXPECT_NE(f.message.find("first at sequence " + std::to_string(expect_first) + "."), std::string::npos)
+        << f.message;
+  }
+}
+
 void PrintTo(const BadCuSeqlens& c, std::ostream* os) { *os << c.name; }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuGuardBand, ::testing::ValuesIn(kBadCuSeqlens),

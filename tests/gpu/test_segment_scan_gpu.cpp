@@ -298,6 +298,95 @@ TEST_F(GpuSegmentScan, SegmentsPlannedOnTheDeviceWhereOnlyItHasTheLengths) {
   }
 }
 
+// An engine captures the forward once and replays it with new boundaries in the
+// same cu_seqlens buffer (the same N and T, so the same launches): the device
+// plans each replay from the lengths the buffer then holds. Every replay gives
+// the bits of a direct call with those lengths, within the bars; the direct
+// call, run twice, the same bits.
+std::vector<RunResult> replay_with_lengths_on_device(const HostProblem& p,
+                                                     const std::vector<std::vector<int64_t>>& boundaries) {
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), init(p.init_f32), fin(p.state_elems());
+  DeviceBuffer<int64_t> cu(p.cu_seqlens);
+  ForwardArgs a = p.host_args(out.ptr, fin.ptr);
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
+  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr; a.initial_state = init.ptr;
+  a.cu_seqlens = cu.ptr;
+  a.cu_seqlens_host = nullptr;
+  std::vector<RunResult> results(boundaries.size());
+  size_t bytes = 0;
+  Status s = workspace_size(a, Backend::kCuda, &bytes);
+  if (!s.ok()) {
+    results[0].status = s;
+    return results;
+  }
+  DeviceBuffer<uint8_t> ws(bytes);
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  FKDA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  FKDA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  s = forward(a, Backend::kCuda, ws.ptr, bytes, stream);
+  FKDA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  if (s.ok()) {
+    FKDA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (size_t i = 0; i < boundaries.size(); ++i) {
+      FKDA_CUDA_CHECK(cudaMemcpy(cu.ptr, boundaries[i].data(), cu.n * sizeof(int64_t), cudaMemcpyHostToDevice));
+      FKDA_CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.n * 2));
+      FKDA_CUDA_CHECK(cudaMemset(fin.ptr, 0xFF, fin.n * 4));
+      FKDA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      FKDA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      RunResult& r = results[i];
+      r.out_bits = out.to_host();
+      r.out = bf16_vector_to_float(r.out_bits);
+      r.final_state = fin.to_host();
+      r.state_bytes.resize(r.final_state.size() * 4);
+      std::memcpy(r.state_bytes.data(), r.final_state.data(), r.state_bytes.size());
+    }
+    FKDA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  }
+  FKDA_CUDA_CHECK(cudaGraphDestroy(graph));
+  FKDA_CUDA_CHECK(cudaStreamDestroy(stream));
+  for (RunResult& r : results) r.status = s;
+  return results;
+}
+
+TEST_F(GpuSegmentScan, DevicePlannedGraphFollowsEachReplaysLengths) {
+  // Twelve sequences of 3,600 tokens in all: a prefill among short requests,
+  // the same prefill last, equal lengths, two prefills; then the first again.
+  const std::vector<int64_t> prefill_first = {3000, 20, 40, 60, 80, 0, 100, 50, 70, 90, 30, 60};
+  const std::vector<int64_t> prefill_last(prefill_first.rbegin(), prefill_first.rend());
+  const std::vector<std::vector<int64_t>> batches = {prefill_first, prefill_last, std::vector<int64_t>(12, 300),
+                                                     {1700, 20, 20, 20, 20, 1700, 20, 20, 20, 20, 20, 20},
+                                                     prefill_first};
+  for (const int64_t head_dim : {128, 64}) {
+    std::vector<HostProblem> problems;
+    std::vector<std::vector<int64_t>> boundaries;
+    for (const auto& lengths : batches) {
+      ProblemSpec spec;
+      spec.seqlens = lengths;
+      spec.heads = 4;
+      spec.head_dim = head_dim;
+      problems.push_back(make_problem(spec, 120));  // the same T and N: the same inputs
+      boundaries.push_back(problems.back().cu_seqlens);
+    }
+    const std::vector<RunResult> replays = replay_with_lengths_on_device(problems[0], boundaries);
+    ASSERT_TRUE(replays[0].status.ok()) << replays[0].status.message;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const std::string label = "graph replay " + std::to_string(i) + " K=" + std::to_string(head_dim);
+      const DevicePlannedRun direct = run_with_lengths_on_device(problems[i], false);
+      const DevicePlannedRun again = run_with_lengths_on_device(problems[i], false);
+      ASSERT_TRUE(direct.r.status.ok()) << direct.r.status.message;
+      ASSERT_TRUE(direct.plan.device_segments) << label << ": a call the device plans";
+      EXPECT_EQ(replays[i].out_bits, direct.r.out_bits) << label;
+      EXPECT_EQ(replays[i].state_bytes, direct.r.state_bytes) << label;
+      EXPECT_EQ(again.r.out_bits, direct.r.out_bits) << label << ": run to run";
+      EXPECT_EQ(again.r.state_bytes, direct.r.state_bytes) << label << ": run to run";
+      expect_within_bars(problems[i], errors_of(problems[i], replays[i], label.c_str()));
+    }
+  }
+}
+
 class GpuSegmentStates
     : public GpuSegmentScan,
       public ::testing::WithParamInterface<std::tuple<std::tuple<DType, DType>, int64_t, int>> {};

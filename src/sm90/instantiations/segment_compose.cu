@@ -13,9 +13,10 @@ cudaError_t launch_staged(const FwdParams& p, int64_t chains, int device, cudaSt
   const int64_t ctas = chains * compose_ctas_per_head<kDim, kRows>();
   return launch_with_smem(reinterpret_cast<const void*>(&kda_segment_compose_staged_kernel<kDim, kRows>), limit,
                           device, dim3(static_cast<unsigned>(ctas)), dim3(ComposeTiling<kDim, kRows>::kThreads),
-                          sizeof(ComposeStages<kDim, kRows>), stream, p);
+                          sizeof(ComposeStages<kDim, kRows>), stream, p, 0, p.seg_plan != nullptr);
 }
 
+// The device's plan launches either form beside pass 1's later segments (grid_dependency.cuh).
 template <int kDim>
 cudaError_t launch_compose(const FwdParams& p, int device, int staged_rows, cudaStream_t stream) {
   const int64_t kinds = p.split_mode == kSplitSummaries ? 2 : 1;
@@ -29,8 +30,9 @@ cudaError_t launch_compose(const FwdParams& p, int device, int staged_rows, cuda
     default: break;
   }
   const int64_t ctas = chains * compose_ctas_per_head<kDim>();
-  kda_segment_compose_kernel<kDim><<<dim3(static_cast<unsigned>(ctas)), dim3(kDim), 0, stream>>>(p);
-  return cudaGetLastError();
+  static SmemLimitSet limit;  // static shared memory only: the limit stays at 0 dynamic bytes
+  return launch_with_smem(reinterpret_cast<const void*>(&kda_segment_compose_kernel<kDim>), limit, device,
+                          dim3(static_cast<unsigned>(ctas)), dim3(kDim), 0, stream, p, 0, p.seg_plan != nullptr);
 }
 }  // namespace
 

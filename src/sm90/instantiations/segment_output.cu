@@ -9,9 +9,10 @@ namespace {
 template <int kDim>
 cudaError_t launch_output(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream) {
   static SmemLimitSet limit;
+  // The device's plan: beside the composition (grid_dependency.cuh).
   return launch_with_smem(reinterpret_cast<const void*>(&kda_segment_output_kernel<kDim>), limit, device,
                           dim3(static_cast<unsigned>(num_ctas)), dim3(segment_output_threads<kDim>()),
-                          segment_output_smem_bytes<kDim>(), stream, p);
+                          segment_output_smem_bytes<kDim>(), stream, p, 0, p.seg_plan != nullptr);
 }
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include "sm90/kernel/checkpoints.cuh"
 #include "sm90/kernel/chunk_loader.cuh"
 #include "sm90/kernel/epilogue.cuh"
+#include "sm90/kernel/grid_dependency.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/recurrence.cuh"
 #include "sm90/kernel/segment_outputs.cuh"
@@ -80,12 +81,14 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   // The device's segment plan runs pass 1 as two launches (RecurrencePass): the
   // segment 0s first, then the listed later segments, which may start once
   // every segment-0 CTA has. The later launch completes only after the first
-  // (its CTA 0 waits for it), so that the composition after it sees both.
-  const bool waits_for_first_segments = p.pass == kPassSummaries && p.seg_plan != nullptr && blockIdx.x == 0;
+  // (its CTA 0 waits for it), so that the composition after it sees both; its
+  // CTAs with nothing listed let the composition start (grid_dependency.cuh).
+  const bool beside_first_segments = p.pass == kPassSummaries && p.seg_plan != nullptr;
+  const bool waits_for_first_segments = beside_first_segments && blockIdx.x == 0;
   if (p.pass == kPassFirstSegments) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const RecurrenceWork w = get_recurrence_work<Cfg::kVCta, kDim>(p);
   if (!w.active) {
-    if (waits_for_first_segments) asm volatile("griddepcontrol.wait;" ::: "memory");
+    leave_early(beside_first_segments);
     return;
   }
   const int64_t num_chunks = (w.length + kChunk - 1) / kChunk;

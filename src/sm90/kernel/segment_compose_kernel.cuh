@@ -42,6 +42,7 @@
 
 #include "sm90/fwd_launch.h"
 #include "sm90/kernel/chunk_loader.cuh"
+#include "sm90/kernel/grid_dependency.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/state_location.cuh"
 #include "sm90/kernel/tile_scheduler.cuh"
@@ -196,7 +197,11 @@ __global__ void __launch_bounds__(kDim)
   __shared__ __align__(16) float s_in[kComposeRows][kHeadDim];
   const int col = threadIdx.x;
   const ComposeChain c = compose_chain<kDim, kComposeRows>(p);
-  if (!c.active) return;
+  if (!c.active) {
+    leave_early(p.seg_plan != nullptr);
+    return;
+  }
+  wait_for_launch_before(p.seg_plan != nullptr);
   float s[kComposeRows][1];  // the thread's rows of its column
   load_tile_start<kDim>(p, c, c.row0, col, s);
   for (int64_t j = c.j_begin; j < c.j_end; ++j) {
@@ -289,7 +294,11 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
   const int r0 = kTR * ((warp / kColBlocks) * Tiling::kLanesR + lane / Tiling::kLanesC);  // of the CTA's rows
   const int c0 = kTC * ((warp % kColBlocks) * Tiling::kLanesC + lane % Tiling::kLanesC);
   const ComposeChain c = compose_chain<kDim, kRows>(p);
-  if (!c.active) return;
+  if (!c.active) {
+    leave_early(p.seg_plan != nullptr);
+    return;
+  }
+  wait_for_launch_before(p.seg_plan != nullptr);
   // Rows of M need no B_j: one copy a stage, else two (each arrives on the barrier).
   init_stage_barriers(sm.full, c.key_rows ? 1 : 2);
   auto fetch = [&](int64_t j, int stage) {

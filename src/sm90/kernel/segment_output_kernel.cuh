@@ -21,6 +21,7 @@
 #include "sm90/kernel/chunk_loader.cuh"
 #include "sm90/kernel/epilogue.cuh"
 #include "sm90/kernel/fragments.cuh"
+#include "sm90/kernel/grid_dependency.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/recurrence.cuh"
 #include "sm90/kernel/segment_outputs.cuh"
@@ -67,16 +68,24 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   const int64_t part = idx % p.output_parts;
   const int64_t sh = idx / p.output_parts;
   const int v_head = static_cast<int>(sh % p.num_v_heads);
+  // The device's plan: this launch runs beside the composition (grid_dependency.cuh).
+  const bool beside = p.seg_plan != nullptr;
   const int64_t pieces = segment_pieces(p);
-  if (pieces == kWholeSequences) return;  // the device cut nothing: every out is written
+  if (pieces == kWholeSequences) {  // the device cut nothing: every out is written
+    leave_early(beside);
+    return;
+  }
   const SegmentTile t = locate_piece(p, sh / p.num_v_heads, pieces);
-  // The device's plan wrote the segment 0s' out in their own launch (kPassFirstSegments).
-  if (!t.valid || (t.index == 0 && p.seg_plan != nullptr)) return;
   const int64_t chunks = (t.length + kChunk - 1) / kChunk;
   const int64_t piece_begin = t.piece * p.seg_chunks;
   const int64_t piece_end = piece_begin + p.seg_chunks < chunks ? piece_begin + p.seg_chunks : chunks;
   const int64_t c0 = piece_begin + part * kOutputChunksPerCta;
-  if (c0 >= piece_end) return;
+  // The device's plan wrote the segment 0s' out in their own launch (kPassFirstSegments).
+  if (!t.valid || (t.index == 0 && beside) || c0 >= piece_end) {
+    leave_early(beside);
+    return;
+  }
+  wait_for_launch_before(beside);
   const int64_t c1 = c0 + kOutputChunksPerCta < piece_end ? c0 + kOutputChunksPerCta : piece_end;
   const ChunkOutputs<kDim>* const first = chunk_outputs<kDim>(p, t.first_slot, v_head);
 

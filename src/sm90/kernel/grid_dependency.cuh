@@ -1,0 +1,26 @@
+// The device's segment plan (FwdParams::seg_plan) launches pass 1's later
+// segments, the composition and the output kernel each beside the launch before
+// it (programmatic dependent launch): where the device cut nothing, every CTA of
+// the three finds nothing to do, and launched one after the other they cost the
+// whole batches their launch gaps (docs/perf-log.md). A CTA with nothing to do
+// lets the next launch start and leaves; an active one waits for the launch
+// before (its results) first. CTA 0 waits either way, so each launch completes
+// only after the one before it: what follows the forward in the stream sees
+// every launch's results.
+#pragma once
+
+namespace flashkda::sm90 {
+
+// A CTA with nothing to do, in a launch beside the one before (`beside`).
+__device__ __forceinline__ void leave_early(bool beside) {
+  if (!beside) return;
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (blockIdx.x == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+// An active CTA, before it reads what the launch before wrote.
+__device__ __forceinline__ void wait_for_launch_before(bool beside) {
+  if (beside) asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+}  // namespace flashkda::sm90
