@@ -351,7 +351,7 @@ size_t first_entries_offset(const ForwardArgs& args, const LaunchPlan& plan) {
 }
 // The device's segment plan (LaunchPlan::device_segments), after the first
 // entries, or where they would start: its DeviceSegmentPlan, then the list of
-// segments (at most one a segment slot), then the cut sequences (at most
+// segments past the first (max_later_entries), then the cut sequences (at most
 // max_cut_sequences: a cut one has more than a piece's tokens), then the
 // sequences longest first (the segment 0s' order).
 size_t device_plan_offset(const ForwardArgs& args, const LaunchPlan& plan) {
@@ -361,8 +361,22 @@ size_t device_plan_offset(const ForwardArgs& args, const LaunchPlan& plan) {
 int64_t max_cut_sequences(const ForwardArgs& args, const LaunchPlan& plan) {
   return std::min(num_sequences(args), args.batch * args.seqlen / (kChunk * plan.seg_chunks) + 1);
 }
+// A cut sequence n of C_n <= L_n / 16 + 1 chunks has G_n − 1 < C_n / (m·piece)
+// segments past its first (m pieces a segment), m·(G_n − 1) < C_n / piece
+// pieces in them; the cut ones hold at most T tokens and number at most
+// max_cut, so the later segments' pieces are fewer than (T / 16 + max_cut) /
+// piece whatever the lengths and m. The passes' and the output kernel's grids
+// take their size from it: sized by the segment slots (N + T / (16·piece)), a
+// batch of many short sequences launched thousands of CTAs that found nothing
+// (docs/perf-log.md). The segment slots are no fewer (N >= 2 where the device
+// plans, and a piece is at least kMinSegmentChunks), so the grids' limit holds.
+int64_t max_later_entries(const ForwardArgs& args, const LaunchPlan& plan) {
+  const int64_t chunks = args.batch * args.seqlen / kChunk;
+  return std::min(segment_slots_for(args, plan.seg_chunks),
+                  (chunks + max_cut_sequences(args, plan)) / plan.seg_chunks + 1);
+}
 size_t device_plan_bytes(const ForwardArgs& args, const LaunchPlan& plan) {
-  return sizeof(DeviceSegmentPlan) + static_cast<size_t>(segment_slots_for(args, plan.seg_chunks)) * sizeof(SegmentRef) +
+  return sizeof(DeviceSegmentPlan) + static_cast<size_t>(max_later_entries(args, plan)) * sizeof(SegmentRef) +
          static_cast<size_t>(max_cut_sequences(args, plan)) * sizeof(int32_t) + sequence_order_bytes(args);
 }
 }  // namespace
@@ -382,7 +396,8 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // else, in a varlen batch, the sequences' order (4 bytes a sequence). A varlen
   // call with periodic checkpoints adds 8 bytes a sequence (their first entries),
   // one whose segments the device plans (LaunchPlan::device_segments) its plan:
-  // 16 bytes, 8 a segment slot and at most 8 a sequence.
+  // 16 bytes, 8 for each of at most (T / 16 + N) / piece + 1 later pieces
+  // (max_later_entries), and at most 8 a sequence.
   LaunchPlan plan;
   Status s = plan_for(args, &plan, nullptr);
   if (!s.ok()) return s;
@@ -598,9 +613,10 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   if (plan.device_segments) {
     // Where the device's plan goes.
     char* at = static_cast<char*>(workspace) + device_plan_offset(args, plan);
+    p.max_later = static_cast<int32_t>(max_later_entries(args, plan));
     p.seg_plan = reinterpret_cast<DeviceSegmentPlan*>(at);
     p.seg_list = reinterpret_cast<SegmentRef*>(at + sizeof(DeviceSegmentPlan));
-    p.seg_cut = reinterpret_cast<int32_t*>(at + sizeof(DeviceSegmentPlan) + p.num_seg_slots * sizeof(SegmentRef));
+    p.seg_cut = reinterpret_cast<int32_t*>(p.seg_list + p.max_later);
     p.max_cut = static_cast<int32_t>(max_cut_sequences(args, plan));
     p.seq_order = p.seg_cut + p.max_cut;
     p.num_sms = num_sms;
@@ -644,6 +660,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     // The segment scan: summaries, their composition, the segments from their states.
     p.seg_states = reinterpret_cast<float*>(static_cast<char*>(workspace) + records_bytes(args));
     const int64_t row_parts = K / 64;  // 4-warp CTAs own 64 rows
+    // Segment slots, or the device plan's entries: the passes' grids past the segment 0s.
+    const int64_t later = plan.device_segments ? p.max_later : p.num_seg_slots;
     auto compose = [&] {
       const int64_t kinds = p.split_mode == kSplitSummaries ? 2 : 1;
       const int forced = g_force_compose.load();
@@ -669,23 +687,23 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       };
       // The device's segment 0s write out themselves: the kernel without superposition.
       if (plan.device_segments) err = run_pass(kPassFirstSegments, n * hv * row_parts);
-      if (err == cudaSuccess) err = superposed_pass(kPassSummaries, p.num_seg_slots * hv * 2 * row_parts);
+      if (err == cudaSuccess) err = superposed_pass(kPassSummaries, later * hv * 2 * row_parts);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
       err = compose();
       if (err != cudaSuccess) return cuda_status(err, "launching the segment composition kernel");
-      err = launch_segment_output(p, p.num_seg_slots * hv * p.output_parts, dev, s);
+      err = launch_segment_output(p, later * hv * p.output_parts, dev, s);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment output kernel");
       return Status::Ok();
     }
     if (p.split_mode != kSplitResume) {
       if (plan.device_segments) err = run_pass(kPassFirstSegments, n * hv * row_parts);
-      if (err == cudaSuccess) err = run_pass(kPassSummaries, p.num_seg_slots * hv * 2 * row_parts);
+      if (err == cudaSuccess) err = run_pass(kPassSummaries, later * hv * 2 * row_parts);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
     }
     err = compose();
     if (err != cudaSuccess) return cuda_status(err, "launching the segment composition kernel");
     if (p.split_mode == kSplitSummaries) return Status::Ok();
-    err = run_pass(kPassFromStates, p.num_seg_slots * hv * row_parts);
+    err = run_pass(kPassFromStates, later * hv * row_parts);
     if (err != cudaSuccess) return cuda_status(err, "launching the segments from their states (recurrence kernel)");
     return Status::Ok();
   }

@@ -260,6 +260,8 @@ TEST_F(GpuSegmentScan, SegmentsPlannedOnTheDeviceWhereOnlyItHasTheLengths) {
       {2, 128, {400, 400, 400, 400, 400, 400}, true},  // short: nothing cut
       {4, 64, {2500, 0, 300, 31}, false},
       {2, 128, {40, 4000, 700}, true},
+      {2, 128, {1500, 1500, 1500, 1500, 1500, 1500, 37}, false},  // many cut, partial last segments
+      {2, 64, {2100, 3, 2100, 2100, 900}, true},
   };
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <climits>
 
+#include "sm90/kernel/block_scan.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/recurrence.cuh"
 #include "sm90/kernel/state_location.cuh"
@@ -83,8 +84,7 @@ struct EntryCount {
 constexpr int kEntriesPerThread = 4;
 template <int kThreads>
 __device__ __forceinline__ void write_first_entries(const FwdParams& p, int64_t* warp_sums, int tid) {
-  constexpr int kWarps = kThreads / 32, kPass = kThreads * kEntriesPerThread;
-  const int warp = tid >> 5, lane = tid & 31;
+  constexpr int kPass = kThreads * kEntriesPerThread;
   const EntryCount count(p.ck_chunks);
   int64_t before_pass = 0;  // entries of the sequences of the earlier passes
   for (int64_t base = 0; base < p.num_seqs; base += kPass) {
@@ -96,21 +96,8 @@ __device__ __forceinline__ void write_first_entries(const FwdParams& p, int64_t*
       entries[i] = first + i < p.num_seqs ? count.of(s.end - s.begin) : 0;
       mine += entries[i];
     }
-    int64_t upto = mine;  // inclusive scan over the warp's lanes
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int64_t x = __shfl_up_sync(0xffffffffu, upto, d);
-      if (lane >= d) upto += x;
-    }
-    if (lane == 31) warp_sums[warp] = upto;
-    __syncthreads();
-    int64_t at = before_pass + upto - mine, pass_total = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      if (w < warp) at += warp_sums[w];
-      pass_total += warp_sums[w];
-    }
-    __syncthreads();  // warp_sums is rewritten by the next pass
+    int64_t pass_total = 0;
+    int64_t at = before_pass + block_exclusive_sum<kThreads>(mine, warp_sums, tid, &pass_total);
 #pragma unroll
     for (int i = 0; i < kEntriesPerThread; ++i) {
       if (first + i < p.num_seqs) p.ck_first_entries[first + i] = at;

@@ -62,26 +62,37 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((kSw128AtomBytes - raw_addr % kSw128AtomBytes) % kSw128AtomBytes));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-  // blockIdx.x = (segment slot · HV + hv) · output_parts + part: the part's
-  // chunks of the slot's piece of its segment.
+  // blockIdx.x = (i · HV + hv) · output_parts + part, i a segment slot (the
+  // host's plan) or, below, a piece of a segment of the device plan's list: the
+  // part's chunks of that piece of its segment.
   const int64_t idx = blockIdx.x;
   const int64_t part = idx % p.output_parts;
   const int64_t sh = idx / p.output_parts;
   const int v_head = static_cast<int>(sh % p.num_v_heads);
-  // The device's plan: this launch runs beside the composition (grid_dependency.cuh).
+  // The device's plan: this launch runs beside the composition
+  // (grid_dependency.cuh), `pieces` entries i for each listed segment past the
+  // first (the segment 0s wrote their out in their own launch,
+  // kPassFirstSegments); a last segment's entries past its end find no chunks.
   const bool beside = p.seg_plan != nullptr;
-  const int64_t pieces = segment_pieces(p);
-  if (pieces == kWholeSequences) {  // the device cut nothing: every out is written
-    leave_early(beside);
-    return;
+  const int64_t i = sh / p.num_v_heads;
+  SegmentTile t;
+  if (beside) {
+    const int64_t pieces = p.seg_plan->pieces;
+    if (pieces == kWholeSequences || i >= static_cast<int64_t>(p.seg_plan->segments) * pieces) {
+      leave_early(beside);
+      return;
+    }
+    const SegmentRef ref = p.seg_list[i / pieces];
+    t = segment_of_sequence(p, ref.seq, ref.index, pieces);
+    t.piece = i % pieces;
+  } else {
+    t = locate_piece(p, i, 1);  // the host's plan: a segment is one piece
   }
-  const SegmentTile t = locate_piece(p, sh / p.num_v_heads, pieces);
   const int64_t chunks = (t.length + kChunk - 1) / kChunk;
   const int64_t piece_begin = t.piece * p.seg_chunks;
   const int64_t piece_end = piece_begin + p.seg_chunks < chunks ? piece_begin + p.seg_chunks : chunks;
   const int64_t c0 = piece_begin + part * kOutputChunksPerCta;
-  // The device's plan wrote the segment 0s' out in their own launch (kPassFirstSegments).
-  if (!t.valid || (t.index == 0 && beside) || c0 >= piece_end) {
+  if (!t.valid || c0 >= piece_end) {
     leave_early(beside);
     return;
   }

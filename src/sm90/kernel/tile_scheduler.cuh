@@ -19,6 +19,7 @@
 #pragma once
 #include <cstdint>
 
+#include "sm90/kernel/block_scan.cuh"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/shared_storage.cuh"
 #include "sm90/segment_plan.h"
@@ -280,32 +281,19 @@ __device__ __forceinline__ void plan_segments_on_device(const FwdParams& p, int6
     const int64_t count = n < p.num_seqs ? (c > seg_dev ? (c + seg_dev - 1) / seg_dev : 1) : 0;
     const int64_t later = count > 1 ? count - 1 : 0;
     const int64_t mine = later + (count >= min_composed ? (int64_t{1} << 32) : 0);
-    int64_t upto = mine;  // inclusive over the warp's lanes
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int64_t x = __shfl_up_sync(0xffffffffu, upto, d);
-      if (lane >= d) upto += x;
-    }
-    if (lane == 31) scratch[warp] = upto;
-    __syncthreads();
-    int64_t at = before + upto - mine, pass_total = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      if (w < warp) at += scratch[w];
-      pass_total += scratch[w];
-    }
-    __syncthreads();  // scratch is rewritten by the next pass
+    int64_t pass_total = 0;
+    const int64_t at = before + block_exclusive_sum<kThreads>(mine, scratch, tid, &pass_total);
     // Valid boundaries keep both lists within their room (the host sized them);
     // the bounds hold for any cu_seqlens (clamped spans may overlap).
     const int64_t first = at & 0xffffffffll, cut_at = at >> 32;
-    for (int64_t j = 0; j < later && first + j < p.num_seg_slots; ++j)
+    for (int64_t j = 0; j < later && first + j < p.max_later; ++j)
       p.seg_list[first + j] = SegmentRef{static_cast<int32_t>(n), static_cast<int32_t>(j + 1)};
     if (count >= min_composed && cut_at < p.max_cut) p.seg_cut[cut_at] = static_cast<int32_t>(n);
     before += pass_total;
   }
   if (tid == 0) {
     const int64_t segments = before & 0xffffffffll, cut = before >> 32;
-    *p.seg_plan = DeviceSegmentPlan{pieces, static_cast<int32_t>(segments < p.num_seg_slots ? segments : p.num_seg_slots),
+    *p.seg_plan = DeviceSegmentPlan{pieces, static_cast<int32_t>(segments < p.max_later ? segments : p.max_later),
                                     static_cast<int32_t>(cut < p.max_cut ? cut : p.max_cut), 0};
   }
 }
@@ -405,7 +393,7 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
   } else {
     // The device's list of segments past the first: the value-row CTAs of every
     // listed segment, then the key rows.
-    const int64_t kind_ctas = p.num_seg_slots * p.num_v_heads * kValueParts;
+    const int64_t kind_ctas = static_cast<int64_t>(p.max_later) * p.num_v_heads * kValueParts;
     const int64_t rest = idx % kind_ctas, i = rest / (static_cast<int64_t>(p.num_v_heads) * kValueParts);
     part = static_cast<int>((idx / kind_ctas) * kValueParts + rest % kValueParts);
     w.v_head = static_cast<int>((rest / kValueParts) % p.num_v_heads);
