@@ -129,4 +129,19 @@ FLASHKDA_HOST_DEVICE inline int32_t pieces_per_segment(int64_t seg, int64_t piec
   return static_cast<int32_t>(m < 1 ? 1 : m);
 }
 
+// The device's choice for a batch whose longest sequence has `longest` chunks:
+// as above, and kWholeSequences unless whole pieces still give the longest as
+// many whole segments as the launched kind needs to gain (two superposed, three
+// by chains). Rounded up, the rule's segments can leave too short a remainder:
+// at 24 heads, 1 x 4000 + 60 x 64 tokens took 84-chunk segments up to 123
+// (123 + 123 + 4 chunks by chains, a chain of ~246 steps against 250) and ran
+// 0.48 ms against 0.36 in one pass (docs/perf-log.md).
+FLASHKDA_HOST_DEVICE inline int32_t device_segment_pieces(int64_t seg, int64_t piece, int64_t longest,
+                                                          bool superposed) {
+  const int32_t m = pieces_per_segment(seg, piece);
+  if (m == kWholeSequences) return m;
+  const int64_t min_segments = superposed ? kMinSuperposedSegmentsPerChain : kMinSegmentsPerChain;
+  return longest >= min_segments * m * piece ? m : kWholeSequences;
+}
+
 }  // namespace flashkda::sm90

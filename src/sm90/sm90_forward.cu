@@ -270,6 +270,10 @@ Status launch_plan_for(const ForwardArgs& args, int num_sms, LaunchPlan* plan) {
         plan->device_segments = true;
       }
     }
+    // Several sequences of a varlen call: the passes take their work from the
+    // lists the prologue's set-up CTA writes (LaunchPlan::listed_segments).
+    const bool varlen = args.cu_seqlens != nullptr || args.cu_seqlens_int32 != nullptr;
+    plan->listed_segments = varlen && shape.seqs > 1;
   } else {
     const int64_t forced = g_force_seg_chunks.load();
     plan->seg_chunks = forced > 0 ? forced : forced < 0 ? 0 : split_segment_chunks(split_shape(args), num_sms);
@@ -294,7 +298,7 @@ Status launch_plan_for(const ForwardArgs& args, int num_sms, LaunchPlan* plan) {
   if (plan->superposed_outputs && segment_slots_for(args, plan->seg_chunks) * value_heads(args) *
                                           output_parts(plan->seg_chunks) > kMaxGridCtas)
     plan->superposed_outputs = false;
-  if (plan->seg_chunks <= 0) plan->device_segments = false;
+  if (plan->seg_chunks <= 0) plan->device_segments = plan->listed_segments = false;
   return Status::Ok();
 }
 
@@ -349,7 +353,7 @@ size_t first_entries_offset(const ForwardArgs& args, const LaunchPlan& plan) {
                         (orders_sequences(args, plan) ? sequence_order_bytes(args) : 0);
   return (before + kSegmentStateAlign - 1) / kSegmentStateAlign * kSegmentStateAlign;
 }
-// The device's segment plan (LaunchPlan::device_segments), after the first
+// The segment plan the device writes (LaunchPlan::listed_segments), after the first
 // entries, or where they would start: its DeviceSegmentPlan, then the list of
 // segments past the first (max_later_entries), then the cut sequences (at most
 // max_cut_sequences: a cut one has more than a piece's tokens), then the
@@ -395,7 +399,7 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // outputs by superposition, 16 KB of o⁰ and P per (chunk slot, value head);
   // else, in a varlen batch, the sequences' order (4 bytes a sequence). A varlen
   // call with periodic checkpoints adds 8 bytes a sequence (their first entries),
-  // one whose segments the device plans (LaunchPlan::device_segments) its plan:
+  // one with listed segments (LaunchPlan::listed_segments) its plan:
   // 16 bytes, 8 for each of at most (T / 16 + N) / piece + 1 later pieces
   // (max_later_entries), and at most 8 a sequence.
   LaunchPlan plan;
@@ -405,8 +409,8 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   if (seg > 0) *bytes = records_bytes(args) + seg + (plan.superposed_outputs ? chunk_output_bytes(args) : 0);
   else if (orders_sequences(args, plan)) *bytes = records_bytes(args) + sequence_order_bytes(args);
   else *bytes = static_cast<size_t>(slots_for(args) * value_heads(args)) * sizeof(ChunkOperands);
-  if (tabulates_first_entries(args) || plan.device_segments)
-    *bytes = device_plan_offset(args, plan) + (plan.device_segments ? device_plan_bytes(args, plan) : 0);
+  if (tabulates_first_entries(args) || plan.listed_segments)
+    *bytes = device_plan_offset(args, plan) + (plan.listed_segments ? device_plan_bytes(args, plan) : 0);
   return Status::Ok();
 }
 
@@ -610,8 +614,10 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     p.num_seg_slots = segment_slots_for(args, plan.seg_chunks);
     p.superpose = plan.superposed_outputs ? 1 : 0;
   }
-  if (plan.device_segments) {
-    // Where the device's plan goes.
+  if (plan.listed_segments) {
+    // Where the plan the device writes goes; the rule applied there only where
+    // the lengths are the device's alone.
+    p.device_rule = plan.device_segments ? 1 : 0;
     char* at = static_cast<char*>(workspace) + device_plan_offset(args, plan);
     p.max_later = static_cast<int32_t>(max_later_entries(args, plan));
     p.seg_plan = reinterpret_cast<DeviceSegmentPlan*>(at);
@@ -661,12 +667,12 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     p.seg_states = reinterpret_cast<float*>(static_cast<char*>(workspace) + records_bytes(args));
     const int64_t row_parts = K / 64;  // 4-warp CTAs own 64 rows
     // Segment slots, or the device plan's entries: the passes' grids past the segment 0s.
-    const int64_t later = plan.device_segments ? p.max_later : p.num_seg_slots;
+    const int64_t later = plan.listed_segments ? p.max_later : p.num_seg_slots;
     auto compose = [&] {
       const int64_t kinds = p.split_mode == kSplitSummaries ? 2 : 1;
       const int forced = g_force_compose.load();
       const bool forced_rows = forced == 4 || forced == 8 || forced == 16 || forced == 32;
-      const int64_t seqs = plan.device_segments ? p.max_cut : n;  // the device's plan lists the cut ones
+      const int64_t seqs = plan.listed_segments ? p.max_cut : n;  // the device's plan lists the cut ones
       const int rows = forced == 1 ? 0 : forced_rows ? forced : staged_compose_rows(seqs * hv * kinds, K, num_sms);
       return launch_segment_compose(p, dev, rows, s);
     };
@@ -686,7 +692,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
                      : launch_recurrence<4, 4, false, 128, kRecordsByBulkCopy, true>(p, ctas, dev, s);
       };
       // The device's segment 0s write out themselves: the kernel without superposition.
-      if (plan.device_segments) err = run_pass(kPassFirstSegments, n * hv * row_parts);
+      if (plan.listed_segments) err = run_pass(kPassFirstSegments, n * hv * row_parts);
       if (err == cudaSuccess) err = superposed_pass(kPassSummaries, later * hv * 2 * row_parts);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
       err = compose();
@@ -696,7 +702,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       return Status::Ok();
     }
     if (p.split_mode != kSplitResume) {
-      if (plan.device_segments) err = run_pass(kPassFirstSegments, n * hv * row_parts);
+      if (plan.listed_segments) err = run_pass(kPassFirstSegments, n * hv * row_parts);
       if (err == cudaSuccess) err = run_pass(kPassSummaries, later * hv * 2 * row_parts);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
     }

@@ -42,11 +42,19 @@ struct LaunchPlan {
   // kernel after the composition) instead of a second chain of chunk steps per
   // segment (pass 3). Not with checkpoints, which need the true states on the way.
   bool superposed_outputs = false;
-  // A varlen call whose lengths only the device holds (no cu_seqlens_host): the
-  // host launched the segment scan for pieces of seg_chunks chunks, the finest
-  // any lengths would need (planned as if one sequence held every token), and
-  // the prologue's set-up CTA picks how many pieces a segment takes from the
-  // lengths (segment_plan.h), none where it would cut nothing.
+  // A varlen forward of several sequences with segments: the passes take their
+  // work from lists of the segments past the first and of the sequences cut,
+  // which the prologue's set-up CTA writes, and every sequence's segment 0 runs
+  // in a launch of its own. Over grids of every segment slot and sequence, the
+  // CTAs that found nothing cost a batch of one long sequence among 63 short
+  // ones (24 heads) 0.48 ms against 0.28 (docs/perf-log.md).
+  bool listed_segments = false;
+  // A varlen call whose lengths only the device holds (no cu_seqlens_host; with
+  // listed_segments): the host launched the segment scan for pieces of
+  // seg_chunks chunks, the finest any lengths would need (planned as if one
+  // sequence held every token), and the prologue's set-up CTA picks how many
+  // pieces a segment takes from the lengths (segment_plan.h), none where it
+  // would cut nothing.
   bool device_segments = false;
 };
 // What the launch heuristic looks at: sequences, value heads, the chunks of all

@@ -275,9 +275,10 @@ TEST_F(GpuSegmentScan, SegmentsPlannedOnTheDeviceWhereOnlyItHasTheLengths) {
     ASSERT_TRUE(d.r.status.ok()) << d.r.status.message;
     ASSERT_TRUE(d.plan.device_segments) << "a case the device plans (heads " << c.heads << ")";
     // The rule on the true lengths, for the family launched.
-    const int64_t seg = sm90::segment_chunks_of_kind(sm90::problem_shape(p.host_args(nullptr, nullptr)),
-                                                     d.plan.superposed_outputs, sms);
-    const int32_t expected = sm90::pieces_per_segment(seg, d.plan.seg_chunks);
+    const sm90::ProblemShape known = sm90::problem_shape(p.host_args(nullptr, nullptr));
+    const int64_t seg = sm90::segment_chunks_of_kind(known, d.plan.superposed_outputs, sms);
+    const int32_t expected =
+        sm90::device_segment_pieces(seg, d.plan.seg_chunks, known.longest_chunks, d.plan.superposed_outputs);
     const std::string label = "device plan H=" + std::to_string(c.heads) + " K=" + std::to_string(c.head_dim) +
                               " pieces=" + std::to_string(d.pieces) + "x" + std::to_string(d.plan.seg_chunks);
     EXPECT_EQ(d.pieces, expected) << label;
@@ -1045,6 +1046,7 @@ TEST(SegmentPlan, UnknownLengthsLeaveTheSegmentsToTheDevice) {
     sm90::LaunchPlan plan;
     ASSERT_TRUE(sm90::launch_plan_for(args(heads, 5, false), kH200Sms, &plan).ok());
     EXPECT_TRUE(plan.device_segments);
+    EXPECT_TRUE(plan.listed_segments);
     sm90::ProblemShape skewed = sm90::problem_shape(args(heads, 5, false));
     skewed.skewed = true;
     skewed.longest_chunks = skewed.total_chunks;
@@ -1053,19 +1055,31 @@ TEST(SegmentPlan, UnknownLengthsLeaveTheSegmentsToTheDevice) {
     EXPECT_EQ(plan.superposed_outputs, finest.superposed_outputs);
     ASSERT_TRUE(sm90::launch_plan_for(args(heads, 5, true), kH200Sms, &plan).ok());
     EXPECT_FALSE(plan.device_segments);
+    EXPECT_EQ(plan.listed_segments, plan.seg_chunks > 0) << "the host's segments of several sequences, listed";
   }
   sm90::LaunchPlan plan;
   ASSERT_TRUE(sm90::launch_plan_for(args(96, 5, false), kH200Sms, &plan).ok());
   EXPECT_FALSE(plan.device_segments);
   EXPECT_EQ(plan.seg_chunks, 0);
+  EXPECT_FALSE(plan.listed_segments);
   ASSERT_TRUE(sm90::launch_plan_for(args(12, 1, false), kH200Sms, &plan).ok());  // one sequence: its length is T
   EXPECT_FALSE(plan.device_segments);
+  EXPECT_FALSE(plan.listed_segments) << "one sequence: segment slots, no lists";
   // The device's count of pieces: the fewest that cover the rule's segment, one
   // at least, and "whole" where the rule cuts nothing.
   EXPECT_EQ(sm90::pieces_per_segment(0, 40), sm90::kWholeSequences);
   EXPECT_EQ(sm90::pieces_per_segment(40, 40), 1);
   EXPECT_EQ(sm90::pieces_per_segment(41, 40), 2);
   EXPECT_EQ(sm90::pieces_per_segment(39, 40), 1);
+  // ... and "whole" unless the longest still gets as many whole segments as
+  // the kind needs to gain: three by chains, two superposed.
+  EXPECT_EQ(sm90::device_segment_pieces(84, 41, 250, false), sm90::kWholeSequences);  // 123 + 123 + 4
+  EXPECT_EQ(sm90::device_segment_pieces(84, 41, 250, true), 3);
+  EXPECT_EQ(sm90::device_segment_pieces(84, 41, 369, false), 3);
+  EXPECT_EQ(sm90::device_segment_pieces(84, 41, 368, false), sm90::kWholeSequences);
+  EXPECT_EQ(sm90::device_segment_pieces(80, 40, 160, true), 2);
+  EXPECT_EQ(sm90::device_segment_pieces(80, 40, 159, true), sm90::kWholeSequences);
+  EXPECT_EQ(sm90::device_segment_pieces(0, 40, 1000, true), sm90::kWholeSequences);
 #else
   GTEST_SKIP() << "no GPU run: this build has no CUDA kernels (FLASHKDA_ENABLE_CUDA=OFF)";
 #endif

@@ -1,12 +1,13 @@
 // The device's segment plan (FwdParams::seg_plan) launches pass 1's later
-// segments, the composition and the output kernel each beside the launch before
-// it (programmatic dependent launch): where the device cut nothing, every CTA of
-// the three finds nothing to do, and launched one after the other they cost the
-// whole batches their launch gaps (docs/perf-log.md). A CTA with nothing to do
-// lets the next launch start and leaves; an active one waits for the launch
-// before (its results) first. CTA 0 waits either way, so each launch completes
-// only after the one before it: what follows the forward in the stream sees
-// every launch's results.
+// segments, the composition, and then the output kernel or pass 3, each beside
+// the launch before it (programmatic dependent launch): where the device cut
+// nothing, every CTA of those launches finds nothing to do, and launched one
+// after the other they cost whole batches their launch gaps (docs/perf-log.md).
+// A CTA with nothing to do lets the next launch start and leaves. An active one
+// waits for the launch before it ahead of reading what that launch wrote (pass
+// 1's later segments read nothing of the segment 0s: there CTA 0 waits at its
+// end). CTA 0 waits either way, so each launch completes only after the one
+// before it: what follows the forward in the stream sees every launch's results.
 #pragma once
 
 namespace flashkda::sm90 {

@@ -119,23 +119,26 @@ struct FwdParams {
   int64_t seg_chunks;
   int64_t num_seg_slots;
   float* seg_states;
-  // A varlen call whose lengths only the device holds (LaunchPlan::device_segments):
-  // seg_chunks is a piece, the segment slots index pieces, and the prologue's
-  // set-up CTA writes the plan to the workspace from the lengths
-  // (plan_segments_on_device, tile_scheduler.cuh): how many pieces a segment
-  // takes, the list of segments past the first (the CTAs of pass 1, pass 3 and
-  // the output kernel take them in order) and the list of the sequences cut (the
-  // composition's). Null: a segment is one piece, and the grids map onto segment
-  // slots and sequences. num_sms: the wave the rule fills; max_cut: the most
-  // sequences the device's plan can cut (the composition's grid); max_later: a
-  // bound on the later segments' pieces, and so on the segments (the passes'
-  // and the output kernel's grids).
+  // A varlen forward of several sequences that the segment scan cuts
+  // (LaunchPlan::listed_segments): the prologue's set-up CTA writes the plan to
+  // the workspace from the lengths (plan_segments_on_device, tile_scheduler.cuh):
+  // how many pieces a segment takes, the list of segments past the first (the
+  // CTAs of pass 1, pass 3 and the output kernel take them in order) and the
+  // list of the sequences cut (the composition's). device_rule: the lengths are
+  // the device's only (LaunchPlan::device_segments): seg_chunks is a piece, the
+  // segment slots index pieces, and the set-up CTA applies segment_plan.h's rule;
+  // else a segment is one piece, the host's. Null: a segment is one piece, and
+  // the grids map onto segment slots and sequences. num_sms: the wave the rule
+  // fills; max_cut: the most sequences the plan can cut (the composition's
+  // grid); max_later: a bound on the later segments' pieces, and so on the
+  // segments (the passes' and the output kernel's grids).
   DeviceSegmentPlan* seg_plan;
   SegmentRef* seg_list;
   int32_t* seg_cut;
   int32_t num_sms;
   int32_t max_cut;
   int32_t max_later;
+  int32_t device_rule;
   int32_t pass;  // RecurrencePass: what the recurrence kernel's CTAs do
   int32_t split_mode;  // SplitMode
   float* summaries_M;  // kSplitSummaries: fp32 [N, HV, K, K]

@@ -80,17 +80,20 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
 
   // The device's segment plan runs pass 1 as two launches (RecurrencePass): the
   // segment 0s first, then the listed later segments, which may start once
-  // every segment-0 CTA has. The later launch completes only after the first
-  // (its CTA 0 waits for it), so that the composition after it sees both; its
-  // CTAs with nothing listed let the composition start (grid_dependency.cuh).
-  const bool beside_first_segments = p.pass == kPassSummaries && p.seg_plan != nullptr;
-  const bool waits_for_first_segments = beside_first_segments && blockIdx.x == 0;
+  // every segment-0 CTA has and need nothing from them. The later launch
+  // completes only after the first (its CTA 0 waits for it), so that the
+  // composition after it sees both. Pass 3 runs beside the composition and
+  // waits for it before its first read. CTAs with nothing listed let the next
+  // launch start (grid_dependency.cuh).
+  const bool beside = p.seg_plan != nullptr && (p.pass == kPassSummaries || p.pass == kPassFromStates);
+  const bool waits_for_first_segments = beside && p.pass == kPassSummaries && blockIdx.x == 0;
   if (p.pass == kPassFirstSegments) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const RecurrenceWork w = get_recurrence_work<Cfg::kVCta, kDim>(p);
   if (!w.active) {
-    leave_early(beside_first_segments);
+    leave_early(beside);
     return;
   }
+  if (p.pass == kPassFromStates) wait_for_launch_before(beside);  // the composition's states
   const int64_t num_chunks = (w.length + kChunk - 1) / kChunk;
   const int row = w.row0 + 16 * warp;  // the warp's first row of the state
 

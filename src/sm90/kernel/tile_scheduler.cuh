@@ -225,10 +225,12 @@ __device__ __forceinline__ SegmentTile locate_piece(const FwdParams& p, int64_t 
   return t;
 }
 
-// The device's segment plan (LaunchPlan::device_segments): segment_plan.h's rule
-// over the batch's true lengths for the kind of plan launched (superposed or by
-// chains), as a count of the host's pieces, and the lists the passes take their
-// work from (FwdParams::seg_plan), by the kThreads threads of one CTA (the
+// The segment plan of a varlen forward of several sequences
+// (LaunchPlan::listed_segments): where the device chooses (p.device_rule,
+// LaunchPlan::device_segments), segment_plan.h's rule over the batch's true
+// lengths for the kind of plan launched (superposed or by chains), as a count of
+// the host's pieces; else the host's segments. Then the lists the passes take
+// their work from (FwdParams::seg_plan). By the kThreads threads of one CTA (the
 // prologue's set-up CTA: the segment scan's passes all run after that kernel).
 // The rule's sums over the sequences are block-wide reductions: its bisection is
 // ~log2(G) passes over cu_seqlens. `scratch`: kThreads / 32 int64 of shared memory.
@@ -255,17 +257,20 @@ __device__ __forceinline__ void plan_segments_on_device(const FwdParams& p, int6
     __syncthreads();  // scratch is rewritten by the next reduction
     return all;
   };
-  SegmentRule rule;
-  rule.seqs = p.num_seqs;
-  rule.heads = p.num_v_heads;
-  rule.row_parts = p.head_dim / 64;
-  rule.total_chunks = reduce(chunks_of, false);
-  rule.longest = reduce(chunks_of, true);
-  rule.wave = kSegmentCtasPerSm * p.num_sms;
-  const int64_t seg = segment_chunks_of_kind(rule, p.superpose != 0, [&](const SegmentRule& r, int64_t s) {
-    return reduce([&](int64_t n) { return r.cut_ctas(chunks_of(n), s); }, false) * r.heads;
-  });
-  const int32_t pieces = pieces_per_segment(seg, p.seg_chunks);
+  int32_t pieces = 1;  // the host's segments (p.device_rule == 0)
+  if (p.device_rule != 0) {
+    SegmentRule rule;
+    rule.seqs = p.num_seqs;
+    rule.heads = p.num_v_heads;
+    rule.row_parts = p.head_dim / 64;
+    rule.total_chunks = reduce(chunks_of, false);
+    rule.longest = reduce(chunks_of, true);
+    rule.wave = kSegmentCtasPerSm * p.num_sms;
+    const int64_t seg = segment_chunks_of_kind(rule, p.superpose != 0, [&](const SegmentRule& r, int64_t s) {
+      return reduce([&](int64_t n) { return r.cut_ctas(chunks_of(n), s); }, false) * r.heads;
+    });
+    pieces = device_segment_pieces(seg, p.seg_chunks, rule.longest, p.superpose != 0);
+  }
   const int64_t seg_dev = p.seg_chunks * pieces;
   // The lists, in sequence order: every segment past the first (each
   // sequence's in order; the first run in their own launch, kPassFirstSegments),
