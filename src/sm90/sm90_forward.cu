@@ -362,19 +362,44 @@ size_t device_plan_offset(const ForwardArgs& args, const LaunchPlan& plan) {
   return first_entries_offset(args, plan) +
          (tabulates_first_entries(args) ? static_cast<size_t>(num_sequences(args)) * sizeof(int64_t) : 0);
 }
+// The lists of the host's segments (lengths known, LaunchPlan::device_segments
+// false), counted as the set-up CTA will write them: the segments past each
+// sequence's first, and the sequences the composition walks. Sized by the
+// bounds below instead, the composition took its register form over every
+// sequence that could be cut (32 CTAs a sequence and head): 28 µs (ncu) at 12
+// heads for one long sequence among 15 short ones (docs/perf-log.md).
+struct HostLists {
+  int64_t later = 0, cut = 0;
+};
+HostLists host_lists(const ForwardArgs& args, const LaunchPlan& plan) {
+  HostLists l;
+  const int64_t seg = plan.seg_chunks, min_composed = plan.superposed_outputs ? 2 : 3;
+  for (int64_t n = 0; n < num_sequences(args); ++n) {
+    const int64_t c = (args.cu_seqlens_host[n + 1] - args.cu_seqlens_host[n] + kChunk - 1) / kChunk;
+    const int64_t count = c > seg ? (c + seg - 1) / seg : 1;
+    l.later += count - 1;
+    l.cut += count >= min_composed ? 1 : 0;
+  }
+  return l;
+}
+bool lists_known(const ForwardArgs& args, const LaunchPlan& plan) {
+  return !plan.device_segments && args.cu_seqlens_host != nullptr;
+}
 int64_t max_cut_sequences(const ForwardArgs& args, const LaunchPlan& plan) {
+  if (lists_known(args, plan)) return std::max<int64_t>(1, host_lists(args, plan).cut);
   return std::min(num_sequences(args), args.batch * args.seqlen / (kChunk * plan.seg_chunks) + 1);
 }
-// A cut sequence n of C_n <= L_n / 16 + 1 chunks has G_n − 1 < C_n / (m·piece)
-// segments past its first (m pieces a segment), m·(G_n − 1) < C_n / piece
-// pieces in them; the cut ones hold at most T tokens and number at most
-// max_cut, so the later segments' pieces are fewer than (T / 16 + max_cut) /
-// piece whatever the lengths and m. The passes' and the output kernel's grids
-// take their size from it: sized by the segment slots (N + T / (16·piece)), a
-// batch of many short sequences launched thousands of CTAs that found nothing
-// (docs/perf-log.md). The segment slots are no fewer (N >= 2 where the device
-// plans, and a piece is at least kMinSegmentChunks), so the grids' limit holds.
+// Lengths the device's only: a cut sequence n of C_n <= L_n / 16 + 1 chunks has
+// G_n − 1 < C_n / (m·piece) segments past its first (m pieces a segment),
+// m·(G_n − 1) < C_n / piece pieces in them; the cut ones hold at most T tokens
+// and number at most max_cut, so the later segments' pieces are fewer than
+// (T / 16 + max_cut) / piece whatever the lengths and m. The passes' and the
+// output kernel's grids take their size from it: sized by the segment slots (N
+// + T / (16·piece)), a batch of many short sequences launched thousands of CTAs
+// that found nothing (docs/perf-log.md). The segment slots are no fewer (N >= 2
+// where the plan lists), so the grids' limit holds. Known lengths: the count.
 int64_t max_later_entries(const ForwardArgs& args, const LaunchPlan& plan) {
+  if (lists_known(args, plan)) return std::max<int64_t>(1, host_lists(args, plan).later);
   const int64_t chunks = args.batch * args.seqlen / kChunk;
   return std::min(segment_slots_for(args, plan.seg_chunks),
                   (chunks + max_cut_sequences(args, plan)) / plan.seg_chunks + 1);

@@ -106,6 +106,8 @@ void expect_split(const HostProblem& p) {
 
 // Outputs by superposition keep o⁰ and P in the workspace (16 KB a chunk and head
 // at K = 128): a forced mode that silently fell back would not show in the results.
+// (A varlen batch's plan also lists the sequences the composition walks, from two
+// segments superposed and three by chains: up to 4 bytes a sequence more.)
 void expect_outputs_mode(const HostProblem& p, int64_t seg_chunks, int outputs) {
   const ForwardArgs a = sizing_args(p);
   size_t superposed = 0, chains = 0;
@@ -115,7 +117,9 @@ void expect_outputs_mode(const HostProblem& p, int64_t seg_chunks, int outputs) 
   ASSERT_TRUE(workspace_size(a, Backend::kCuda, &chains).ok());
   const size_t tile = p.K == 64 ? 8192 : 16384;
   const size_t slots = static_cast<size_t>(p.N + (p.tokens() + 15) / 16);
-  EXPECT_EQ(superposed - chains, slots * static_cast<size_t>(p.HV) * tile) << outputs_name(outputs);
+  const size_t tiles = slots * static_cast<size_t>(p.HV) * tile;
+  EXPECT_GE(superposed - chains, tiles) << outputs_name(outputs);
+  EXPECT_LE(superposed - chains, tiles + 4 * static_cast<size_t>(p.N)) << outputs_name(outputs);
   force_segments(seg_chunks, outputs);
 }
 
