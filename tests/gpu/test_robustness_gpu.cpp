@@ -361,25 +361,33 @@ size_t forward_with_device_cu_seqlens(const HostProblem& p, const std::vector<in
   return damaged;
 }
 
+// Runs `p` with its device cu_seqlens broken by `c` (guard bands intact) and
+// checks that the fault record names cu_seqlens and the first bad sequence;
+// returns the record's message.
+std::string expect_fault_from_broken_cu_seqlens(const HostProblem& p, const BadCuSeqlens& c,
+                                                const std::string& label) {
+  std::vector<int64_t> bad = p.cu_seqlens;
+  c.corrupt(bad, p.T);
+  const int64_t expect_first = first_bad_sequence(bad, p.T);
+  EXPECT_GE(expect_first, 0) << label;
+  forward_with_device_cu_seqlens(p, bad);
+  const Status f = check_device_faults(nullptr);
+  EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << label << ": " << f.message;
+  EXPECT_NE(f.message.find("cu_seqlens (forward)"), std::string::npos) << label << ": " << f.message;
+  EXPECT_NE(f.message.find("first at sequence " + std::to_string(expect_first) + "."), std::string::npos)
+      << label << ": " << f.message;
+  return f.message;
+}
+
 // Forward with cu_seqlens values broken in one way; states fp32 in and out.
 TEST_P(GpuGuardBand, ForwardCuSeqlens) {
   ProblemSpec spec;
   spec.seqlens = {37, 16, 130, 5};
   spec.heads = 2;
   const HostProblem p = make_problem(spec, 51);
-  std::vector<int64_t> bad = p.cu_seqlens;
-  GetParam().corrupt(bad, p.T);
-  const int64_t expect_first = first_bad_sequence(bad, p.T);
-  ASSERT_GE(expect_first, 0);
-  forward_with_device_cu_seqlens(p, bad);
-
-  const Status f = check_device_faults(nullptr);
-  EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << f.message;
-  EXPECT_NE(f.message.find("cu_seqlens (forward)"), std::string::npos) << f.message;
-  EXPECT_NE(f.message.find("first at sequence " + std::to_string(expect_first) + "."), std::string::npos)
-      << f.message;
+  const std::string message = expect_fault_from_broken_cu_seqlens(p, GetParam(), "forward");
   std::printf("[ guard ] forward %-18s guard bytes intact; check_device_faults: %s\n", GetParam().name,
-              f.message.c_str());
+              message.c_str());
   EXPECT_TRUE(check_device_faults(nullptr).ok()) << "the record is cleared by a check";
 }
 
@@ -421,16 +429,7 @@ TEST_P(GpuGuardBand, ForwardCuSeqlensDevicePlan) {
     sm90::LaunchPlan plan;
     ASSERT_TRUE(sm90::launch_plan_for(shape, sms, &plan).ok());
     ASSERT_TRUE(plan.device_segments) << "K=" << head_dim << ": a call whose segments the device plans";
-    std::vector<int64_t> bad = p.cu_seqlens;
-    GetParam().corrupt(bad, p.T);
-    const int64_t expect_first = first_bad_sequence(bad, p.T);
-    ASSERT_GE(expect_first, 0);
-    forward_with_device_cu_seqlens(p, bad);
-    const Status f = check_device_faults(nullptr);
-    EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << "K=" << head_dim << ": " << f.message;
-    EXPECT_NE(f.message.find("cu_seqlens (forward)"), std::string::npos) << f.message;
-    EXPECT_NE(f.message.find("first at sequence " + std::to_string(expect_first) + "."), std::string::npos)
-        << f.message;
+    expect_fault_from_broken_cu_seqlens(p, GetParam(), "device plan K=" + std::to_string(head_dim));
   }
 }
 
