@@ -414,6 +414,13 @@ size_t device_segment_plan_offset(const ForwardArgs& args, const LaunchPlan& pla
   return device_plan_offset(args, plan);
 }
 
+ListRoom segment_list_room(const ForwardArgs& args, const LaunchPlan& plan) {
+  ListRoom r;
+  r.later = max_later_entries(args, plan);
+  r.cut = max_cut_sequences(args, plan);
+  return r;
+}
+
 Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // One ChunkOperands record per (chunk slot, value head): 19 KB per 16 tokens
   // and head, a little more than the q, k, v, g inputs themselves. Stored in its

@@ -85,9 +85,18 @@ Status launch_plan_for(const ForwardArgs& args, int num_sms, LaunchPlan* plan);
 // device plans them where only it has the lengths; 0: no cut.
 int64_t segment_chunks_of_kind(const ProblemShape& shape, bool superposed, int num_sms);
 // Where in the workspace the device's plan goes, for a plan with
-// device_segments: a DeviceSegmentPlan (params.h), its first int32 the pieces a
+// listed_segments: a DeviceSegmentPlan (params.h), its first int32 the pieces a
 // segment (pieces_per_segment), then its lists.
 size_t device_segment_plan_offset(const ForwardArgs& args, const LaunchPlan& plan);
+// The room of the plan's lists (listed_segments), which sizes the grids that read
+// them: `later` entries of the segments past the first (and, times the pieces a
+// segment, of their pieces: the output kernel's), `cut` of the sequences the
+// composition walks. Exact with the host's lengths, a bound for any lengths
+// without them.
+struct ListRoom {
+  int64_t later = 0, cut = 0;
+};
+ListRoom segment_list_room(const ForwardArgs& args, const LaunchPlan& plan);
 // The segment scan's composition (pass 2) for `chains` (sequence, value head,
 // kind of rows) of K = dim rows: the rows of S a CTA of its staged form, the
 // fewest of 4, 8, 16, 32 that keep the grid within the SM count; 0 where none

@@ -1089,5 +1089,79 @@ TEST(SegmentPlan, UnknownLengthsLeaveTheSegmentsToTheDevice) {
 #endif
 }
 
+// The room of the plan's lists (segment_list_room), which sizes the grids that
+// read them, holds whatever the set-up CTA writes. For random varlen batches
+// (skewed, equal, sparse, just past whole chunks; K = 128 and 64; 1 to 32 heads)
+// the lists are counted as plan_segments_on_device counts them: without host
+// lengths for any count of pieces a segment the device may choose, and there the
+// later segments' pieces (the output kernel's entries), the later segments and
+// the composed sequences stay within the room, itself within the segment slots
+// (the grids' limit); with the host's lengths the room is the count.
+TEST(SegmentPlan, ListsFitTheirRoomForAnyLengths) {
+#ifdef FLASHKDA_WITH_CUDA
+  constexpr int kH200Sms = 132;
+  constexpr int64_t kChunk = 16;  // tokens a chunk (shared_storage.cuh)
+  std::mt19937_64 rng(20261201);
+  int device_plans = 0, host_plans = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const int64_t n = 2 + static_cast<int64_t>(rng() % 200);
+    std::vector<int64_t> cu{0};
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t len = 0;
+      switch (trial % 4) {
+        case 0: len = i == 0 ? 1 + static_cast<int64_t>(rng() % 200000) : static_cast<int64_t>(rng() % 300); break;
+        case 1: len = 1 + static_cast<int64_t>(rng() % 4000); break;
+        case 2: len = rng() % 3 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 70000); break;
+        default: len = 16 * (1 + static_cast<int64_t>(rng() % 400)) + static_cast<int64_t>(rng() % 2); break;
+      }
+      cu.push_back(cu.back() + len);
+    }
+    if (cu.back() == 0) continue;
+    ForwardArgs a;
+    a.batch = 1;
+    a.seqlen = cu.back();
+    a.num_heads = a.num_v_heads = int64_t{1} << (rng() % 6);
+    a.head_dim_k = a.head_dim_v = rng() % 2 == 0 ? 128 : 64;
+    a.cu_seqlens = cu.data();
+    a.num_seqs = n;
+    for (const bool host : {false, true}) {
+      a.cu_seqlens_host = host ? cu.data() : nullptr;
+      sm90::LaunchPlan plan;
+      ASSERT_TRUE(sm90::launch_plan_for(a, kH200Sms, &plan).ok());
+      if (!plan.listed_segments) continue;
+      ++(host ? host_plans : device_plans);
+      ASSERT_EQ(plan.device_segments, !host);
+      const sm90::ListRoom room = sm90::segment_list_room(a, plan);
+      const int64_t piece = plan.seg_chunks, min_composed = plan.superposed_outputs ? 2 : 3;
+      const int64_t slots = n + (a.seqlen + kChunk * piece - 1) / (kChunk * piece);
+      EXPECT_LE(room.later, slots) << "trial " << trial;
+      const std::vector<int64_t> pieces = host ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 3, 5, 8, 13, 64, 1 << 20};
+      for (const int64_t m : pieces) {
+        const int64_t seg = piece * m;
+        int64_t later = 0, cut = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t c = (cu[i + 1] - cu[i] + kChunk - 1) / kChunk;
+          const int64_t count = c > seg ? (c + seg - 1) / seg : 1;
+          later += count - 1;
+          cut += count >= min_composed ? 1 : 0;
+        }
+        const std::string at = "trial " + std::to_string(trial) + (host ? " host" : " device") + ", " +
+                               std::to_string(m) + " pieces of " + std::to_string(piece);
+        EXPECT_LE(later * m, room.later) << at << ": the output kernel's entries";
+        EXPECT_LE(cut, room.cut) << at << ": the composed sequences";
+        if (host) {
+          EXPECT_EQ(room.later, std::max<int64_t>(1, later)) << at;
+          EXPECT_EQ(room.cut, std::max<int64_t>(1, cut)) << at;
+        }
+      }
+    }
+  }
+  EXPECT_GT(device_plans, 500);
+  EXPECT_GT(host_plans, 500);
+#else
+  GTEST_SKIP() << "no GPU run: this build has no CUDA kernels (FLASHKDA_ENABLE_CUDA=OFF)";
+#endif
+}
+
 }  // namespace
 }  // namespace flashkda::testing
