@@ -640,8 +640,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   if (tabulates_first_entries(args))
     p.ck_first_entries = reinterpret_cast<int64_t*>(static_cast<char*>(workspace) + first_entries_offset(args, plan));
   if (plan.seg_chunks > 0) {
-    // The segment scan's pieces, set before the prologue: where the device plans
-    // the segments, its set-up CTA plans from them (plan_segments_on_device).
+    // The segment scan's pieces, set before the prologue: the set-up CTA of a
+    // listed plan lists the segments from them (plan_segments_on_device).
     p.seg_chunks = plan.seg_chunks;
     p.num_seg_slots = segment_slots_for(args, plan.seg_chunks);
     p.superpose = plan.superposed_outputs ? 1 : 0;
@@ -698,13 +698,13 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     // The segment scan: summaries, their composition, the segments from their states.
     p.seg_states = reinterpret_cast<float*>(static_cast<char*>(workspace) + records_bytes(args));
     const int64_t row_parts = K / 64;  // 4-warp CTAs own 64 rows
-    // Segment slots, or the device plan's entries: the passes' grids past the segment 0s.
+    // Segment slots, or the listed plan's entries: the passes' grids past the segment 0s.
     const int64_t later = plan.listed_segments ? p.max_later : p.num_seg_slots;
     auto compose = [&] {
       const int64_t kinds = p.split_mode == kSplitSummaries ? 2 : 1;
       const int forced = g_force_compose.load();
       const bool forced_rows = forced == 4 || forced == 8 || forced == 16 || forced == 32;
-      const int64_t seqs = plan.listed_segments ? p.max_cut : n;  // the device's plan lists the cut ones
+      const int64_t seqs = plan.listed_segments ? p.max_cut : n;  // a listed plan lists the cut ones
       const int rows = forced == 1 ? 0 : forced_rows ? forced : staged_compose_rows(seqs * hv * kinds, K, num_sms);
       return launch_segment_compose(p, dev, rows, s);
     };

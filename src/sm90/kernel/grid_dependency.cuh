@@ -1,8 +1,8 @@
-// The device's segment plan (FwdParams::seg_plan) launches pass 1's later
-// segments, the composition, and then the output kernel or pass 3, each beside
-// the launch before it (programmatic dependent launch): where the device cut
-// nothing, every CTA of those launches finds nothing to do, and launched one
-// after the other they cost whole batches their launch gaps (docs/perf-log.md).
+// A listed segment plan (FwdParams::seg_plan) launches pass 1's later segments,
+// the composition, and then the output kernel or pass 3, each beside the launch
+// before it (programmatic dependent launch): where the device cut nothing, every
+// CTA of those launches finds nothing to do, and launched one after the other
+// they cost whole batches their launch gaps (docs/perf-log.md).
 // A CTA with nothing to do lets the next launch start and leaves. An active one
 // waits for the launch before it ahead of reading what that launch wrote (pass
 // 1's later segments read nothing of the segment 0s: there CTA 0 waits at its

@@ -14,7 +14,7 @@ enum RecurrencePass : int32_t {
   kPassWhole = 0,      // one chain per (sequence, head), one pass
   kPassSummaries = 1,  // segment scan pass 1: segment 0 runs, the others' (M, B) (and o⁰, P: superpose)
   kPassFromStates = 3, // segment scan pass 3: segments 1.. from their incoming states
-  // The device's plan (FwdParams::seg_plan) runs pass 1 as two launches: every
+  // A listed plan (FwdParams::seg_plan) runs pass 1 as two launches: every
   // sequence's segment 0, one CTA per (sequence, head, 64 rows) as the one-pass
   // plan's (kPassFirstSegments), then the listed segments past the first
   // (kPassSummaries), in a launch that may start while the first runs

@@ -56,8 +56,8 @@ struct RecurrenceConfig {
 // kSuperposed: the segment scan's pass 1 with outputs by superposition
 // (segment_outputs.cuh): every CTA's out tiles go to the workspace, none to out:
 // o⁰ (value rows) as fp32 accumulator fragments, P (key rows) as bf16 hi + lo in
-// a swizzled layout for the output kernel's wgmma. (The device's plan runs the
-// segment 0s in a launch of their own, kPassFirstSegments, with out written.)
+// a swizzled layout for the output kernel's wgmma. (A listed plan, FwdParams::seg_plan,
+// runs the segment 0s in a launch of their own, kPassFirstSegments, with out written.)
 template <int kStateWarps, int kStages, bool kCheckpoints, int kDim, bool kBulkRecords, bool kSuperposed>
 __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThreads, 1)
     kda_recurrence_kernel(const __grid_constant__ FwdParams p) {
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   __syncthreads();
 #endif
 
-  // The device's segment plan runs pass 1 as two launches (RecurrencePass): the
+  // A listed segment plan runs pass 1 as two launches (RecurrencePass): the
   // segment 0s first, then the listed later segments, which may start once
   // every segment-0 CTA has and need nothing from them. The later launch
   // completes only after the first (its CTA 0 waits for it), so that the

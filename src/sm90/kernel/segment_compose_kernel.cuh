@@ -73,7 +73,7 @@ struct ComposeChain {
 
 // Grid: kDim / kRows CTAs per (sequence, value head) and per kind of rows; a
 // summaries call has two kinds (B rows, then M rows), the others one. With the
-// device's plan, per (listed cut sequence, value head): FwdParams::max_cut of them.
+// listed plan (FwdParams::seg_plan), per (listed cut sequence, value head): FwdParams::max_cut of them.
 template <int kDim, int kRows>
 __device__ __forceinline__ ComposeChain compose_chain(const FwdParams& p) {
   constexpr int kCtasPerHead = compose_ctas_per_head<kDim, kRows>();
@@ -86,7 +86,7 @@ __device__ __forceinline__ ComposeChain compose_chain(const FwdParams& p) {
   const int64_t sh = rest / kinds;
   c.v_head = static_cast<int>(sh % p.num_v_heads);
   c.seq = sh / p.num_v_heads;
-  if (p.seg_plan != nullptr) {  // the device's plan: the sequences it cut, listed
+  if (p.seg_plan != nullptr) {  // a listed plan: the sequences cut, listed
     if (c.seq >= p.seg_plan->cut) return c;
     c.seq = p.seg_cut[c.seq];
   }

@@ -2,7 +2,7 @@
 //   out_t = o⁰_t + S_in · P_t
 // for every token of every segment, token-parallel: the chain of chunk steps ran
 // once, in pass 1. One CTA takes kOutputChunksPerCta chunks of one (segment
-// piece, value head) (a segment is one piece unless the device planned it:
+// piece, value head) (a segment is one piece unless the device chose it:
 // tile_scheduler.cuh); warp w owns V rows 16w..16w+15 (kDim / 16 warps):
 //   S_in     rows 16w.. of the segment's incoming state (pass 2 left it in the
 //            previous segment's b, fp32), split once into bf16 hi + lo A fragments
@@ -15,8 +15,8 @@
 //   store    bf16 through the staging tile, as the recurrence stores out (epilogue.cuh),
 //            a chunk late: chunk c's tile leaves while chunk c + 1's products run
 //            (the kernel waits on latency, not bandwidth: 1/1M 366 -> 357 µs)
-// Segment 0 ran from the true initial state in pass 1: its o⁰ is its output (the
-// device's plan wrote its out directly instead).
+// Segment 0 ran from the true initial state in pass 1: its o⁰ is its output (a
+// listed plan, FwdParams::seg_plan, wrote its out directly instead).
 #pragma once
 #include "sm90/kernel/chunk_loader.cuh"
 #include "sm90/kernel/epilogue.cuh"
@@ -62,14 +62,14 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((kSw128AtomBytes - raw_addr % kSw128AtomBytes) % kSw128AtomBytes));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-  // blockIdx.x = (i · HV + hv) · output_parts + part, i a segment slot (the
-  // host's plan) or, below, a piece of a segment of the device plan's list: the
-  // part's chunks of that piece of its segment.
+  // blockIdx.x = (i · HV + hv) · output_parts + part, i a segment slot or, with
+  // a listed plan (below), a piece of a segment of its list: the part's chunks
+  // of that piece of its segment.
   const int64_t idx = blockIdx.x;
   const int64_t part = idx % p.output_parts;
   const int64_t sh = idx / p.output_parts;
   const int v_head = static_cast<int>(sh % p.num_v_heads);
-  // The device's plan: this launch runs beside the composition
+  // A listed plan: this launch runs beside the composition
   // (grid_dependency.cuh), `pieces` entries i for each listed segment past the
   // first (the segment 0s wrote their out in their own launch,
   // kPassFirstSegments); a last segment's entries past its end find no chunks.

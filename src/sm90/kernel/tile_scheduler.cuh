@@ -171,7 +171,8 @@ __device__ __forceinline__ void order_sequences_longest_first(const FwdParams& p
 __device__ __forceinline__ int64_t first_segment_slot(const FwdParams& p, int64_t n) {
   return n + seq_begin(p, n) / (kChunk * p.seg_chunks);
 }
-// Pieces a segment: the device's plan where it made one (LaunchPlan::device_segments), else 1.
+// Pieces a segment: a listed plan's (one but where the device chose,
+// LaunchPlan::device_segments), else 1.
 __device__ __forceinline__ int64_t segment_pieces(const FwdParams& p) {
   return p.seg_plan != nullptr ? p.seg_plan->pieces : 1;
 }
@@ -347,9 +348,9 @@ struct RecurrenceWork {
 //                     (identity in, v = 0); the last needs no summary, unless
 //                     the outputs come by superposition (p.superpose): then the
 //                     last runs like the others, and every CTA's out tiles go to
-//                     chunk_outputs (o⁰, P) instead of out. With the device's
+//                     chunk_outputs (o⁰, P) instead of out. With a listed
 //                     plan (p.seg_plan), only its listed segments past the first.
-//   kPassFirstSegments parts = kDim / kRows: the device's plan's segment 0s
+//   kPassFirstSegments parts = kDim / kRows: a listed plan's segment 0s
 //                     (every sequence's, longest first), each as segment 0 of
 //                     kPassSummaries runs, out written.
 //   kPassFromStates   parts = kDim / kRows: segments 1 .. G−1 from the state
