@@ -38,6 +38,16 @@ constexpr int64_t kMinSegmentChunks = 32;
 constexpr int64_t kMinSegmentsPerChain = 3;
 constexpr int64_t kMinSuperposedSegmentsPerChain = 2;
 
+// Segments of `seg` chunks that a sequence of `c` chunks gets: one where it is
+// not cut (an empty sequence still has one, from its initial to its final state).
+FLASHKDA_HOST_DEVICE inline int64_t segments_of(int64_t c, int64_t seg) { return c > seg ? (c + seg - 1) / seg : 1; }
+// Whether the composition walks a sequence of `segments` segments: from two with
+// outputs by superposition (it also forms the final state), from three by chains
+// (with two, S_in(1) is segment 0's own final state).
+FLASHKDA_HOST_DEVICE inline bool composed(int64_t segments, bool superposed) {
+  return segments >= (superposed ? 2 : 3);
+}
+
 // What the rule looks at. `longest`: the longest sequence's chunks (known, or
 // assumed: equal lengths, or one sequence holding them all).
 struct SegmentRule {

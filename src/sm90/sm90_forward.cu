@@ -170,18 +170,24 @@ int64_t cut_sequences_pass1_ctas(const ProblemShape& shape, const SegmentRule& r
   return ctas * shape.heads;
 }
 
-int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
+// What segment_plan.h's rule looks at for this shape on `num_sms` SMs. Unknown
+// lengths (varlen without cu_seqlens_host): equal ones, unless skewed.
+SegmentRule segment_rule(const ProblemShape& shape, int num_sms) {
   SegmentRule rule;
   rule.seqs = shape.seqs;
   rule.heads = shape.heads;
   rule.row_parts = shape.row_parts;
   rule.total_chunks = shape.total_chunks;
-  // Unknown lengths (varlen without cu_seqlens_host): equal ones, unless skewed.
   rule.longest = shape.skewed ? shape.total_chunks
                  : shape.longest_chunks >= 0 ? shape.longest_chunks
                                              : (shape.total_chunks + shape.seqs - 1) / shape.seqs;
   rule.superposable = shape.superposable;
   rule.wave = kSegmentCtasPerSm * num_sms;
+  return rule;
+}
+
+int64_t choose_segment_chunks(const ProblemShape& shape, int num_sms) {
+  const SegmentRule rule = segment_rule(shape, num_sms);
   const bool known = shape.skewed || shape.cu_seqlens_host != nullptr;
   return segment_chunks(rule, known, [&](int64_t seg) { return cut_sequences_pass1_ctas(shape, rule, seg); });
 }
@@ -303,14 +309,7 @@ Status launch_plan_for(const ForwardArgs& args, int num_sms, LaunchPlan* plan) {
 }
 
 int64_t segment_chunks_of_kind(const ProblemShape& shape, bool superposed, int num_sms) {
-  SegmentRule rule;
-  rule.seqs = shape.seqs;
-  rule.heads = shape.heads;
-  rule.row_parts = shape.row_parts;
-  rule.total_chunks = shape.total_chunks;
-  rule.longest = shape.longest_chunks;
-  rule.wave = kSegmentCtasPerSm * num_sms;
-  return segment_chunks_of_kind(rule, superposed, [&](const SegmentRule& r, int64_t seg) {
+  return segment_chunks_of_kind(segment_rule(shape, num_sms), superposed, [&](const SegmentRule& r, int64_t seg) {
     return cut_sequences_pass1_ctas(shape, r, seg);
   });
 }
@@ -355,58 +354,51 @@ size_t first_entries_offset(const ForwardArgs& args, const LaunchPlan& plan) {
 }
 // The segment plan the device writes (LaunchPlan::listed_segments), after the first
 // entries, or where they would start: its DeviceSegmentPlan, then the list of
-// segments past the first (max_later_entries), then the cut sequences (at most
-// max_cut_sequences: a cut one has more than a piece's tokens), then the
-// sequences longest first (the segment 0s' order).
+// segments past the first, then the cut sequences (their room: list_room), then
+// the sequences longest first (the segment 0s' order).
 size_t device_plan_offset(const ForwardArgs& args, const LaunchPlan& plan) {
   return first_entries_offset(args, plan) +
          (tabulates_first_entries(args) ? static_cast<size_t>(num_sequences(args)) * sizeof(int64_t) : 0);
 }
-// The lists of the host's segments (lengths known, LaunchPlan::device_segments
-// false), counted as the set-up CTA will write them: the segments past each
-// sequence's first, and the sequences the composition walks. Sized by the
+// The room of a listed plan's lists (segment_list_room), which also sizes the
+// grids that read them. With the host's lengths (LaunchPlan::device_segments
+// false) the lists counted as the set-up CTA will write them: the segments past
+// each sequence's first, and the sequences the composition walks. Sized by the
 // bounds below instead, the composition took its register form over every
 // sequence that could be cut (32 CTAs a sequence and head): 28 µs (ncu) at 12
 // heads for one long sequence among 15 short ones (docs/perf-log.md).
-struct HostLists {
-  int64_t later = 0, cut = 0;
-};
-HostLists host_lists(const ForwardArgs& args, const LaunchPlan& plan) {
-  HostLists l;
-  const int64_t seg = plan.seg_chunks, min_composed = plan.superposed_outputs ? 2 : 3;
-  for (int64_t n = 0; n < num_sequences(args); ++n) {
-    const int64_t c = (args.cu_seqlens_host[n + 1] - args.cu_seqlens_host[n] + kChunk - 1) / kChunk;
-    const int64_t count = c > seg ? (c + seg - 1) / seg : 1;
-    l.later += count - 1;
-    l.cut += count >= min_composed ? 1 : 0;
+// Lengths the device's only: bounds for any lengths. A cut sequence has more
+// than a piece's tokens, so at most T / (16·piece) + 1 are cut. A cut sequence
+// n of C_n <= L_n / 16 + 1 chunks has G_n − 1 < C_n / (m·piece) segments past
+// its first (m pieces a segment), m·(G_n − 1) < C_n / piece pieces in them; the
+// cut ones hold at most T tokens, so the later segments' pieces are fewer than
+// (T / 16 + max_cut) / piece whatever the lengths and m. Sized by the segment
+// slots (N + T / (16·piece)), a batch of many short sequences launched thousands
+// of CTAs that found nothing (docs/perf-log.md). The segment slots are no fewer
+// (N >= 2 where the plan lists), so the grids' limit holds.
+ListRoom list_room(const ForwardArgs& args, const LaunchPlan& plan) {
+  ListRoom r;
+  const int64_t n = num_sequences(args);
+  if (!plan.device_segments && args.cu_seqlens_host != nullptr) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t c = (args.cu_seqlens_host[i + 1] - args.cu_seqlens_host[i] + kChunk - 1) / kChunk;
+      const int64_t count = segments_of(c, plan.seg_chunks);
+      r.later += count - 1;
+      r.cut += composed(count, plan.superposed_outputs) ? 1 : 0;
+    }
+    r.later = std::max<int64_t>(1, r.later);  // grids of one CTA at least
+    r.cut = std::max<int64_t>(1, r.cut);
+    return r;
   }
-  return l;
-}
-bool lists_known(const ForwardArgs& args, const LaunchPlan& plan) {
-  return !plan.device_segments && args.cu_seqlens_host != nullptr;
-}
-int64_t max_cut_sequences(const ForwardArgs& args, const LaunchPlan& plan) {
-  if (lists_known(args, plan)) return std::max<int64_t>(1, host_lists(args, plan).cut);
-  return std::min(num_sequences(args), args.batch * args.seqlen / (kChunk * plan.seg_chunks) + 1);
-}
-// Lengths the device's only: a cut sequence n of C_n <= L_n / 16 + 1 chunks has
-// G_n − 1 < C_n / (m·piece) segments past its first (m pieces a segment),
-// m·(G_n − 1) < C_n / piece pieces in them; the cut ones hold at most T tokens
-// and number at most max_cut, so the later segments' pieces are fewer than
-// (T / 16 + max_cut) / piece whatever the lengths and m. The passes' and the
-// output kernel's grids take their size from it: sized by the segment slots (N
-// + T / (16·piece)), a batch of many short sequences launched thousands of CTAs
-// that found nothing (docs/perf-log.md). The segment slots are no fewer (N >= 2
-// where the plan lists), so the grids' limit holds. Known lengths: the count.
-int64_t max_later_entries(const ForwardArgs& args, const LaunchPlan& plan) {
-  if (lists_known(args, plan)) return std::max<int64_t>(1, host_lists(args, plan).later);
   const int64_t chunks = args.batch * args.seqlen / kChunk;
-  return std::min(segment_slots_for(args, plan.seg_chunks),
-                  (chunks + max_cut_sequences(args, plan)) / plan.seg_chunks + 1);
+  r.cut = std::min(n, chunks / plan.seg_chunks + 1);
+  r.later = std::min(segment_slots_for(args, plan.seg_chunks), (chunks + r.cut) / plan.seg_chunks + 1);
+  return r;
 }
 size_t device_plan_bytes(const ForwardArgs& args, const LaunchPlan& plan) {
-  return sizeof(DeviceSegmentPlan) + static_cast<size_t>(max_later_entries(args, plan)) * sizeof(SegmentRef) +
-         static_cast<size_t>(max_cut_sequences(args, plan)) * sizeof(int32_t) + sequence_order_bytes(args);
+  const ListRoom room = list_room(args, plan);
+  return sizeof(DeviceSegmentPlan) + static_cast<size_t>(room.later) * sizeof(SegmentRef) +
+         static_cast<size_t>(room.cut) * sizeof(int32_t) + sequence_order_bytes(args);
 }
 }  // namespace
 
@@ -414,12 +406,7 @@ size_t device_segment_plan_offset(const ForwardArgs& args, const LaunchPlan& pla
   return device_plan_offset(args, plan);
 }
 
-ListRoom segment_list_room(const ForwardArgs& args, const LaunchPlan& plan) {
-  ListRoom r;
-  r.later = max_later_entries(args, plan);
-  r.cut = max_cut_sequences(args, plan);
-  return r;
-}
+ListRoom segment_list_room(const ForwardArgs& args, const LaunchPlan& plan) { return list_room(args, plan); }
 
 Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // One ChunkOperands record per (chunk slot, value head): 19 KB per 16 tokens
@@ -433,7 +420,7 @@ Status workspace_size(const ForwardArgs& args, size_t* bytes) {
   // call with periodic checkpoints adds 8 bytes a sequence (their first entries),
   // one with listed segments (LaunchPlan::listed_segments) its plan:
   // 16 bytes, 8 for each of at most (T / 16 + N) / piece + 1 later pieces
-  // (max_later_entries), and at most 8 a sequence.
+  // (list_room), and at most 8 a sequence.
   LaunchPlan plan;
   Status s = plan_for(args, &plan, nullptr);
   if (!s.ok()) return s;
@@ -651,11 +638,12 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     // the lengths are the device's alone.
     p.device_rule = plan.device_segments ? 1 : 0;
     char* at = static_cast<char*>(workspace) + device_plan_offset(args, plan);
-    p.max_later = static_cast<int32_t>(max_later_entries(args, plan));
+    const ListRoom room = list_room(args, plan);
+    p.max_later = static_cast<int32_t>(room.later);
+    p.max_cut = static_cast<int32_t>(room.cut);
     p.seg_plan = reinterpret_cast<DeviceSegmentPlan*>(at);
     p.seg_list = reinterpret_cast<SegmentRef*>(at + sizeof(DeviceSegmentPlan));
     p.seg_cut = reinterpret_cast<int32_t*>(p.seg_list + p.max_later);
-    p.max_cut = static_cast<int32_t>(max_cut_sequences(args, plan));
     p.seq_order = p.seg_cut + p.max_cut;
     p.num_sms = num_sms;
   }

@@ -103,7 +103,7 @@ __device__ __forceinline__ ComposeChain compose_chain(const FwdParams& p) {
   } else {
     // One segment: pass 1 wrote its final state. Two without superposition:
     // S_in(1) is segment 0's own final state.
-    c.active = first.count >= (p.superpose ? 2 : 3);
+    c.active = composed(first.count, p.superpose != 0);
     if (p.superpose) c.j_end = first.count;
   }
   c.write_back = p.split_mode != kSplitSummaries;

@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
     t = segment_of_sequence(p, ref.seq, ref.index, pieces);
     t.piece = i % pieces;
   } else {
-    t = locate_piece(p, i, 1);  // the host's plan: a segment is one piece
+    t = locate_segment(p, i);
   }
   const int64_t chunks = (t.length + kChunk - 1) / kChunk;
   const int64_t piece_begin = t.piece * p.seg_chunks;

@@ -184,7 +184,7 @@ struct SegmentTile {
   int64_t count;        // segments of the sequence, G >= 1
   int64_t slot;         // segment slot of j (its first piece's)
   int64_t pieces;       // pieces a segment: segment j − 1 has slot − pieces
-  int64_t piece;        // locate_piece: which of segment j's pieces the slot names
+  int64_t piece;        // which of segment j's pieces (the output kernel's, of a listed plan)
   int64_t token_begin;  // first token of segment j
   int64_t length;       // its tokens
   int64_t first_chunk;  // of the sequence, segment j's first
@@ -197,7 +197,7 @@ __device__ __forceinline__ SegmentTile segment_of_sequence(const FwdParams& p, i
   const int64_t seg = p.seg_chunks * pieces, seg_tokens = kChunk * seg;
   SegmentTile t;
   t.seq = static_cast<int>(n);
-  t.count = chunks > seg ? (chunks + seg - 1) / seg : 1;
+  t.count = segments_of(chunks, seg);
   t.index = j;
   t.valid = j >= 0 && j < t.count;
   t.slot = n + span.begin / (kChunk * p.seg_chunks) + j * pieces;
@@ -211,19 +211,16 @@ __device__ __forceinline__ SegmentTile segment_of_sequence(const FwdParams& p, i
   return t;
 }
 
-// The segment holding the piece of a segment slot (the last sequence whose first
-// segment slot is <= slot), and which of its pieces that is.
-__device__ __forceinline__ SegmentTile locate_piece(const FwdParams& p, int64_t slot, int64_t pieces) {
+// The segment of a segment slot where a segment is one piece (a plan without
+// lists): of the last sequence whose first segment slot is <= slot.
+__device__ __forceinline__ SegmentTile locate_segment(const FwdParams& p, int64_t slot) {
   int64_t lo = 0, hi = p.num_seqs - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
     if (first_segment_slot(p, mid) <= slot) lo = mid;
     else hi = mid - 1;
   }
-  const int64_t piece = slot - first_segment_slot(p, lo);
-  SegmentTile t = segment_of_sequence(p, lo, piece / pieces, pieces);
-  t.piece = piece % pieces;
-  return t;
+  return segment_of_sequence(p, lo, slot - first_segment_slot(p, lo), 1);
 }
 
 // The segment plan of a varlen forward of several sequences
@@ -275,18 +272,18 @@ __device__ __forceinline__ void plan_segments_on_device(const FwdParams& p, int6
   const int64_t seg_dev = p.seg_chunks * pieces;
   // The lists, in sequence order: every segment past the first (each
   // sequence's in order; the first run in their own launch, kPassFirstSegments),
-  // and the sequences the composition walks (as compose_chain decides: two
-  // segments or more superposed, three or more by chains). Each pass of kThreads
+  // and the sequences the composition walks (`composed`, segment_plan.h, as
+  // compose_chain decides). Each pass of kThreads
   // sequences: a block-wide exclusive scan of (segments, cut) packed in one
   // int64 (segments in the low 32 bits: fewer than 2^31, the host's grid check).
-  const int64_t min_composed = p.superpose != 0 ? 2 : 3;
   int64_t before = 0;  // (segments, cut) of the earlier passes
   for (int64_t base = 0; base < p.num_seqs; base += kThreads) {
     const int64_t n = base + tid;
     const int64_t c = n < p.num_seqs ? chunks_of(n) : 0;
-    const int64_t count = n < p.num_seqs ? (c > seg_dev ? (c + seg_dev - 1) / seg_dev : 1) : 0;
+    const int64_t count = n < p.num_seqs ? segments_of(c, seg_dev) : 0;
     const int64_t later = count > 1 ? count - 1 : 0;
-    const int64_t mine = later + (count >= min_composed ? (int64_t{1} << 32) : 0);
+    const bool walked = composed(count, p.superpose != 0);
+    const int64_t mine = later + (walked ? (int64_t{1} << 32) : 0);
     int64_t pass_total = 0;
     const int64_t at = before + block_exclusive_sum<kThreads>(mine, scratch, tid, &pass_total);
     // Valid boundaries keep both lists within their room (the host sized them);
@@ -294,7 +291,7 @@ __device__ __forceinline__ void plan_segments_on_device(const FwdParams& p, int6
     const int64_t first = at & 0xffffffffll, cut_at = at >> 32;
     for (int64_t j = 0; j < later && first + j < p.max_later; ++j)
       p.seg_list[first + j] = SegmentRef{static_cast<int32_t>(n), static_cast<int32_t>(j + 1)};
-    if (count >= min_composed && cut_at < p.max_cut) p.seg_cut[cut_at] = static_cast<int32_t>(n);
+    if (walked && cut_at < p.max_cut) p.seg_cut[cut_at] = static_cast<int32_t>(n);
     before += pass_total;
   }
   if (tid == 0) {
@@ -395,7 +392,7 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
     part = static_cast<int>(idx % parts);
     const int64_t sh = idx / parts;
     w.v_head = static_cast<int>(sh % p.num_v_heads);
-    t = locate_piece(p, sh / p.num_v_heads, 1);  // the host's plan: a segment is one piece
+    t = locate_segment(p, sh / p.num_v_heads);
   } else {
     // The device's list of segments past the first: the value-row CTAs of every
     // listed segment, then the key rows.
