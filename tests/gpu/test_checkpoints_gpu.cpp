@@ -26,9 +26,6 @@ namespace {
 
 #ifdef FLASHKDA_WITH_CUDA
 
-constexpr double kStateBar = 2.5e-3;      // spec section 2, fp32 state
-constexpr double kBf16StateBar = 6e-3;    // through a bf16 rounding
-
 const std::vector<int64_t> kSeqlens = {37, 0, 300, 21, 130, 64};
 
 struct CkCase {

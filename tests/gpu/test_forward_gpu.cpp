@@ -28,10 +28,6 @@ inline void PrintTo(const LaunchOverride& o, std::ostream* os) {
 namespace flashkda::testing {
 namespace {
 
-// The accuracy bars of the spec (section 2) and issue 3.
-constexpr double kOutBar = 3.5e-3;
-constexpr double kStateBar = 2.5e-3;
-constexpr double kBf16StateBar = 6e-3;  // out and state when the state passes through bf16
 
 
 #ifdef FLASHKDA_WITH_CUDA

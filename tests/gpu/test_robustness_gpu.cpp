@@ -32,7 +32,6 @@
 namespace flashkda::testing {
 namespace {
 
-constexpr double kDegenerateBar = 1e-2;
 
 #ifdef FLASHKDA_WITH_CUDA
 
