@@ -18,6 +18,9 @@ custom op).
                        the pool; returns out
     kda_forward(...)   functional form -> (out, final_state); a torch.library custom
                        op (torch.compile / CUDA-graph friendly)
+    kda_prefill(...)   the forward on a state pool (checkpoints too) as a torch.library
+                       custom op -> out (the pool and checkpoints updated in place,
+                       declared as mutated: torch.compile friendly)
     kda_decode(...)    decode as a torch.library custom op -> out (the pool updated in
                        place, declared as mutated: torch.compile friendly)
     check_device_faults()  raises ValueError if a kernel met invalid device-resident
@@ -54,8 +57,8 @@ else:  # pragma: no cover - exercised only without torch
     _torch = None
 
 __version__ = "0.1.0"
-__all__ = ["fwd", "decode", "kda_forward", "kda_decode", "workspace_size", "check_device_faults", "cuda_available",
-           "cuda_status", "compiled_with_cuda", "segment_summaries", "compose_summaries", "chunk_kda"]
+__all__ = ["fwd", "decode", "kda_forward", "kda_prefill", "kda_decode", "workspace_size", "check_device_faults",
+           "cuda_available", "cuda_status", "compiled_with_cuda", "segment_summaries", "compose_summaries", "chunk_kda"]
 
 #: Used when ``lower_bound=None`` is passed (fla passes its own value through,
 #: which may be None): the FlashKDA/fla safe-gate default and the widest bound
@@ -402,10 +405,13 @@ if _torch is not None:
 # The functional form needs torch (a torch.library custom op). Registered at import
 # when torch is installed; without torch, kda_forward raises ImportError when called.
 if _torch is not None:
-    from ._torch_ops import kda_decode, kda_forward  # noqa: E402
+    from ._torch_ops import kda_decode, kda_forward, kda_prefill  # noqa: E402
 else:  # pragma: no cover - exercised only without torch
     def kda_forward(*args, **kwargs):
         raise ImportError("flash_kda.kda_forward needs torch (>= 2.4); flash_kda.fwd works with any DLPack arrays")
 
     def kda_decode(*args, **kwargs):
         raise ImportError("flash_kda.kda_decode needs torch (>= 2.4); flash_kda.decode works with any DLPack arrays")
+
+    def kda_prefill(*args, **kwargs):
+        raise ImportError("flash_kda.kda_prefill needs torch (>= 2.4); flash_kda.fwd works with any DLPack arrays")

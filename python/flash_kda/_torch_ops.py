@@ -1,4 +1,5 @@
-"""``flash_kda::kda_forward`` and ``flash_kda::kda_decode``: the KDA forward and the
+"""``flash_kda::kda_forward``, ``flash_kda::kda_prefill`` and ``flash_kda::kda_decode``:
+the KDA forward (dense states, or in place on a state pool with checkpoints) and the
 decode step as torch.library custom ops.
 
 Being a custom op (with a fake/meta implementation) is what lets torch.compile
@@ -92,6 +93,85 @@ def kda_forward(
     out, final_state = _kda_forward_op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
                                        scale, lower_bound, bool(output_final_state), state_dtype)
     return out, (final_state if output_final_state else None)
+
+
+@torch.library.custom_op("flash_kda::kda_prefill", mutates_args=("state_pool", "checkpoints"))
+def _kda_prefill_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_indices: torch.Tensor,
+    has_initial_state: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor],
+    cu_seqlens_host: Optional[torch.Tensor],
+    checkpoints: Optional[torch.Tensor],
+    checkpoint_interval: int,
+    checkpoints_value_major: bool,
+    slot_checkpoint_offsets: Optional[torch.Tensor],
+    slot_checkpoint_slots: Optional[torch.Tensor],
+    scale: float,
+    lower_bound: float,
+) -> torch.Tensor:
+    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+        cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, state_pool=state_pool,
+        state_indices=state_indices, has_initial_state=has_initial_state, checkpoints=checkpoints,
+        checkpoint_interval=checkpoint_interval, checkpoints_value_major=checkpoints_value_major,
+        slot_checkpoint_offsets=slot_checkpoint_offsets, slot_checkpoint_slots=slot_checkpoint_slots)
+    return out
+
+
+@_kda_prefill_op.register_fake
+def _kda_prefill_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, has_initial_state, cu_seqlens,
+                      cu_seqlens_host, checkpoints, checkpoint_interval, checkpoints_value_major,
+                      slot_checkpoint_offsets, slot_checkpoint_slots, scale, lower_bound):
+    return torch.empty(v.shape, dtype=v.dtype, device=v.device)
+
+
+def kda_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_indices: torch.Tensor,
+    *,
+    has_initial_state: Optional[torch.Tensor] = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    cu_seqlens_host: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    lower_bound: Optional[float] = DEFAULT_LOWER_BOUND,
+    checkpoints: Optional[torch.Tensor] = None,
+    checkpoint_interval: int = 64,
+    checkpoints_value_major: bool = False,
+    slot_checkpoint_offsets: Optional[torch.Tensor] = None,
+    slot_checkpoint_slots: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """A prefill on a state pool as a custom op: returns a new ``out``; ``state_pool`` (each
+    sequence's final state back in its slot, and the states ``slot_checkpoint_*`` ask for)
+    and ``checkpoints`` are written in place, as by :func:`flash_kda.fwd` with
+    ``state_pool=``, whose tensors and rules these are (``state_indices`` int32/int64
+    ``[N]``, a negative index reads and writes no slot; ``has_initial_state`` bool/uint8
+    ``[N]``; ``cu_seqlens`` int32/int64; ``checkpoints`` every ``checkpoint_interval``
+    tokens). Traceable by torch.compile (``fullgraph=True``): the op declares what it
+    mutates, so a compiled engine step (prefill, then :func:`kda_decode` on the same pool)
+    sees the pool's updates in order. Forward only (no autograd).
+    """
+    scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
+    if not isinstance(checkpoint_interval, int) or isinstance(checkpoint_interval, bool):
+        raise TypeError(f"checkpoint_interval: expected an int, got {type(checkpoint_interval).__name__}")
+    return _kda_prefill_op(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, has_initial_state,
+                           cu_seqlens, cu_seqlens_host, checkpoints, checkpoint_interval,
+                           bool(checkpoints_value_major), slot_checkpoint_offsets, slot_checkpoint_slots, scale,
+                           lower_bound)
 
 
 @torch.library.custom_op("flash_kda::kda_decode", mutates_args=("state_pool", "per_token_states"))

@@ -111,6 +111,28 @@ def test_fused_projection_views_equal_dense_tensors():
     assert torch.equal(out, out_dense) and torch.equal(fin, fin_dense)
 
 
+@pytest.mark.parametrize("dim", [128, 64])
+def test_prefill_op_engine_step_compiled_equals_eager(dim):
+    """flash_kda.kda_prefill (the pool forward as a custom op) in an engine's step on
+    CUDA tensors: chunked prefill with checkpoints, then kda_decode steps on the same
+    pool, compiled with torch.compile(fullgraph=True) bitwise the eager step; the
+    slots end at the float64 recurrence's final states within the bar."""
+    from test_prefill_op import compiled_and_eager_steps
+
+    clear_fault_record()
+    p, (outs_c, pool_c, ck_c), (outs_e, pool_e, ck_e) = compiled_and_eager_steps("cuda", dim)
+    torch.cuda.synchronize()
+    assert len(outs_c) == len(outs_e)
+    for a, b in zip(outs_c, outs_e):
+        assert torch.equal(a, b)
+    assert torch.equal(pool_c, pool_e) and torch.equal(ck_c, ck_e)
+    _, ref_fin = reference(dict(p, initial_state=None))
+    for n, s in enumerate((5, 2)):
+        err = rel_rms(pool_e[s], ref_fin[n])
+        assert err < STATE_BAR_FP32, f"dim {dim}, sequence {n}: slot {s} {err:.3e}"
+    flash_kda.check_device_faults()
+
+
 def _fla_chunk_kda():
     try:
         from fla.ops.kda import chunk_kda
