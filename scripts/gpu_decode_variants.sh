@@ -9,15 +9,16 @@
 #   3. with --ncu: Nsight Compute on one N = 1 step (fp32 pool, H = 32) of each
 #      variant in NCU_VARIANTS (default lat): duration and active cycles;
 #   4. compute-sanitizer memcheck + racecheck on small decode cases, every variant.
-# Each step is time-boxed so that the whole run fits BUDGET_S seconds (default
-# 570). Logs, JSON and the tables go to RESULTS_DIR (default ./gpu-results).
+# TIME_LIMIT_S (optional; unset: no limit) bounds the whole run in seconds: each
+# step then gets a share of the time left, and a step with too little left is
+# skipped. Logs, JSON and the tables go to RESULTS_DIR (default ./gpu-results).
 #
 #   [VARIANTS=lat,fuse-ef-occ,...] [NCU_VARIANTS="lat fuse-ef-occ"] \
 #     scripts/gpu_decode_variants.sh BUILD_DIR [--no-sanitizer] [--ncu] [--bench-args "..."]
 #
 # BUILD_DIR should hold a built flashkda_gpu_tests and flashkda-bench-decode;
 # when they are missing, only those two targets are built (configuring a fresh
-# Release build there if BUILD_DIR has no CMakeCache.txt), which takes part of the budget.
+# Release build there if BUILD_DIR has no CMakeCache.txt), within TIME_LIMIT_S.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -38,8 +39,19 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-deadline=$((SECONDS + ${BUDGET_S:-570}))
+# Without TIME_LIMIT_S every step runs to its end, except the ncu runs (60 s each),
+# which bound a hang.
+limited=0
+[ -n "${TIME_LIMIT_S:-}" ] && limited=1
+deadline=$((SECONDS + ${TIME_LIMIT_S:-0}))
 left() { echo $((deadline - SECONDS)); }
+# `timeout T cmd` when limited, plain `cmd` otherwise.
+bounded() {
+  local t="$1"
+  shift
+  if [ $limited -eq 1 ]; then timeout "$t" "$@"; else "$@"; fi
+}
+time_left() { [ $limited -eq 1 ] && echo " (time left $(left) s)"; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 tests="$BUILD/tests/flashkda_gpu_tests"
@@ -51,13 +63,13 @@ if [ ! -x "$tests" ] || [ ! -x "$bench" ]; then
     command -v ninja >/dev/null && gen="-G Ninja"
     cmake -S . -B "$BUILD" $gen -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   fi
-  timeout "$(left)" cmake --build "$BUILD" --target flashkda_gpu_tests flashkda-bench-decode -j"$(nproc)" \
+  bounded "$(left)" cmake --build "$BUILD" --target flashkda_gpu_tests flashkda-bench-decode -j"$(nproc)" \
     >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
 
 status=0
-echo "== GPU decode tests, every variant (budget left $(left) s)"
-timeout $(( $(left) > 380 ? $(left) - 330 : 50 )) "$tests" --gtest_filter='*Decode*' --gtest_color=no \
+echo "== GPU decode tests, every variant$(time_left)"
+bounded $(( $(left) > 380 ? $(left) - 330 : 50 )) "$tests" --gtest_filter='*Decode*' --gtest_color=no \
   --gtest_output="json:$OUT/decode_tests.json" >"$OUT/decode_tests.log" 2>&1
 rc=$?
 [ $rc -eq 0 ] || { status=1; echo "decode tests: exit $rc (124 = timed out)"; }
@@ -76,14 +88,16 @@ awk '
 grep -E "^\[  FAILED  \]|Failure|error:" "$OUT/decode_tests.log" | head -40
 grep -E "^\[ errors \]" "$OUT/decode_tests.log" | grep -E "N=256 H=32 t=1|N=1 H=32" | head -24
 
-echo "== decode A/B benchmark (budget left $(left) s)"
-timeout $(( $(left) > 150 ? $(left) - 120 : 30 )) "$bench" --variants "${VARIANTS:-all}" --json "$OUT/bench_decode_ab.json" $bench_args \
+echo "== decode A/B benchmark$(time_left)"
+bounded $(( $(left) > 150 ? $(left) - 120 : 30 )) "$bench" --variants "${VARIANTS:-all}" --json "$OUT/bench_decode_ab.json" $bench_args \
   2>"$OUT/bench_decode_ab_progress.log" | tee "$OUT/bench_decode_ab.md"
 rc=${PIPESTATUS[0]}
 [ $rc -eq 0 ] || { status=1; echo "benchmark: exit $rc (124 = timed out; per-row medians so far are in bench_decode_ab_progress.log)"; tail -12 "$OUT/bench_decode_ab_progress.log"; }
 
-if [ $ncu_n1 -eq 1 ] && [ "$(left)" -gt 120 ]; then
-  echo "== ncu: one N = 1 step, fp32 pool, H = 32 (budget left $(left) s)"
+if [ $ncu_n1 -eq 1 ] && [ $limited -eq 1 ] && [ "$(left)" -le 120 ]; then
+  echo "== ncu: skipped: TIME_LIMIT_S reached"
+elif [ $ncu_n1 -eq 1 ]; then
+  echo "== ncu: one N = 1 step, fp32 pool, H = 32$(time_left)"
   # Caches left warm (--cache-control none), as in the graph of steps, where the
   # 2 MB state stays in L2 from one step to the next.
   for v in ${NCU_VARIANTS:-lat}; do
@@ -96,13 +110,13 @@ if [ $ncu_n1 -eq 1 ] && [ "$(left)" -gt 120 ]; then
 fi
 
 if [ $sanitizer -eq 1 ]; then
-  echo "== compute-sanitizer (memcheck, racecheck), small decode cases, every variant (budget left $(left) s)"
+  echo "== compute-sanitizer (memcheck, racecheck), small decode cases, every variant$(time_left)"
   filter='Shapes/GpuDecodeCases.*/N7_H1_t1_fp32_*:Shapes/GpuDecodeCases.*/N5_H4_t3_bf16_*:Variants/GpuDecodeKernels.VariableTokensPerSequence/*:Variants/GpuDecodeKernels.ChainedStepsMatchFloat64Steps/*'
   for tool in memcheck racecheck; do
     t=$(( $(left) / 2 - 5 ))
     [ "$tool" = racecheck ] && t=$(( $(left) - 10 ))
-    if [ $t -lt 20 ]; then echo "$tool: skipped, no time left"; continue; fi
-    timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 3 "$tests" --gtest_filter="$filter" --gtest_color=no \
+    if [ $limited -eq 1 ] && [ $t -lt 20 ]; then echo "$tool: skipped: TIME_LIMIT_S reached"; continue; fi
+    bounded "$t" compute-sanitizer --tool "$tool" --error-exitcode 3 "$tests" --gtest_filter="$filter" --gtest_color=no \
       >"$OUT/sanitizer_decode_$tool.log" 2>&1
     rc=$?
     echo "$tool: exit $rc (124 = timed out); $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_decode_$tool.log" | tail -1)"

@@ -1,13 +1,15 @@
 // flash-kda public C++ API: the Kimi Delta Attention (KDA) forward.
 //
-// The math contract is the token recurrence (see docs/design.md and the spec):
+// The math contract is the token recurrence (see docs/design.md and the spec,
+// docs/spec.md, whose sections "spec section N" refers to):
 //   q̂ = q/sqrt(|q|²+1e-6), k̂ = k/sqrt(|k|²+1e-6)
 //   a = lower_bound·sigmoid(exp(A_log[h])·(g + dt_bias[h])),  b = sigmoid(beta)
 //   S ← S·diag(exp(a));  S ← S + b·(v − S k̂) k̂ᵀ;  o = scale·S q̂
 // with the state S of shape [V, K] per (sequence, value head).
 //
-// All tensors are dense, contiguous, row-major in the shapes documented on
-// ForwardArgs. bf16 data is passed as raw 16-bit patterns (uint16_t on the host,
+// Tensors are row-major in the shapes documented on ForwardArgs, dense unless a
+// stride field says otherwise (the q/k/v/g/beta token and head strides, the pool
+// strides). bf16 data is passed as raw 16-bit patterns (uint16_t on the host,
 // __nv_bfloat16 on the device): the API never needs a CUDA header.
 #pragma once
 
@@ -46,7 +48,11 @@ struct Status {
   static Status NotSupported(std::string msg) { return {StatusCode::kNotSupported, std::move(msg)}; }
 };
 
-// Arguments of one KDA forward. Shapes (row-major, contiguous):
+// Element type of slot indices into a state pool (forward and decode).
+enum class IndexType : int32_t { kInt32 = 0, kInt64 = 1 };
+
+// Arguments of one KDA forward. Shapes (row-major; dense unless the stride
+// fields below say otherwise):
 //   q, k        bf16 [B, T, H,  K]
 //   v, out      bf16 [B, T, HV, V]
 //   g           bf16 [B, T, HV, K]     raw gate (before activation)
@@ -54,11 +60,9 @@ struct Status {
 //   A_log       fp32 [HV]
 //   dt_bias     fp32 [HV, K]
 //   initial_state, final_state   bf16 or fp32 [N, HV, V, K], each optional
-//   cu_seqlens  int64 [N+1]        optional; requires B == 1
+//   cu_seqlens  int64 [N+1]        optional (or cu_seqlens_int32); requires B == 1
 // N is the number of sequences: num_seqs with cu_seqlens, else B.
 // HV (value heads) is a multiple of H; value head hv reads q/k head hv / (HV/H).
-// Element type of slot indices into a state pool (forward and decode).
-enum class IndexType : int32_t { kInt32 = 0, kInt64 = 1 };
 
 struct ForwardArgs {
   const void* q = nullptr;
@@ -304,11 +308,13 @@ Status decode(const DecodeArgs& args, Backend backend, void* stream);
 // Device-resident arguments
 // ---------------------------------------------------------------------------
 
-// The values of cu_seqlens (forward and decode) and of decode's state_indices
-// live in device memory for kCuda, and the host cannot check them without a
-// synchronisation (unless a cu_seqlens_host copy is given). Whatever they hold,
-// no kernel reads or writes outside the tensors it was given: sequence bounds are
-// clamped to 0 <= begin <= end <= T and indices past the pool are skipped. The
+// The values of cu_seqlens (forward and decode), of state_indices (the forward's
+// pool and decode), of slot_checkpoint_offsets / slot_checkpoint_slots and of
+// decode's num_accepted_tokens live in device memory for kCuda, and the host
+// cannot check them without a synchronisation (unless a cu_seqlens_host copy is
+// given, for cu_seqlens). Whatever they hold, no kernel reads or writes outside
+// the tensors it was given: sequence bounds are clamped to 0 <= begin <= end <= T,
+// and indices past the pool and offsets or counts out of range are skipped. The
 // kernel that meets such a value records it on its device; the outputs of that
 // call are then unspecified.
 //

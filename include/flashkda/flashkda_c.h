@@ -187,13 +187,15 @@ int32_t flashkda_forward(const flashkda_forward_args* args, int32_t backend, voi
                          uint64_t workspace_bytes, void* stream);
 
 /* Waits for `stream` (a cudaStream_t; NULL = legacy default stream), then reads
- * and clears the record of invalid device-resident argument values (cu_seqlens
- * values, decode's state_indices) that the kernels met on the current device
- * since the last check (flashkda::check_device_faults). FLASHKDA_STATUS_OK when
- * none; FLASHKDA_STATUS_INVALID_ARGUMENT with the argument named in
- * flashkda_last_error() otherwise. The kernels never access memory outside the
- * given tensors because of such values; the outputs of those calls are
- * unspecified. Synchronises: keep it off the hot path. */
+ * and clears the record of invalid device-resident argument values (cu_seqlens of
+ * the forward and decode, state_indices of the forward's pool and of decode, slot
+ * checkpoint offsets and slots, decode's num_accepted_tokens, a verify sequence
+ * longer than its row of slots) that the kernels met on the current device since
+ * the last check (flashkda::check_device_faults). FLASHKDA_STATUS_OK when none;
+ * FLASHKDA_STATUS_INVALID_ARGUMENT with the argument named in flashkda_last_error()
+ * otherwise. The kernels never access memory outside the given tensors because
+ * of such values; the outputs of those calls are unspecified. Synchronises: keep
+ * it off the hot path. */
 int32_t flashkda_check_device_faults(void* stream);
 
 /* Segment summaries (flashkda::segment_summaries, compose_summaries; see

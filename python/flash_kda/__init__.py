@@ -7,11 +7,13 @@ initial_state=..., final_state=..., cu_seqlens=...)`` and reads ``out`` and
 ``final_state``, which are filled in place.
 
 CUDA tensors run the sm_90a kernels on the current torch stream; CPU tensors run
-the multithreaded chunked fp32 CPU backend. The extension links no torch: torch
+the multithreaded chunked fp32 CPU backend (``backend="reference"``: the float64
+one; ``decode``: float64). The extension links no torch: torch
 tensors are read through their own attributes (data pointer, shape, strides,
 dtype, device), any other array (CuPy, NumPy, ...) through DLPack. torch is used
-when installed (for those reads, the workspace allocation and the ``kda_forward``
-custom op).
+when installed (for those reads, the workspace allocation and the custom ops);
+``segment_summaries`` and ``compose_summaries`` need it (they allocate their
+results with torch).
 
     fwd(...)           FlashKDA-compatible, in place, returns None
     decode(...)        one decode step on states in an engine's pool, in place on
@@ -24,11 +26,12 @@ custom op).
     kda_decode(...)    decode as a torch.library custom op -> out (the pool updated in
                        place, declared as mutated: torch.compile friendly)
     check_device_faults()  raises ValueError if a kernel met invalid device-resident
-                       cu_seqlens / state_indices values (see its docstring)
+                       cu_seqlens / state_indices / slot checkpoint /
+                       num_accepted_tokens values (see its docstring)
     chunk_kda(...)     fla's chunk_kda arguments and outputs (one import to switch)
     segment_summaries(...), compose_summaries(...)
                        a run of tokens as an affine map of the state (M, B), and
-                       their composition: the pieces of context parallelism (CPU)
+                       their composition: the pieces of context parallelism
     workspace_size(...), cuda_available(), cuda_status()
 """
 from __future__ import annotations
@@ -331,7 +334,8 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
     the host first, a synchronisation, so this is not a per-step call (on CUDA the
     summaries of whole sequences come cheaper from ``fwd(..., summaries=(M, B))``).
 
-    Returns fp32 ``M`` ``[S, HV, K, K]`` and ``B`` ``[S, HV, V, K]``.
+    Returns fp32 ``M`` ``[S, HV, K, K]`` and ``B`` ``[S, HV, V, K]``, allocated with torch
+    (which must be installed).
     """
     _, lower_bound = _resolve_scalars(q, None, lower_bound)
     if isinstance(q, _torch.Tensor) and q.is_cuda:
@@ -352,7 +356,8 @@ def compose_summaries(M1, B1, M2, B2, *, out=None, stream=None, backend="auto"):
     (up to 3), all on one device: CPU tensors run on the CPU, CUDA tensors on the GPU
     (K, V <= 128; asynchronous on ``stream``, torch's current stream when None, and
     safe to capture in a CUDA graph). ``out``: a ``(M, B)`` pair to write (may be
-    either input, in place), else new tensors. Returns ``(M, B)``.
+    either input, in place), else new torch tensors (which needs torch).
+    Returns ``(M, B)``.
     """
     if out is None:
         out = (_torch.empty_like(M1), _torch.empty_like(B1))
@@ -364,10 +369,12 @@ def compose_summaries(M1, B1, M2, B2, *, out=None, stream=None, backend="auto"):
 def check_device_faults(device=None, stream=None) -> None:
     """Raises ValueError if a CUDA kernel met invalid device-resident argument values.
 
-    ``cu_seqlens`` values (``fwd``, ``decode``) and ``decode``'s ``state_indices`` live on the
-    GPU, where the host cannot check them without a synchronisation. Whatever they hold, no
-    kernel reads or writes outside the tensors it was given: sequence bounds are clamped to
-    ``0 <= begin <= end <= T`` and indices past the pool are skipped, and the fault is
+    ``cu_seqlens`` values (``fwd``, ``decode``), ``state_indices`` (``fwd``'s state pool,
+    ``decode``), ``slot_checkpoint_offsets`` / ``slot_checkpoint_slots`` and ``decode``'s
+    ``num_accepted_tokens`` live on the GPU, where the host cannot check them without a
+    synchronisation. Whatever they hold, no kernel reads or writes outside the tensors it
+    was given: sequence bounds are clamped to ``0 <= begin <= end <= T``, indices past the
+    pool and offsets or counts out of range are skipped, and the fault is
     recorded on the device (the outputs of that call are then unspecified). This call waits
     for ``stream``, reads and clears that record, and raises ``ValueError`` naming the
     argument, the rule and the first offending sequence when anything was recorded on the

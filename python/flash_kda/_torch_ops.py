@@ -81,7 +81,7 @@ def kda_forward(
 
     Same tensors as :func:`flash_kda.fwd` (q, k ``[B,T,H,K]``, v ``[B,T,HV,V]``, g ``[B,T,HV,K]``,
     beta ``[B,T,HV]`` bf16; A_log ``[HV]``, dt_bias ``[HV,K]`` fp32; initial_state
-    ``[N,HV,V,K]``; cu_seqlens int64 ``[N+1]``). ``out`` is new bf16 ``[B,T,HV,V]``;
+    ``[N,HV,V,K]``; cu_seqlens int64 or int32 ``[N+1]``). ``out`` is new bf16 ``[B,T,HV,V]``;
     ``final_state`` is new ``[N,HV,V,K]`` of ``state_dtype`` (default: initial_state's
     dtype, else fp32) when ``output_final_state``, else None. Forward only (no autograd).
     """

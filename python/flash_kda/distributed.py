@@ -18,10 +18,11 @@ starts from, ``S_out = S_in @ M + B`` (spec section 6), so:
    it does not (many heads or short pieces) the summaries call runs every piece's chain
    once more.
 
-The final state of a sequence comes out on the rank that holds its last token. Only
-step 2 communicates: one all-gather each of fp32 ``M [K, K]`` and ``B [V, K]`` per rank
-and value head, ``(K*K + V*K) * 4`` bytes (128 KiB at K = V = 128). The communication is
-torch.distributed's (gloo on CPU tensors, NCCL on CUDA tensors).
+The final state of a sequence comes out on the rank that holds its last token. Before
+step 1, one small all-gather shares every rank's token count (the shard boundaries);
+step 2 is one all-gather each of fp32 ``M [K, K]`` and ``B [V, K]`` per rank and value
+head, ``(K*K + V*K) * 4`` bytes (128 KiB at K = V = 128). Nothing else communicates. The
+communication is torch.distributed's (gloo on CPU tensors, NCCL on CUDA tensors).
 """
 from __future__ import annotations
 

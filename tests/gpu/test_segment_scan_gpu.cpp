@@ -538,7 +538,7 @@ TEST_F(GpuSegmentScan, LongSingleHead) {
 // The tensor-parallel table's H = 1, T = 2^20 row itself: one full head against
 // the float64 recurrence (spec section 5 asks for the bars at T = 1M), in the
 // heuristic's plan (~66 segments, the composition's whole chain). K = 128 only:
-// the test takes ~25 s on the H200 machine (16 cores), nearly all of it the
+// the test takes ~25 s on a 16-core host, nearly all of it the
 // inputs and the oracle (which splits the head's rows over the cores).
 TEST_F(GpuSegmentScan, MillionTokenHeadWithinBars) {
   sm90::set_launch_override({});

@@ -154,7 +154,8 @@ __device__ __forceinline__ float ex2_approx(float x) {
 
 // Accurate logistic function: 1 / (1 + 2^(-x·log2 e)). Saturates cleanly to 0 and 1.
 // (tanh.approx would be one MUFU op cheaper but carries ~2^-11 relative error,
-// which the decay accumulates over a chunk; accuracy is one of our three numbers.)
+// which the prefix sum accumulates over a chunk into the decays: docs/design.md,
+// "Accuracy".)
 __device__ __forceinline__ float rcp_approx(float x) {
   float y;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
