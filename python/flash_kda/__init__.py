@@ -140,11 +140,26 @@ def _runtime(q, stream, need_alloc=True):
 
 
 def _resolve_scalars(q, scale, lower_bound):
+    # On every call's path: the common case is two float() calls; the errors are
+    # worked out only when one fails.
     if scale is None:
-        scale = q.shape[-1] ** -0.5
+        try:
+            scale = q.shape[-1] ** -0.5
+        except (AttributeError, IndexError, TypeError, ZeroDivisionError):
+            # No last dimension to read K from (not a tensor, wrong rank, K = 0): any
+            # value will do, the extension names q before it looks at scale.
+            scale = 1.0
     if lower_bound is None:
         lower_bound = DEFAULT_LOWER_BOUND
-    return float(scale), float(lower_bound)
+    try:
+        return float(scale), float(lower_bound)
+    except (TypeError, ValueError):
+        for name, x in (("scale", scale), ("lower_bound", lower_bound)):
+            try:
+                float(x)
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"{name}: expected a float (or None for the default), got {x!r}") from e
+        raise
 
 
 def _pdl_mode(pdl) -> int:
@@ -302,6 +317,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
     pdl_mode = _pdl_mode(pdl)  # before allocating anything
     if out is None:
         if not _is_torch(v):
+            if v is None or not hasattr(v, "__dlpack__"):
+                raise TypeError(f"v: expected a tensor, got {type(v).__name__}")
             raise TypeError("out: pass an output array (bf16, the shape of v) for non-torch inputs; "
                             "only torch tensors are allocated automatically")
         out = _torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -338,6 +355,18 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
     (which must be installed).
     """
     _, lower_bound = _resolve_scalars(q, None, lower_bound)
+    # M and B are allocated from these shapes: name what cannot give them, and refuse
+    # a segments tensor the extension would refuse, before allocating [S, ...].
+    for name, x, rank in (("q", q, 4), ("v", v, 4), ("segments", segments, 2)):
+        shape = getattr(x, "shape", None)
+        if shape is None:
+            raise TypeError(f"{name}: expected a tensor, got {type(x).__name__}")
+        if len(shape) != rank:
+            raise ValueError(f"{name}: expected a {rank}-d tensor, got shape {list(shape)}")
+    if segments.shape[1] != 2 or (_is_torch(segments) and not segments.is_contiguous()):
+        raise ValueError(f"segments: expected a contiguous int64 tensor [S, 2] of (begin, end) token pairs, "
+                         f"got shape {list(segments.shape)}"
+                         + (f" with strides {list(segments.stride())}" if _is_torch(segments) else ""))
     if isinstance(q, _torch.Tensor) and q.is_cuda:
         # The kernels run on the legacy default stream: inputs written on the
         # current stream must be complete first.
@@ -360,7 +389,13 @@ def compose_summaries(M1, B1, M2, B2, *, out=None, stream=None, backend="auto"):
     Returns ``(M, B)``.
     """
     if out is None:
+        for name, x in (("M1", M1), ("B1", B1)):
+            if not _is_torch(x):
+                raise TypeError(f"{name}: expected a torch.Tensor (or pass out=(M, B)), got {type(x).__name__}")
         out = (_torch.empty_like(M1), _torch.empty_like(B1))
+    elif not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"out: expected a pair (M, B), got {type(out).__name__}"
+                        + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))
     _, raw_stream = _runtime(M1, stream, need_alloc=False)
     _C.compose_summaries(M1, B1, M2, B2, out[0], out[1], raw_stream, backend)
     return out
@@ -387,6 +422,8 @@ def check_device_faults(device=None, stream=None) -> None:
         stream: ``cudaStream_t`` as an int; None for torch's current stream on that device.
     Without a usable CUDA device nothing can have been recorded, and it returns at once.
     """
+    if isinstance(device, str):
+        device = _torch.device(device) if _torch is not None else device
     if device is not None and not isinstance(device, int):
         device = getattr(device, "device", device)  # a tensor's device
         if getattr(device, "type", "cuda") != "cuda":

@@ -61,6 +61,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     # fla's layout is [B, T, H, K] (no head-first form): name a tensor of another rank,
     # and dt_bias of another size, before the shapes are unpacked from them.
     for name, x in (("q", q), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         if x.ndim != 4:
             raise ValueError(f"{name}: expected a tensor [B, T, heads, dim], got shape {list(x.shape)}")
     B, T, H, K = q.shape
@@ -75,9 +77,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     extra = {}
     if cu_seqlens is not None and cu_seqlens_cpu is not None:
         extra["cu_seqlens_host"] = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64)
+    if cu_seqlens is not None and not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"cu_seqlens: expected a torch.Tensor, got {type(cu_seqlens).__name__}")
     if return_intermediate_states:
         if cu_seqlens is not None:
             lengths = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()
+            if any(b < a for a, b in zip(lengths[:-1], lengths[1:])):
+                raise ValueError(f"cu_seqlens: expected non-decreasing values, got {lengths}")
             nt = sum(math.ceil((b - a) / CHUNK) for a, b in zip(lengths[:-1], lengths[1:]))
             shape = (1, nt)
         else:
@@ -88,6 +94,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
 
     final_state = None
     if initial_state_indices is not None:
+        if initial_state is None:
+            raise ValueError("initial_state: required with initial_state_indices (the state pool [P, HV, V, K])")
         if not state_v_first:
             raise NotImplementedError("chunk_kda: a state pool (initial_state_indices) needs state_v_first=True "
                                       "([P, HV, V, K] slots, flash_kda's layout)")
@@ -96,6 +104,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     else:
         s0 = initial_state
         if s0 is not None and not state_v_first:
+            if not isinstance(s0, torch.Tensor) or s0.ndim != 4:
+                raise ValueError(f"initial_state: expected a tensor [N, HV, K, V], got "
+                                 f"{list(s0.shape) if isinstance(s0, torch.Tensor) else type(s0).__name__}")
             s0 = s0.transpose(-1, -2).contiguous()
         if output_final_state:
             # fla returns an fp32 final state whatever the initial one's dtype; a bf16

@@ -86,8 +86,18 @@ def kda_forward(
     dtype, else fp32) when ``output_final_state``, else None. Forward only (no autograd).
     """
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
+    # The outputs are allocated from these shapes: name what cannot give them.
+    for name, x in (("q", q), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.ndim != 4:
+            raise ValueError(f"{name}: expected a 4-d tensor, got shape {list(x.shape)}")
+    if cu_seqlens is not None and (not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1):
+        raise ValueError(f"cu_seqlens: expected a 1-d tensor [N+1], got {getattr(cu_seqlens, 'shape', cu_seqlens)!r}")
     if state_dtype is None:
         state_dtype = initial_state.dtype if initial_state is not None else torch.float32
+        if state_dtype not in _STATE_DTYPES:
+            raise TypeError(f"initial_state: expected dtype torch.float32 or torch.bfloat16, got {state_dtype}")
     if state_dtype not in _STATE_DTYPES:
         raise TypeError(f"state_dtype: expected torch.float32 or torch.bfloat16, got {state_dtype}")
     out, final_state = _kda_forward_op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,

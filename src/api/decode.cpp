@@ -19,9 +19,17 @@ namespace {
 
 int64_t decode_value_heads(const DecodeArgs& a) { return a.num_v_heads > 0 ? a.num_v_heads : a.num_heads; }
 
+Status validate_decode_impl(const DecodeArgs& a, Backend backend);
+
 }  // namespace
 
+// No exception crosses the API (int32 boundaries are widened into a vector).
 Status validate_decode(const DecodeArgs& a, Backend backend) {
+  return api::guarded(backend, "validate_decode", [&] { return validate_decode_impl(a, backend); });
+}
+
+namespace {
+Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
   if (!known_backend(backend))
     return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
                                " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
@@ -33,7 +41,7 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
       return Status::Invalid("cu_seqlens_int32: given together with cu_seqlens (expected one of the two)");
     if (a.num_seqs < 0) return Status::Invalid(cat("num_seqs: expected a value >= 0, got ", a.num_seqs));
     if (!aligned(a.cu_seqlens_int32, 4)) return Status::Invalid("cu_seqlens_int32: expected a 4-byte aligned pointer");
-    return validate_as_int64_boundaries(a, cuda, [&](const DecodeArgs& b) { return validate_decode(b, backend); });
+    return validate_as_int64_boundaries(a, cuda, [&](const DecodeArgs& b) { return validate_decode_impl(b, backend); });
   }
 
   // ---- shapes --------------------------------------------------------------
@@ -76,9 +84,13 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
   if (out_stride < per_slot)
     return Status::Invalid(cat("state_out_stride: expected 0 or at least ", per_slot, " elements, got ",
                                a.state_out_stride));
+  // Element and byte counts, as validate() checks a forward's pool.
   int64_t pool_elems = 0;
-  if (!mul_ok(a.pool_size, stride, &pool_elems) || !mul_ok(a.pool_size, out_stride, &pool_elems))
-    return Status::Invalid(cat("pool_size: pool_size * pool_stride overflows int64"));
+  const int64_t state_bytes = a.state_dtype == DType::kBF16 ? 2 : 4;
+  if (!tensor_fits({a.pool_size, stride}, state_bytes, &pool_elems) ||
+      !tensor_fits({a.pool_size, out_stride}, state_bytes, &pool_elems))
+    return Status::Invalid(cat("pool_size: pool_size * pool_stride elements (", a.pool_size, " * ", stride,
+                               ") overflow int64 bytes"));
   if (a.index_type != IndexType::kInt32 && a.index_type != IndexType::kInt64)
     return Status::Invalid(cat("index_type: unknown value ", static_cast<int32_t>(a.index_type)));
   // Checked on every backend although only kCuda reads it: a bad value is a caller bug either way.
@@ -144,7 +156,8 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
                 {"A_log", a.A_log, 4},  {"dt_bias", a.dt_bias, 4},
                 {"state_indices", a.state_indices, a.index_type == IndexType::kInt64 ? 8u : 4u},
                 {"num_accepted_tokens", a.num_accepted_tokens, a.index_type == IndexType::kInt64 ? 8u : 4u},
-                {"cu_seqlens", a.cu_seqlens, 8}};
+                {"cu_seqlens", a.cu_seqlens, 8},
+                {"cu_seqlens_host", a.cu_seqlens_host, 8}};
   for (const auto& r : aligns)
     if (r.ptr != nullptr && !aligned(r.ptr, r.align))
       return Status::Invalid(cat(r.name, ": expected ", r.align, "-byte alignment"));
@@ -155,14 +168,15 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
   if (a.cu_seqlens == nullptr && a.cu_seqlens_host != nullptr)
     return Status::Invalid("cu_seqlens_host: given without cu_seqlens");
   if (cu_host != nullptr) {
-    if (cu_host[0] != 0) return Status::Invalid(cat("cu_seqlens: expected cu_seqlens[0] == 0, got ", cu_host[0]));
+    // Named as the caller passed it: kCuda checks the host copy.
+    const char* cu = cuda ? "cu_seqlens_host" : "cu_seqlens";
+    if (cu_host[0] != 0) return Status::Invalid(cat(cu, ": expected ", cu, "[0] == 0, got ", cu_host[0]));
     for (int64_t n = 0; n < N; ++n)
       if (cu_host[n + 1] < cu_host[n])
-        return Status::Invalid(cat("cu_seqlens: expected non-decreasing values, but cu_seqlens[", n + 1,
-                                   "]=", cu_host[n + 1], " < cu_seqlens[", n, "]=", cu_host[n]));
+        return Status::Invalid(cat(cu, ": expected non-decreasing values, but ", cu, "[", n + 1, "]=", cu_host[n + 1],
+                                   " < ", cu, "[", n, "]=", cu_host[n]));
     if (cu_host[N] != T)
-      return Status::Invalid(cat("cu_seqlens: expected cu_seqlens[num_seqs] == total_tokens=", T, ", got ",
-                                 cu_host[N]));
+      return Status::Invalid(cat(cu, ": expected ", cu, "[num_seqs] == total_tokens=", T, ", got ", cu_host[N]));
   }
   if (!cuda && N > 0) {
     const Status s = check_slot_indices("state_indices", a.state_indices, a.index_type,
@@ -196,6 +210,7 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
   if (cuda) return sm90::check_decode_supported(a);
   return Status::Ok();
 }
+}  // namespace
 
 Status decode(const DecodeArgs& args, Backend backend, void* stream) {
   return api::guarded(backend, "decode", [&]() -> Status {

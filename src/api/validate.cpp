@@ -16,12 +16,24 @@
 #include "common/sequences.h"
 #include "flashkda/flashkda.h"
 #include "sm90/sm90_forward.h"
+#include "api/guarded.h"
 #include "api/validation_util.h"
 
 namespace flashkda {
 using namespace validation;
 
+namespace {
+Status validate_impl(const ForwardArgs& a, Backend backend);
+}  // namespace
+
+// No exception crosses the API: the checks below may allocate (int32 boundaries
+// widened, the spans of varlen checkpoints) and a failed allocation is a status.
 Status validate(const ForwardArgs& a, Backend backend) {
+  return api::guarded(backend, "validate", [&] { return validate_impl(a, backend); });
+}
+
+namespace {
+Status validate_impl(const ForwardArgs& a, Backend backend) {
   // ---- backend -------------------------------------------------------------
   if (!known_backend(backend))
     return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
@@ -35,7 +47,7 @@ Status validate(const ForwardArgs& a, Backend backend) {
     if (a.num_seqs < 1)
       return Status::Invalid(cat("num_seqs: expected a value >= 1 with cu_seqlens_int32, got ", a.num_seqs));
     if (!aligned(a.cu_seqlens_int32, 4)) return Status::Invalid("cu_seqlens_int32: expected a 4-byte aligned pointer");
-    return validate_as_int64_boundaries(a, cuda, [&](const ForwardArgs& b) { return validate(b, backend); });
+    return validate_as_int64_boundaries(a, cuda, [&](const ForwardArgs& b) { return validate_impl(b, backend); });
   }
 
   // ---- shapes --------------------------------------------------------------
@@ -57,6 +69,11 @@ Status validate(const ForwardArgs& a, Backend backend) {
                                  to_string(backend), ", got ", a.head_dim_v));
   }
   const bool varlen = a.cu_seqlens != nullptr;
+  // As validate_decode and the Python binding: a host copy of boundaries that are
+  // not given would be silently ignored (the call would run as a B·T batch).
+  if (a.cu_seqlens_host != nullptr && !varlen)
+    return Status::Invalid("cu_seqlens_host: given without cu_seqlens or cu_seqlens_int32 (expected the host copy "
+                           "of one of them, with num_seqs)");
   if (varlen) {
     if (a.batch != 1)
       return Status::Invalid(cat("cu_seqlens: requires batch == 1, got batch=", a.batch));
@@ -315,7 +332,10 @@ Status validate(const ForwardArgs& a, Backend backend) {
   if (checkpoints) {
     const int64_t c = a.checkpoint_interval;
     const int64_t* cu = cuda ? a.cu_seqlens_host : a.cu_seqlens;
-    const int64_t need = !varlen || cu != nullptr ? checkpoint_offsets(sequence_spans(a, cu), c).back() : -1;
+    // A B·T batch: B·ceil(T/c) <= B·T, which fits (checked above); no vector of B spans.
+    const int64_t need = !varlen          ? B * checkpoints_of(T, c)
+                         : cu != nullptr ? checkpoint_offsets(sequence_spans(a, cu), c).back()
+                                         : -1;
     if (need > a.checkpoints_capacity)
       return Status::Invalid(cat("checkpoints_capacity: the sequences need ", need, " checkpoints of ", c,
                                  " tokens (sum of ceil(length / ", c, ")), the buffer holds ",
@@ -346,5 +366,6 @@ Status validate(const ForwardArgs& a, Backend backend) {
   if (cuda) return sm90::check_supported(a);
   return Status::Ok();
 }
+}  // namespace
 
 }  // namespace flashkda

@@ -43,6 +43,11 @@ inline bool mul_ok(int64_t a, int64_t b, int64_t* r) {
 // copy, if given, is checked). The CPU backends widen them on the host.
 template <class Args, class Validate>
 Status validate_as_int64_boundaries(const Args& a, bool cuda, Validate&& validate_args) {
+  // num_seqs + 1 boundaries, widened to int64 on the host: their count must fit
+  // (otherwise num_seqs + 1 and the pointer arithmetic over them wrap, and the
+  // widened copy comes out shorter than the num_seqs + 1 entries read from it).
+  if (a.num_seqs > kInt64Max / 8 - 1)
+    return Status::Invalid(cat("num_seqs: ", a.num_seqs, " + 1 int64 boundaries overflow int64 (cu_seqlens_int32)"));
   if (cuda) {
     Args b = a;
     b.cu_seqlens_int32 = nullptr;

@@ -46,7 +46,11 @@ ForwardArgs as_host_inputs(const ForwardArgs& args, HostInputs& storage);
 // Checkpoints (ForwardArgs::checkpoints): ceil(length / interval) per sequence,
 // and where each sequence's entries start (Σ over the sequences before it; the
 // total at [N]).
-inline int64_t checkpoints_of(int64_t length, int64_t interval) { return (length + interval - 1) / interval; }
+// ceil(length / interval) for length >= 0, interval >= 1, without forming length + interval - 1
+// (which overflows int64 for an interval near 2^63).
+inline int64_t checkpoints_of(int64_t length, int64_t interval) {
+  return length <= 0 ? 0 : (length - 1) / interval + 1;
+}
 std::vector<int64_t> checkpoint_offsets(const std::vector<SequenceSpan>& spans, int64_t interval);
 
 // HV, resolving the "0 means H" convention.

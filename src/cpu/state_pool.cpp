@@ -6,6 +6,7 @@
 // indices are below pool_size and the offsets on 16-token boundaries.
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "common/sequences.h"
@@ -56,7 +57,12 @@ Status forward_on_pool(const ForwardArgs& args, const std::function<Status(const
   if (slot_checkpoints) {
     dense.checkpoint_interval = 16;
     first16 = checkpoint_offsets(spans, 16);
-    every16.assign(static_cast<size_t>(first16.back() * per_state), 0.f);
+    int64_t scratch = 0;
+    if (__builtin_mul_overflow(first16.back(), per_state, &scratch))
+      return Status::NotSupported("slot_checkpoint_offsets: the states at every 16 tokens (" +
+                                  std::to_string(first16.back()) + " x " + std::to_string(per_state) +
+                                  " floats) overflow int64 on the CPU backends");
+    every16.assign(static_cast<size_t>(scratch), 0.f);
     dense.checkpoints = every16.empty() ? nullptr : every16.data();
     dense.checkpoints_dtype = DType::kFP32;
     dense.checkpoints_capacity = first16.back();

@@ -644,8 +644,20 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
       if (has_width && a.dim(3) > 1 && a.stride(3) != 1)
         raise_value(cat(a.name, ": expected the last dimension contiguous (stride 1), got shape ", shape_string(a),
                         " with strides ", strides_string(a), " (call .contiguous())"));
-      const int64_t ts = a.stride(1), hs = a.stride(2);
-      if (a.dim(0) > 1 && a.stride(0) != a.dim(1) * ts)
+      // The stride of the flattened B·T token axis: stride(1), or stride(0) when T == 1
+      // (a size-1 dimension's stride means nothing); and the head stride. A dimension
+      // of extent 1 contributes nothing: 0 (ForwardArgs' "dense") is passed for it.
+      const int64_t B_ = a.dim(0), T_ = a.dim(1), heads = a.dim(2);
+      const int64_t ts = T_ > 1 ? a.stride(1) : (B_ > 1 ? a.stride(0) : 0);
+      const int64_t hs = heads > 1 ? a.stride(2) : 0;
+      // ForwardArgs reads a stride of 0 as "dense": a broadcast view (expand(), stride 0
+      // along the batch, the tokens or the heads) would be read as a dense tensor, past
+      // its memory.
+      if ((B_ > 1 && a.stride(0) == 0) || (T_ > 1 && a.stride(1) == 0) || (heads > 1 && hs == 0))
+        raise_value(cat(a.name, ": expected non-zero strides along the batch, tokens and heads (a broadcast "
+                        "view, e.g. from expand(), is not supported), got shape ", shape_string(a),
+                        " with strides ", strides_string(a), " (call .contiguous())"));
+      if (B_ > 1 && T_ > 1 && a.stride(0) != T_ * ts)
         raise_value(cat(a.name, ": expected evenly spaced tokens across the batch (stride(0) == T * stride(1)), "
                         "got shape ", shape_string(a), " with strides ", strides_string(a)));
       if (ts < 0 || hs < 0)
@@ -889,6 +901,10 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
     raise_value(cat("state_indices: expected a tensor [N] (or [N, 1 + draft tokens] for speculative verify), got "
                     "shape ", shape_string(c.idx)));
   const int64_t N = c.idx.dim(0);
+  // [N, 0] has no slot to read for each of its N sequences (it would be read as [N]).
+  if (c.idx.ndim() == 2 && c.idx.dim(1) < 1)
+    raise_value(cat("state_indices: expected [N] or [N, 1 + draft tokens] with at least one column, got shape ",
+                    shape_string(c.idx)));
   const int64_t verify_slots = c.idx.ndim() == 2 ? c.idx.dim(1) : 0;
   if (c.acc.present) {
     if (verify_slots == 0)

@@ -139,9 +139,11 @@ Status check_decode_supported(const DecodeArgs& args) {
                                 std::to_string(args.head_dim_k) + ", V=" + std::to_string(args.head_dim_v) +
                                 "); the CPU backends run any head dim");
   const int64_t hv = args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;
-  if (args.num_seqs * hv * kDecodeSlices > int64_t{0x7fffffff})
+  // num_seqs is bounded by nothing else when cu_seqlens is given: compare by
+  // division, the product may overflow int64 (and wrap below the limit).
+  if (args.num_seqs > int64_t{0x7fffffff} / (hv * kDecodeSlices))
     return Status::NotSupported("num_seqs x num_v_heads: too many (sequence, head) pairs for one launch (" +
-                                std::to_string(args.num_seqs * hv) + ")");
+                                std::to_string(args.num_seqs) + " x " + std::to_string(hv) + ")");
   return Status::Ok();
 }
 

@@ -108,6 +108,15 @@ Status check_supported(const ForwardArgs& args) {
                                 std::to_string(hv) + ")");
   if (num_chunk_slots(n, args.batch * args.seqlen) > int64_t{0x7fffffff})
     return Status::NotSupported("seqlen: too many 16-token chunks for one launch");
+  // The workspace holds up to ~170 KB per (chunk slot, value head) (a record, o⁰ and
+  // P, a segment state): bounding their product keeps its size, and the sums of its
+  // parts, far inside size_t (2^62 bytes), where past it they would wrap and a too
+  // small workspace pass the size check.
+  constexpr int64_t kMaxSlotHeads = int64_t{1} << 44;
+  if (num_chunk_slots(n, args.batch * args.seqlen) * hv > kMaxSlotHeads)
+    return Status::NotSupported("seqlen x num_v_heads: the workspace would exceed 2^62 bytes (" +
+                                std::to_string(num_chunk_slots(n, args.batch * args.seqlen)) + " chunk slots x " +
+                                std::to_string(hv) + " value heads)");
   {
     const int64_t H = args.num_heads, K = args.head_dim_k;
     const struct {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -16,6 +17,8 @@
 
 namespace flashkda::testing {
 namespace {
+
+constexpr int64_t kLargestInterval = INT64_MAX / 16 * 16;
 
 struct CheckpointCase {
   Backend backend;
@@ -36,7 +39,8 @@ void check(const HostProblem& p, const CheckpointCase& cc) {
   const int64_t HV = p.HV, K = p.K, V = p.V, c = cc.interval;
   const std::vector<SequenceSpan> spans = sequence_spans(p.host_args(nullptr, nullptr), p.cu_seqlens.data());
   int64_t total = 0;
-  for (const SequenceSpan& s : spans) total += (s.length + c - 1) / c;
+  // ceil(length / c), written so that it cannot overflow for an interval near 2^63.
+  for (const SequenceSpan& s : spans) total += s.length > 0 ? (s.length - 1) / c + 1 : 0;
   const int64_t capacity = total + 2;  // two spare entries: never written
   const size_t elem = cc.dtype == DType::kFP32 ? 4 : 2;
   std::vector<unsigned char> buf(static_cast<size_t>(capacity * HV * K * V) * elem, 0xA5);
@@ -101,7 +105,12 @@ INSTANTIATE_TEST_SUITE_P(
                       CheckpointCase{Backend::kCpuReference, 64, DType::kBF16, false},
                       CheckpointCase{Backend::kCpuChunked, 16, DType::kFP32, true},
                       CheckpointCase{Backend::kCpuChunked, 64, DType::kFP32, false},
-                      CheckpointCase{Backend::kCpuChunked, 32, DType::kBF16, true}),
+                      CheckpointCase{Backend::kCpuChunked, 32, DType::kBF16, true},
+                      // The largest interval: one entry (the initial state) a non-empty
+                      // sequence. length + interval − 1 overflowed int64, and a
+                      // 70-token sequence got no entry.
+                      CheckpointCase{Backend::kCpuReference, kLargestInterval, DType::kFP32, false},
+                      CheckpointCase{Backend::kCpuChunked, kLargestInterval, DType::kFP32, false}),
     [](const auto& info) { return case_name(info.param); });
 
 // A B·T batch: sequence n's entries start at n·ceil(T/c).

@@ -156,6 +156,32 @@ TEST(DecodeValidation, MessagesNameTheArgument) {
                  "programmatic_dependent_launch");
 }
 
+// Counts that would wrap before anything is read: int32 boundaries of 2^62
+// sequences (read past the widened copy before), a pool whose bytes overflow int64,
+// a misaligned host copy of the boundaries on kCuda (named as passed).
+TEST(DecodeValidation, CountsThatWouldWrapAreStatuses) {
+  DecodeSpec spec;
+  spec.num_seqs = 2;
+  spec.head_dim = 16;
+  const DecodeProblem p = make_decode_problem(spec, 15);
+  std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
+  std::vector<uint8_t> pool = p.pool_bytes();
+  const DecodeArgs base = p.args(out.data(), pool.data(), nullptr);
+  std::vector<int32_t> cu32 = {0, 1, 2};
+  DecodeArgs a = base;
+  a.cu_seqlens_int32 = cu32.data();
+  a.num_seqs = int64_t{1} << 62;
+  for (Backend b : {Backend::kCpuChunked, Backend::kCuda}) expect_invalid(validate_decode(a, b), "num_seqs");
+  a = base;
+  a.pool_stride = int64_t{1} << 61;  // 4-byte states: 2^63 bytes a slot
+  expect_invalid(validate_decode(a, Backend::kCpuChunked), "pool_size");
+  std::vector<int64_t> cu = {0, 1, 2, 0};
+  a = base;
+  a.cu_seqlens = cu.data();
+  a.cu_seqlens_host = reinterpret_cast<const int64_t*>(reinterpret_cast<const char*>(cu.data()) + 4);
+  expect_invalid(validate_decode(a, Backend::kCuda), "cu_seqlens_host");
+}
+
 // The CPU backends ignore the PDL mode, but validate_decode still rejects a value
 // outside the enum (C++ callers can cast one in), whichever backend is asked.
 TEST(DecodeValidation, PdlModeOutsideTheEnumIsRejected) {

@@ -358,6 +358,70 @@ TEST(Validation, SizeOverflow) {
   expect_invalid(a, {"overflows int64"});
 }
 
+// Sizes whose counts would wrap before any tensor is read: a status naming the
+// argument, never an exception, a wrapped count or a read past a buffer.
+TEST(Validation, CountsThatWouldWrapAreStatuses) {
+  Fixture f(Fixture::varlen_spec());
+  // int32 boundaries: num_seqs + 1 of them widened to int64 must be countable.
+  std::vector<int32_t> cu32(f.p.cu_seqlens.begin(), f.p.cu_seqlens.end());
+  ForwardArgs a = f.args;
+  a.cu_seqlens = nullptr;
+  a.cu_seqlens_int32 = cu32.data();
+  a.num_seqs = std::numeric_limits<int64_t>::max();
+  for (Backend b : {Backend::kCpuChunked, Backend::kCuda}) expect_invalid(a, {"num_seqs:", "overflow"}, b);
+  // A host copy of boundaries that are not given: refused, not run as a B·T batch.
+  Fixture g;
+  a = g.args;
+  a.cu_seqlens_host = f.p.cu_seqlens.data();
+  for (Backend b : {Backend::kCpuChunked, Backend::kCuda}) expect_invalid(a, {"cu_seqlens_host:", "without"}, b);
+  // Checkpoints of a batch of 2^40 empty rows: counted without a list of the rows
+  // (that list threw std::bad_alloc out of validate()).
+  std::vector<float> ck(16);
+  a = g.args;
+  a.batch = int64_t{1} << 40;
+  a.seqlen = 0;
+  a.initial_state = nullptr;
+  a.initial_state_dtype = DType::kNone;
+  a.final_state = nullptr;
+  a.final_state_dtype = DType::kNone;
+  a.checkpoints = ck.data();
+  a.checkpoints_dtype = DType::kFP32;
+  a.checkpoint_interval = 16;
+  a.checkpoints_capacity = 1;
+  for (Backend b : {Backend::kCpuReference, Backend::kCpuChunked}) {
+    Status st;
+    EXPECT_NO_THROW(st = flashkda::validate(a, b));
+    EXPECT_TRUE(st.ok()) << st.message;  // empty rows have no checkpoints
+  }
+}
+
+// The CPU backends' state pool with slot checkpoints keeps the state at every 16
+// tokens: where that count times a state's floats overflows int64, NotSupported
+// naming the argument, before the scratch is sized.
+TEST(Validation, SlotCheckpointScratchThatWouldWrapIsNotSupported) {
+  ProblemSpec spec = Fixture::small_spec();
+  spec.head_dim = 256;
+  spec.heads = 1;
+  Fixture f(spec);
+  ForwardArgs a = f.args;
+  a.num_v_heads = 1 << 8;
+  a.seqlen = int64_t{1} << 44;  // (2^44 / 16) · 2^8 · 256 · 256 = 2^64 floats
+  a.initial_state = a.final_state = nullptr;
+  a.initial_state_dtype = a.final_state_dtype = DType::kNone;
+  std::vector<float> pool(16);
+  const int64_t no_slot = -1, offsets[2] = {16, -1}, slots[2] = {0, -1};
+  a.state_pool = pool.data();
+  a.state_pool_dtype = DType::kFP32;
+  a.pool_size = 1;
+  a.state_indices = &no_slot;
+  a.state_index_type = flashkda::IndexType::kInt64;
+  a.slot_checkpoint_offsets = offsets;
+  a.slot_checkpoint_slots = slots;
+  const Status st = flashkda::forward(a, Backend::kCpuChunked, nullptr, 0, nullptr);
+  EXPECT_EQ(st.code, StatusCode::kNotSupported) << st.message;
+  EXPECT_NE(st.message.find("slot_checkpoint_offsets:"), std::string::npos) << st.message;
+}
+
 TEST(Validation, CudaUnavailableGivesStatusNotCrash) {
   std::string why;
   if (flashkda::cuda_backend_available(&why)) GTEST_SKIP() << "a CUDA device is present; covered by the gpu tests";

@@ -259,6 +259,37 @@ def test_not_a_tensor_is_type_error(small, bad):
         call_with(small, k=bad)
 
 
+def test_python_layer_errors_name_the_argument(small):
+    # What the Python wrappers read before the extension checks anything: a bad
+    # value there is a TypeError / ValueError naming it, not an AttributeError,
+    # IndexError or ZeroDivisionError from inside the wrapper.
+    p = small
+    with pytest.raises(TypeError, match=r"^scale: expected a float"):
+        call_with(p, scale="x")
+    with pytest.raises(TypeError, match=r"^lower_bound: expected a float"):
+        call_with(p, lower_bound=[1])
+    with pytest.raises(TypeError, match=r"^q: expected a tensor"):
+        call_with(p, q=None, scale=None)
+    with pytest.raises(TypeError, match=r"^segments: expected a tensor"):
+        flash_kda.segment_summaries(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], [[0, 4]])
+    with pytest.raises(ValueError, match=r"^segments: expected a contiguous int64 tensor \[S, 2\]"):
+        flash_kda.segment_summaries(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"],
+                                    torch.zeros(3, 3, dtype=torch.int64))
+    M, B = torch.zeros(1, 2, 32, 32), torch.zeros(1, 2, 32, 32)
+    with pytest.raises(TypeError, match=r"^out: expected a pair \(M, B\)"):
+        flash_kda.compose_summaries(M, B, M, B, out=M)
+    with pytest.raises(TypeError, match=r"^q: expected a torch.Tensor"):
+        flash_kda.kda_forward(None, p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"])
+    with pytest.raises(ValueError, match=r"^v: expected a 4-d tensor"):
+        flash_kda.kda_forward(p["q"], p["k"], p["v"][0], p["g"], p["beta"], p["A_log"], p["dt_bias"])
+    with pytest.raises(TypeError, match=r"^q: expected a torch.Tensor"):
+        flash_kda.chunk_kda([1], p["k"], p["v"], p["g"], p["beta"], A_log=p["A_log"], dt_bias=p["dt_bias"],
+                            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                            safe_gate=True)
+    with pytest.raises(ValueError, match=r"^device: expected a CUDA device"):
+        flash_kda.check_device_faults("cpu")
+
+
 def test_missing_A_log_is_type_error(small):
     with pytest.raises(TypeError, match=r"^A_log: expected a tensor, got None"):
         call_with(small, A_log=None)

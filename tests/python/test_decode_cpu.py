@@ -441,6 +441,18 @@ def test_index_past_the_pool_is_value_error_naming_state_indices(small, index_dt
         call_with(small, state_indices=torch.tensor([0, 6], dtype=index_dtype))
 
 
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_state_indices_without_columns_is_value_error(small, as_numpy):
+    # [N, 0] names no slot for any sequence; read as [N] it took N indices from
+    # outside the empty array and wrote those slots.
+    idx = torch.empty(2, 0, dtype=torch.int64)
+    pool = small["pool"].clone()
+    with pytest.raises(ValueError, match=r"^state_indices: expected \[N\] or \[N, 1 \+ draft tokens\] with at "
+                                         r"least one column, got shape \[2, 0\]"):
+        call_with(small, state_pool=pool, state_indices=idx.numpy() if as_numpy else idx)
+    assert torch.equal(pool, small["pool"])
+
+
 def test_cu_seqlens_values_are_validated(small):
     with pytest.raises(ValueError, match=r"^cu_seqlens: expected cu_seqlens\[num_seqs\] == total_tokens=2, got 3"):
         call_with(small, cu_seqlens=torch.tensor([0, 1, 3]))

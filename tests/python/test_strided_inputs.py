@@ -52,3 +52,40 @@ def test_unevenly_spaced_batch_is_value_error():
     with pytest.raises(ValueError, match=r"^q: expected evenly spaced tokens"):
         flash_kda.fwd(q, p["k"], p["v"], p["g"], p["beta"], p["scale"], torch.empty_like(p["v"]),
                       A_log=p["A_log"], dt_bias=p["dt_bias"])
+
+
+@pytest.mark.parametrize("name,make", [
+    ("q", lambda p: p["q"][:, :1].expand(p["q"].shape)),                       # one token for all
+    ("k", lambda p: p["k"][:, :, :1].expand(p["k"].shape)),                    # one head for all
+    ("g", lambda p: p["g"][:1, :1].expand(p["g"].shape)),                      # over batch and tokens
+    ("beta", lambda p: p["beta"][..., :1].expand(p["beta"].shape)),            # one beta for all heads
+])
+def test_broadcast_views_are_value_errors(name, make):
+    # A stride of 0 (expand()) is not a tensor of that shape in memory: ForwardArgs
+    # reads a stride of 0 as "dense", so such a view was read as a dense tensor, past
+    # its storage. Refused by name.
+    p = make_problem(B=2, T=24, H=2, HV=2, K=32, seed=13)
+    x = dict(p)
+    x[name] = make(p)
+    assert 0 in x[name].stride()
+    with pytest.raises(ValueError, match=rf"^{name}: expected non-zero strides"):
+        flash_kda.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], p["scale"], torch.empty_like(p["v"]),
+                      A_log=p["A_log"], dt_bias=p["dt_bias"])
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_one_token_per_batch_row_views_are_the_contiguous_run(backend):
+    # buf[:, -1:] (each row's last token, as a decode-like forward takes it): T == 1,
+    # so stride(1) says nothing and the rows are spaced by stride(0).
+    p = make_problem(B=3, T=5, H=2, HV=4, K=32, seed=14)
+    views = {n: p[n][:, -1:] for n in ("q", "k", "v", "g", "beta")}
+    dense = {n: t.contiguous() for n, t in views.items()}
+    assert not views["q"].is_contiguous()
+    results = []
+    for x in (dense, views):
+        out = torch.empty_like(dense["v"])
+        fin = torch.empty_like(p["initial_state"])
+        flash_kda.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], p["scale"], out, A_log=p["A_log"],
+                      dt_bias=p["dt_bias"], initial_state=p["initial_state"], final_state=fin, backend=backend)
+        results.append((out, fin))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
