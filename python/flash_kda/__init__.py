@@ -162,6 +162,29 @@ def _resolve_scalars(q, scale, lower_bound):
         raise
 
 
+# The extension's scalar and string parameters, which nanobind converts before any
+# check runs: a value of another type gets nanobind's "incompatible function
+# arguments" with the whole signature. _named names the argument instead.
+_PARAMETER_TYPES = (("backend", str), ("checkpoint_interval", int), ("checkpoints_value_major", bool),
+                    ("resume_from_summaries", bool))
+
+
+def _named(err, **given):
+    """The TypeError (or ValueError) naming the first of `given` that nanobind could
+    not convert, for its generic `err`; `err` itself when none is to blame."""
+    if "incompatible function arguments" not in str(err):
+        return err
+    for name, want in _PARAMETER_TYPES:
+        if name not in given:
+            continue
+        x = given[name]
+        if not isinstance(x, want) or (want is int and isinstance(x, bool)):
+            return TypeError(f"{name}: expected {want.__name__}, got {type(x).__name__} {x!r}")
+        if want is int and not -2 ** 63 <= x < 2 ** 63:
+            return ValueError(f"{name}: expected a value that fits int64, got {x}")
+    return err
+
+
 def _pdl_mode(pdl) -> int:
     """pdl= as the binding's pdl_mode (flashkda::PdlMode: 0 auto, 1 on, -1 off)."""
     # Only None and real bools: an int would be ambiguous (the C ABI's 0 is auto,
@@ -243,10 +266,17 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     alloc, stream = _runtime(q, stream)
     # Positional: the cheapest call into the extension (this is on every step's path).
-    _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-           cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
-           checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, summaries, resume_from_summaries,
-           workspace, alloc, stream, backend)
+    try:
+        _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+               cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
+               checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
+               resume_from_summaries, workspace, alloc, stream, backend)
+    except TypeError as e:
+        named = _named(e, backend=backend, checkpoint_interval=checkpoint_interval,
+                       checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries)
+        if named is e:
+            raise
+        raise named from None
 
 
 def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
@@ -262,11 +292,18 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
     the summaries call, whose workspace then serves its resume call too.
     """
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
-    return int(_C.workspace_size(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state,
-                                 final_state, cu_seqlens, cu_seqlens_host, state_pool, state_indices,
-                                 has_initial_state, checkpoints, checkpoint_interval, checkpoints_value_major,
-                                 slot_checkpoint_offsets, slot_checkpoint_slots, summaries, resume_from_summaries,
-                                 backend))
+    try:
+        return int(_C.workspace_size(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state,
+                                     final_state, cu_seqlens, cu_seqlens_host, state_pool, state_indices,
+                                     has_initial_state, checkpoints, checkpoint_interval, checkpoints_value_major,
+                                     slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
+                                     resume_from_summaries, backend))
+    except TypeError as e:
+        named = _named(e, backend=backend, checkpoint_interval=checkpoint_interval,
+                       checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries)
+        if named is e:
+            raise
+        raise named from None
 
 
 def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,
@@ -374,7 +411,13 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
     S, HV, K, V = segments.shape[0], v.shape[2], q.shape[3], v.shape[3]
     M = _torch.empty((S, HV, K, K), dtype=_torch.float32, device=q.device)
     B = _torch.empty((S, HV, V, K), dtype=_torch.float32, device=q.device)
-    _C.segment_summaries(q, k, v, g, beta, A_log, dt_bias, lower_bound, cu_seqlens, segments, M, B, backend)
+    try:
+        _C.segment_summaries(q, k, v, g, beta, A_log, dt_bias, lower_bound, cu_seqlens, segments, M, B, backend)
+    except TypeError as e:
+        named = _named(e, backend=backend)
+        if named is e:
+            raise
+        raise named from None
     return M, B
 
 
@@ -397,7 +440,13 @@ def compose_summaries(M1, B1, M2, B2, *, out=None, stream=None, backend="auto"):
         raise TypeError(f"out: expected a pair (M, B), got {type(out).__name__}"
                         + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))
     _, raw_stream = _runtime(M1, stream, need_alloc=False)
-    _C.compose_summaries(M1, B1, M2, B2, out[0], out[1], raw_stream, backend)
+    try:
+        _C.compose_summaries(M1, B1, M2, B2, out[0], out[1], raw_stream, backend)
+    except TypeError as e:
+        named = _named(e, backend=backend)
+        if named is e:
+            raise
+        raise named from None
     return out
 
 

@@ -177,6 +177,10 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
                                    " < ", cu, "[", n, "]=", cu_host[n]));
     if (cu_host[N] != T)
       return Status::Invalid(cat(cu, ": expected ", cu, "[num_seqs] == total_tokens=", T, ", got ", cu_host[N]));
+    if (!cuda) {
+      const Status st = check_host_copy(a.cu_seqlens, a.cu_seqlens_host, N);
+      if (!st.ok()) return st;
+    }
   }
   if (!cuda && N > 0) {
     const Status s = check_slot_indices("state_indices", a.state_indices, a.index_type,

@@ -326,6 +326,10 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
       const Status st = check_host_boundaries(cuda ? "cu_seqlens_host" : "cu_seqlens", cu, N, T);
       if (!st.ok()) return st;
     }
+    if (!cuda) {
+      const Status st = check_host_copy(a.cu_seqlens, a.cu_seqlens_host, N);
+      if (!st.ok()) return st;
+    }
   }
 
   // ---- checkpoint capacity: the total Σ ceil(L_n / c), where the lengths are on the host

@@ -71,6 +71,18 @@ inline Status check_host_boundaries(const char* name, const int64_t* cu, int64_t
   return Status::Ok();
 }
 
+// The CPU backends read cu_seqlens itself on the host; a host copy given with it
+// must be that copy (a copy that disagrees is a caller's bug that would otherwise
+// pass unnoticed there and change the plan on kCuda).
+inline Status check_host_copy(const int64_t* cu, const int64_t* copy, int64_t N) {
+  if (copy == nullptr) return Status::Ok();
+  for (int64_t n = 0; n <= N; ++n)
+    if (copy[n] != cu[n])
+      return Status::Invalid(cat("cu_seqlens_host: expected a copy of cu_seqlens, but cu_seqlens_host[", n, "]=",
+                                 copy[n], " where cu_seqlens[", n, "]=", cu[n]));
+  return Status::Ok();
+}
+
 // Element count and byte count of one tensor; false when either overflows int64.
 inline bool tensor_fits(std::initializer_list<int64_t> dims, int64_t elem_bytes, int64_t* elems) {
   int64_t n = 1;

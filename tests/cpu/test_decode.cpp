@@ -180,6 +180,14 @@ TEST(DecodeValidation, CountsThatWouldWrapAreStatuses) {
   a.cu_seqlens = cu.data();
   a.cu_seqlens_host = reinterpret_cast<const int64_t*>(reinterpret_cast<const char*>(cu.data()) + 4);
   expect_invalid(validate_decode(a, Backend::kCuda), "cu_seqlens_host");
+  // On the CPU backends the host copy must be cu_seqlens' copy.
+  std::vector<int64_t> copy = {0, 2, 2};
+  a = base;
+  a.cu_seqlens = cu.data();
+  a.cu_seqlens_host = copy.data();
+  expect_invalid(validate_decode(a, Backend::kCpuChunked), "cu_seqlens_host: expected a copy of cu_seqlens");
+  copy[1] = 1;
+  EXPECT_TRUE(validate_decode(a, Backend::kCpuChunked).ok());
 }
 
 // The CPU backends ignore the PDL mode, but validate_decode still rejects a value

@@ -346,6 +346,18 @@ TEST(Validation, CuSeqlensHostCopyCheckedForCuda) {
   expect_invalid(a, {"cu_seqlens_host:", "non-decreasing"}, Backend::kCuda);
 }
 
+TEST(Validation, CuSeqlensHostCopyMustBeTheCopyOnCpu) {
+  // The CPU backends read cu_seqlens itself: a host copy that disagrees is refused,
+  // an equal one accepted.
+  Fixture f(Fixture::varlen_spec());
+  std::vector<int64_t> cu = f.p.cu_seqlens;
+  ForwardArgs a = f.args;
+  a.cu_seqlens_host = cu.data();
+  for (Backend b : {Backend::kCpuReference, Backend::kCpuChunked}) EXPECT_TRUE(flashkda::validate(a, b).ok());
+  cu[2] += 1;
+  expect_invalid(a, {"cu_seqlens_host: expected a copy of cu_seqlens", "cu_seqlens_host[2]"});
+}
+
 TEST(Validation, SizeOverflow) {
   Fixture f;
   ForwardArgs a = f.args;

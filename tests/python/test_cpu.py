@@ -288,6 +288,26 @@ def test_python_layer_errors_name_the_argument(small):
                             safe_gate=True)
     with pytest.raises(ValueError, match=r"^device: expected a CUDA device"):
         flash_kda.check_device_faults("cpu")
+    # Parameters the extension converts before it checks anything: named, not a dump
+    # of the whole signature.
+    for kw, match in ((dict(backend=None), r"^backend: expected str, got NoneType"),
+                      (dict(checkpoint_interval=64.0), r"^checkpoint_interval: expected int, got float"),
+                      (dict(checkpoints_value_major="yes"), r"^checkpoints_value_major: expected bool"),
+                      (dict(resume_from_summaries=1), r"^resume_from_summaries: expected bool")):
+        with pytest.raises(TypeError, match=match):
+            call_with(p, **kw)
+        with pytest.raises(TypeError, match=match):
+            flash_kda.workspace_size(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], torch.empty_like(p["v"]),
+                                     A_log=p["A_log"], dt_bias=p["dt_bias"], **kw)
+    with pytest.raises(ValueError, match=r"^checkpoint_interval: expected a value that fits int64"):
+        call_with(p, checkpoint_interval=2 ** 64)
+    with pytest.raises(TypeError, match=r"^backend: expected str"):
+        flash_kda.compose_summaries(M, B, M, B, backend=0)
+    # On the CPU backends cu_seqlens itself is read on the host: a host copy must be it.
+    v = make_problem(seqlens=[3, 5], H=2, K=32, seed=18)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_host: expected a copy of cu_seqlens, but "
+                                         r"cu_seqlens_host\[1\]=4 where cu_seqlens\[1\]=3"):
+        call_with(v, cu_seqlens_host=torch.tensor([0, 4, 8]))
 
 
 def test_missing_A_log_is_type_error(small):
