@@ -169,20 +169,19 @@ _PARAMETER_TYPES = (("backend", str), ("checkpoint_interval", int), ("checkpoint
                     ("resume_from_summaries", bool))
 
 
-def _named(err, **given):
-    """The TypeError (or ValueError) naming the first of `given` that nanobind could
-    not convert, for its generic `err`; `err` itself when none is to blame."""
-    if "incompatible function arguments" not in str(err):
-        return err
-    for name, want in _PARAMETER_TYPES:
-        if name not in given:
-            continue
-        x = given[name]
-        if not isinstance(x, want) or (want is int and isinstance(x, bool)):
-            return TypeError(f"{name}: expected {want.__name__}, got {type(x).__name__} {x!r}")
-        if want is int and not -2 ** 63 <= x < 2 ** 63:
-            return ValueError(f"{name}: expected a value that fits int64, got {x}")
-    return err
+def _raise_named(err, **given):
+    """Raises the TypeError (or ValueError) naming the first of `given` that nanobind
+    could not convert, for its generic `err`; else `err` itself."""
+    if "incompatible function arguments" in str(err):
+        for name, want in _PARAMETER_TYPES:
+            if name not in given:
+                continue
+            x = given[name]
+            if not isinstance(x, want) or (want is int and isinstance(x, bool)):
+                raise TypeError(f"{name}: expected {want.__name__}, got {type(x).__name__} {x!r}") from None
+            if want is int and not -2 ** 63 <= x < 2 ** 63:
+                raise ValueError(f"{name}: expected a value that fits int64, got {x}") from None
+    raise err
 
 
 def _pdl_mode(pdl) -> int:
@@ -272,11 +271,8 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
                checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
                resume_from_summaries, workspace, alloc, stream, backend)
     except TypeError as e:
-        named = _named(e, backend=backend, checkpoint_interval=checkpoint_interval,
-                       checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries)
-        if named is e:
-            raise
-        raise named from None
+        _raise_named(e, backend=backend, checkpoint_interval=checkpoint_interval,
+                     checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries)
 
 
 def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
@@ -299,11 +295,8 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
                                      slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
                                      resume_from_summaries, backend))
     except TypeError as e:
-        named = _named(e, backend=backend, checkpoint_interval=checkpoint_interval,
-                       checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries)
-        if named is e:
-            raise
-        raise named from None
+        _raise_named(e, backend=backend, checkpoint_interval=checkpoint_interval,
+                     checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries)
 
 
 def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,
@@ -414,10 +407,7 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
     try:
         _C.segment_summaries(q, k, v, g, beta, A_log, dt_bias, lower_bound, cu_seqlens, segments, M, B, backend)
     except TypeError as e:
-        named = _named(e, backend=backend)
-        if named is e:
-            raise
-        raise named from None
+        _raise_named(e, backend=backend)
     return M, B
 
 
@@ -443,10 +433,7 @@ def compose_summaries(M1, B1, M2, B2, *, out=None, stream=None, backend="auto"):
     try:
         _C.compose_summaries(M1, B1, M2, B2, out[0], out[1], raw_stream, backend)
     except TypeError as e:
-        named = _named(e, backend=backend)
-        if named is e:
-            raise
-        raise named from None
+        _raise_named(e, backend=backend)
     return out
 
 
