@@ -47,6 +47,11 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
     if (a.num_seqs < 1)
       return Status::Invalid(cat("num_seqs: expected a value >= 1 with cu_seqlens_int32, got ", a.num_seqs));
     if (!aligned(a.cu_seqlens_int32, 4)) return Status::Invalid("cu_seqlens_int32: expected a 4-byte aligned pointer");
+    // The last boundary is the token count (cu_seqlens requires batch == 1): past
+    // 2^31 - 1 no int32 boundaries are valid, which kCuda could not see on the host.
+    if (a.seqlen > kInt32Max)
+      return Status::Invalid(cat("cu_seqlens_int32: int32 boundaries cannot reach seqlen=", a.seqlen,
+                                 " (more than 2^31 - 1 tokens: pass int64 cu_seqlens)"));
     return validate_as_int64_boundaries(a, cuda, [&](const ForwardArgs& b) { return validate_impl(b, backend); });
   }
 

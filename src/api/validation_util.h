@@ -14,6 +14,7 @@ namespace flashkda::validation {
 
 
 inline constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 // Head dimensions the CPU backends accept (any value in this range).
 inline constexpr int64_t kCpuMaxHeadDim = 256;
 

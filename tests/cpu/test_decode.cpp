@@ -172,6 +172,9 @@ TEST(DecodeValidation, CountsThatWouldWrapAreStatuses) {
   a.cu_seqlens_int32 = cu32.data();
   a.num_seqs = int64_t{1} << 62;
   for (Backend b : {Backend::kCpuChunked, Backend::kCuda}) expect_invalid(validate_decode(a, b), "num_seqs");
+  a.num_seqs = 2;
+  a.total_tokens = int64_t{1} << 31;  // beyond what int32 boundaries reach
+  for (Backend b : {Backend::kCpuChunked, Backend::kCuda}) expect_invalid(validate_decode(a, b), "cu_seqlens_int32");
   a = base;
   a.pool_stride = int64_t{1} << 61;  // 4-byte states: 2^63 bytes a slot
   expect_invalid(validate_decode(a, Backend::kCpuChunked), "pool_size");

@@ -381,6 +381,12 @@ TEST(Validation, CountsThatWouldWrapAreStatuses) {
   a.cu_seqlens_int32 = cu32.data();
   a.num_seqs = std::numeric_limits<int64_t>::max();
   for (Backend b : {Backend::kCpuChunked, Backend::kCuda}) expect_invalid(a, {"num_seqs:", "overflow"}, b);
+  // More tokens than int32 boundaries can reach: refused on every backend (kCuda
+  // cannot read the boundaries on the host).
+  a.num_seqs = static_cast<int64_t>(cu32.size()) - 1;
+  a.seqlen = int64_t{1} << 31;
+  for (Backend b : {Backend::kCpuChunked, Backend::kCuda})
+    expect_invalid(a, {"cu_seqlens_int32:", "cannot reach seqlen"}, b);
   // A host copy of boundaries that are not given: refused, not run as a B·T batch.
   Fixture g;
   a = g.args;
