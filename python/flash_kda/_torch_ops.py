@@ -200,16 +200,18 @@ def _kda_decode_op(
     scale: float,
     lower_bound: float,
     pdl: Optional[bool],
+    num_accepted_tokens: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, out=out, scale=scale,
-           lower_bound=lower_bound, cu_seqlens=cu_seqlens, per_token_states=per_token_states, pdl=pdl)
+           lower_bound=lower_bound, cu_seqlens=cu_seqlens, per_token_states=per_token_states, pdl=pdl,
+           num_accepted_tokens=num_accepted_tokens)
     return out
 
 
 @_kda_decode_op.register_fake
 def _kda_decode_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, cu_seqlens, per_token_states,
-                     scale, lower_bound, pdl):
+                     scale, lower_bound, pdl, num_accepted_tokens=None):
     return torch.empty(v.shape, dtype=v.dtype, device=v.device)
 
 
@@ -228,10 +230,12 @@ def kda_decode(
     cu_seqlens: Optional[torch.Tensor] = None,
     per_token_states: Optional[torch.Tensor] = None,
     pdl: Optional[bool] = None,
+    num_accepted_tokens: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """One decode step as a custom op: returns a new ``out``; ``state_pool`` (and
     ``per_token_states`` when given) are updated in place, as by :func:`flash_kda.decode`,
-    whose tensors and rules these are. Traceable by torch.compile (``fullgraph=True``):
+    whose tensors and rules these are (speculative verify too: ``state_indices``
+    ``[N, 1 + S]`` with ``num_accepted_tokens``). Traceable by torch.compile (``fullgraph=True``):
     the op declares what it mutates, so compiled graphs see the pool's update.
     For a separate output pool use :func:`flash_kda.decode`. Forward only (no autograd).
     ``pdl``: None (default, auto: the measured choice, currently PDL at every size),
@@ -240,4 +244,4 @@ def kda_decode(
     _pdl_mode(pdl)  # the TypeError naming pdl here, not from inside the op
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     return _kda_decode_op(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, cu_seqlens,
-                          per_token_states, scale, lower_bound, pdl)
+                          per_token_states, scale, lower_bound, pdl, num_accepted_tokens)

@@ -509,6 +509,35 @@ def test_kda_decode_opcheck(pdl):
     torch.library.opcheck(torch.ops.flash_kda.kda_decode.default, args)
 
 
+def verify_problem():
+    """Speculative verify on problem p: state_indices [N, 1 + S], num_accepted_tokens."""
+    p = make_decode(N=2, K=32, P=8, seqlens=[3, 2], seed=33)
+    idx = torch.tensor([[0, 1, 2], [3, 4, -1]], dtype=torch.int32)
+    acc = torch.tensor([2, 1], dtype=torch.int32)
+    return p, idx, acc
+
+
+def test_kda_decode_op_speculative_verify_equals_decode():
+    p, idx, acc = verify_problem()
+    pool_ref, pool = p["pool"].clone(), p["pool"].clone()
+    ref = flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool_ref, idx,
+                           cu_seqlens=p["cu_seqlens"], num_accepted_tokens=acc)
+    out = flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool, idx,
+                               cu_seqlens=p["cu_seqlens"], num_accepted_tokens=acc)
+    assert torch.equal(out, ref) and torch.equal(pool, pool_ref)
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], p["pool"].clone(), idx,
+            p["cu_seqlens"], None, float(p["scale"]), float(p["lower_bound"]), None, acc)
+    torch.library.opcheck(torch.ops.flash_kda.kda_decode.default, args)
+
+    def verify(pool):
+        return flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool, idx,
+                                    cu_seqlens=p["cu_seqlens"], num_accepted_tokens=acc)
+
+    pool_c = p["pool"].clone()
+    out_c = torch.compile(verify, fullgraph=True, backend="aot_eager")(pool_c)
+    assert torch.equal(out_c, ref) and torch.equal(pool_c, pool_ref)
+
+
 def kda_decode_two_steps(p):
     """A function of the pool running two chained kda_decode steps on problem p: the
     second must read the pool the first wrote (only true when the op declares its

@@ -300,6 +300,29 @@ def test_kda_decode_op_compiled_equals_eager():
     assert torch.equal(pool_eager, pool_compiled)
 
 
+@pytest.mark.parametrize("head_dim", [K, 64])
+def test_kda_decode_op_speculative_verify_compiled_equals_eager(head_dim):
+    # Speculative verify through the custom op (state_indices [N, 1 + S],
+    # num_accepted_tokens) under torch.compile (inductor, fullgraph): bitwise the eager
+    # op, which is bitwise flash_kda.decode.
+    p = to(make_decode(seqlens=[3, 2, 4], H=2, K=head_dim, P=12, seed=121), "cuda")
+    idx = torch.tensor([[0, 1, 2, 3], [-1, 4, 5, 6], [7, -1, 8, 9]], dtype=torch.int32, device="cuda")
+    acc = torch.tensor([2, 1, 4], dtype=torch.int32, device="cuda")
+
+    def verify(pool):
+        return flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool, idx,
+                                    cu_seqlens=p["cu_seqlens"], num_accepted_tokens=acc)
+
+    pool_ref, pool_eager, pool_compiled = (p["pool"].clone() for _ in range(3))
+    ref = flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool_ref, idx,
+                           cu_seqlens=p["cu_seqlens"], num_accepted_tokens=acc)
+    eager = verify(pool_eager)
+    compiled = torch.compile(verify, fullgraph=True)(pool_compiled)
+    torch.cuda.synchronize()
+    assert torch.equal(eager, ref) and torch.equal(pool_eager, pool_ref)
+    assert torch.equal(compiled, eager) and torch.equal(pool_compiled, pool_eager)
+
+
 def verify_on(p, idx, acc, dev):
     pd = to(p, dev)
     pd["indices"] = idx.to(dev)
