@@ -201,7 +201,7 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
       const int64_t t1 = cu_host != nullptr ? cu_host[n + 1] : t0 + a.tokens_per_seq;
       if (t1 - t0 > a.verify_slots)
         return Status::Invalid(cat("verify_slots: sequence ", n, " has ", t1 - t0, " tokens, more than its ",
-                                   a.verify_slots, " slots"));
+                                   a.verify_slots, " slots (the columns of state_indices [N, verify_slots])"));
     }
   }
   if (!cuda && verify) {

@@ -347,8 +347,8 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
                                          : -1;
     if (need > a.checkpoints_capacity)
       return Status::Invalid(cat("checkpoints_capacity: the sequences need ", need, " checkpoints of ", c,
-                                 " tokens (sum of ceil(length / ", c, ")), the buffer holds ",
-                                 a.checkpoints_capacity));
+                                 " tokens (sum of ceil(length / ", c, ")), the checkpoints buffer holds ",
+                                 a.checkpoints_capacity, " entries"));
   }
 
   // ---- slot indices (host memory for the CPU backends) -----------------------------
