@@ -110,7 +110,7 @@ typedef struct flashkda_forward_args {
   float* summaries_M;             /* fp32 [N, HV, K, K], or NULL */
   float* summaries_B;             /* fp32 [N, HV, V, K], or NULL */
   int32_t resume_from_summaries;  /* 0 or 1 */
-  int32_t reserved;               /* 0 */
+  int32_t reserved;               /* must be 0 (kept for a later ABI) */
 } flashkda_forward_args;
 
 /* Zeroes *args and sets lower_bound = -5 (the C++ defaults). */
@@ -158,7 +158,7 @@ typedef struct flashkda_decode_args {
   int32_t programmatic_dependent_launch; /* kCuda: FLASHKDA_PDL_AUTO (0, default), _ON (1) or _OFF (-1) */
   float scale;                    /* usually K^-0.5 */
   float lower_bound;              /* in [-5, 0) */
-  int32_t reserved;               /* 0 */
+  int32_t reserved;               /* must be 0 (kept for a later ABI) */
   const int32_t* cu_seqlens_int32; /* int32 [N+1] instead of cu_seqlens, or NULL (every backend) */
   int64_t verify_slots;            /* >= 2: speculative verify, state_indices [N, verify_slots] */
   const void* num_accepted_tokens; /* [N] of index_type, or NULL */

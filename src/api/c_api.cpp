@@ -185,6 +185,22 @@ DecodeArgs to_cpp(const flashkda_decode_args& c) {
   return a;
 }
 
+// The C structs' fields that have no C++ counterpart to be checked by: the flags
+// are 0 or 1, and `reserved` is 0, so that a later ABI can give it a meaning
+// without a caller's leftover value taking it.
+Status check_c_fields(const flashkda_forward_args& c) {
+  if (c.checkpoints_value_major != 0 && c.checkpoints_value_major != 1)
+    return Status::Invalid("checkpoints_value_major: expected 0 or 1, got " + std::to_string(c.checkpoints_value_major));
+  if (c.resume_from_summaries != 0 && c.resume_from_summaries != 1)
+    return Status::Invalid("resume_from_summaries: expected 0 or 1, got " + std::to_string(c.resume_from_summaries));
+  if (c.reserved != 0) return Status::Invalid("reserved: expected 0, got " + std::to_string(c.reserved));
+  return Status::Ok();
+}
+Status check_c_fields(const flashkda_decode_args& c) {
+  if (c.reserved != 0) return Status::Invalid("reserved: expected 0, got " + std::to_string(c.reserved));
+  return Status::Ok();
+}
+
 template <typename Fn>
 int32_t guarded(Fn&& fn) {
   try {
@@ -209,6 +225,7 @@ void flashkda_forward_args_init(flashkda_forward_args* args) {
 
 int32_t flashkda_validate(const flashkda_forward_args* args, int32_t backend) {
   if (args == nullptr) return null_args();
+  if (const Status s = check_c_fields(*args); !s.ok()) return record(s);
   return guarded([&] { return record(flashkda::validate(to_cpp(*args), static_cast<Backend>(backend))); });
 }
 
@@ -218,6 +235,7 @@ int32_t flashkda_workspace_size(const flashkda_forward_args* args, int32_t backe
     t_last_error = "bytes: null pointer";
     return FLASHKDA_STATUS_INVALID_ARGUMENT;
   }
+  if (const Status s = check_c_fields(*args); !s.ok()) return record(s);
   return guarded([&] {
     size_t n = 0;
     const int32_t code = record(flashkda::workspace_size(to_cpp(*args), static_cast<Backend>(backend), &n));
@@ -229,6 +247,7 @@ int32_t flashkda_workspace_size(const flashkda_forward_args* args, int32_t backe
 int32_t flashkda_forward(const flashkda_forward_args* args, int32_t backend, void* workspace,
                          uint64_t workspace_bytes, void* stream) {
   if (args == nullptr) return null_args();
+  if (const Status s = check_c_fields(*args); !s.ok()) return record(s);
   return guarded([&] {
     const size_t ws = workspace_bytes > static_cast<uint64_t>(SIZE_MAX) ? SIZE_MAX
                                                                          : static_cast<size_t>(workspace_bytes);
@@ -249,16 +268,19 @@ void flashkda_decode_args_init(flashkda_decode_args* args) {
 
 int32_t flashkda_validate_decode(const flashkda_decode_args* args, int32_t backend) {
   if (args == nullptr) return null_args();
+  if (const Status s = check_c_fields(*args); !s.ok()) return record(s);
   return guarded([&] { return record(flashkda::validate_decode(to_cpp(*args), static_cast<Backend>(backend))); });
 }
 
 int32_t flashkda_decode(const flashkda_decode_args* args, int32_t backend, void* stream) {
   if (args == nullptr) return null_args();
+  if (const Status s = check_c_fields(*args); !s.ok()) return record(s);
   return guarded([&] { return record(flashkda::decode(to_cpp(*args), static_cast<Backend>(backend), stream)); });
 }
 
 int32_t flashkda_segment_summaries(const flashkda_segment_summary_args* args, int32_t backend) {
   if (args == nullptr) return null_args();
+  if (const Status s = check_c_fields(args->inputs); !s.ok()) return record(s);
   return guarded([&] {
     flashkda::SegmentSummaryArgs a;
     a.inputs = to_cpp(args->inputs);

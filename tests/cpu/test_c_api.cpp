@@ -109,6 +109,25 @@ TEST(CApi, ErrorCodeAndMessage) {
 
   EXPECT_EQ(flashkda_validate(nullptr, FLASHKDA_BACKEND_CPU_CHUNKED), FLASHKDA_STATUS_INVALID_ARGUMENT);
   EXPECT_STREQ(flashkda_last_error(), "args: null pointer");
+
+  // The C struct's own fields: flags 0 or 1, reserved 0 (free for a later ABI), on
+  // every entry that takes the struct.
+  c.final_state_dtype = FLASHKDA_DTYPE_FP32;
+  ASSERT_EQ(flashkda_validate(&c, FLASHKDA_BACKEND_CPU_CHUNKED), FLASHKDA_STATUS_OK) << flashkda_last_error();
+  uint64_t bytes = 0;
+  for (int field = 0; field < 3; ++field) {
+    flashkda_forward_args b = c;
+    (field == 0 ? b.checkpoints_value_major : field == 1 ? b.resume_from_summaries : b.reserved) = 2;
+    const char* name = field == 0 ? "checkpoints_value_major: expected 0 or 1, got 2"
+                       : field == 1 ? "resume_from_summaries: expected 0 or 1, got 2"
+                                    : "reserved: expected 0, got 2";
+    EXPECT_EQ(flashkda_validate(&b, FLASHKDA_BACKEND_CPU_CHUNKED), FLASHKDA_STATUS_INVALID_ARGUMENT);
+    EXPECT_STREQ(flashkda_last_error(), name);
+    EXPECT_EQ(flashkda_forward(&b, FLASHKDA_BACKEND_CPU_CHUNKED, nullptr, 0, nullptr), FLASHKDA_STATUS_INVALID_ARGUMENT);
+    EXPECT_STREQ(flashkda_last_error(), name);
+    EXPECT_EQ(flashkda_workspace_size(&b, FLASHKDA_BACKEND_CPU_CHUNKED, &bytes), FLASHKDA_STATUS_INVALID_ARGUMENT);
+    EXPECT_STREQ(flashkda_last_error(), name);
+  }
 }
 
 TEST(CApi, WorkspaceSize) {
@@ -313,6 +332,13 @@ TEST(CApi, DecodeErrorCodeAndMessage) {
   EXPECT_NE(std::string(flashkda_last_error()).find("state_dtype"), std::string::npos);
   EXPECT_EQ(flashkda_decode(nullptr, FLASHKDA_BACKEND_CPU_REFERENCE, nullptr), FLASHKDA_STATUS_INVALID_ARGUMENT);
   EXPECT_STREQ(flashkda_last_error(), "args: null pointer");
+  c.state_dtype = FLASHKDA_DTYPE_FP32;
+  c.reserved = 1;  // free for a later ABI
+  EXPECT_EQ(flashkda_validate_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE), FLASHKDA_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(flashkda_last_error(), "reserved: expected 0, got 1");
+  EXPECT_EQ(flashkda_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE, nullptr), FLASHKDA_STATUS_INVALID_ARGUMENT);
+  c.reserved = 0;
+  EXPECT_EQ(flashkda_validate_decode(&c, FLASHKDA_BACKEND_CPU_REFERENCE), FLASHKDA_STATUS_OK) << flashkda_last_error();
 }
 
 // The field is a three-way mode now (it was a flag): any value but -1, 0, 1 is an
