@@ -4,17 +4,7 @@
 #include <string>
 
 #include "flashkda/flashkda.h"
-
-namespace flashkda::testing {
-// The accuracy bars of spec section 2 (relative RMS against the float64 oracle),
-// one copy for every GPU test: out and the fp32 final state; out and state where
-// the state passes through bf16; the degenerate-key class
-// (tests/common/degenerate_problem.h).
-constexpr double kOutBar = 3.5e-3;
-constexpr double kStateBar = 2.5e-3;
-constexpr double kBf16StateBar = 6e-3;
-constexpr double kDegenerateBar = 1e-2;
-}  // namespace flashkda::testing
+#include "tests/common/accuracy_bars.h"
 
 // Skips the test, saying why, when the CUDA backend cannot run here. A macro, not
 // a function: GTEST_SKIP returns from the function it is written in.
