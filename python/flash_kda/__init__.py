@@ -28,7 +28,9 @@ results with torch).
     check_device_faults()  raises ValueError if a kernel met invalid device-resident
                        cu_seqlens / state_indices / slot checkpoint /
                        num_accepted_tokens values (see its docstring)
-    chunk_kda(...)     fla's chunk_kda arguments and outputs (one import to switch)
+    chunk_kda(...), fused_recurrent_kda(...)
+                       fla's chunk_kda and fused_recurrent_kda arguments and outputs (one
+                       import to switch)
     segment_summaries(...), compose_summaries(...)
                        a run of tokens as an affine map of the state (M, B), and
                        their composition: the pieces of context parallelism
@@ -61,7 +63,8 @@ else:  # pragma: no cover - exercised only without torch
 
 __version__ = "0.1.0"
 __all__ = ["fwd", "decode", "kda_forward", "kda_prefill", "kda_decode", "workspace_size", "check_device_faults",
-           "cuda_available", "cuda_status", "compiled_with_cuda", "segment_summaries", "compose_summaries", "chunk_kda"]
+           "cuda_available", "cuda_status", "compiled_with_cuda", "segment_summaries", "compose_summaries", "chunk_kda",
+           "fused_recurrent_kda"]
 
 #: Used when ``lower_bound=None`` is passed (fla passes its own value through,
 #: which may be None): the FlashKDA/fla safe-gate default and the widest bound
@@ -480,7 +483,7 @@ def _set_torch_fast_path(enabled: bool) -> bool:
 
 
 if _torch is not None:
-    from ._fla_compat import chunk_kda  # noqa: E402  (fla's entry point; needs fwd above)
+    from ._fla_compat import chunk_kda, fused_recurrent_kda  # noqa: E402  (fla's entry points; need fwd, decode)
 
 # The functional form needs torch (a torch.library custom op). Registered at import
 # when torch is installed; without torch, kda_forward raises ImportError when called.

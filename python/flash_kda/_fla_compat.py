@@ -1,4 +1,5 @@
-"""``chunk_kda``: fla's entry point (``fla.ops.kda.chunk_kda``) on flash_kda.
+"""``chunk_kda`` and ``fused_recurrent_kda``: fla's entry points
+(``fla.ops.kda.chunk_kda``, ``fla.ops.kda.fused_recurrent_kda``) on flash_kda.
 
 A call site written for fla's Triton path switches by changing one import. The
 arguments are fla's, for what flash_kda computes: the gate, the q/k L2 norm and the
@@ -15,7 +16,7 @@ import math
 
 import torch
 
-from . import fwd
+from . import decode, fwd
 
 CHUNK = 64  # fla's chunk size: the interval of its intermediate states
 
@@ -68,11 +69,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
-    if dt_bias.ndim == 1:
-        if dt_bias.numel() != HV * K:
-            raise ValueError(f"dt_bias: expected shape [HV * K] = [{HV * K}] (or [HV, K]), "
-                             f"got {list(dt_bias.shape)}")
-        dt_bias = dt_bias.reshape(HV, K)
+    dt_bias = _dt_bias_2d(dt_bias, HV, K)
     out = torch.empty_like(v)
     extra = {}
     if cu_seqlens is not None and cu_seqlens_cpu is not None:
@@ -120,4 +117,111 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             final_state = final_state.transpose(-1, -2).contiguous()
     if return_intermediate_states:
         return out, final_state, extra["checkpoints"]
+    return out, final_state
+
+
+def _dt_bias_2d(dt_bias, HV, K):
+    if dt_bias.ndim == 1:
+        if dt_bias.numel() != HV * K:
+            raise ValueError(f"dt_bias: expected shape [HV * K] = [{HV * K}] (or [HV, K]), "
+                             f"got {list(dt_bias.shape)}")
+        return dt_bias.reshape(HV, K)
+    return dt_bias
+
+
+def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
+                        output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                        use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
+                        state_v_first=False, cu_seqlens=None, *, ssm_state_indices=None, num_accepted_tokens=None,
+                        inplace_final_state=False, **kwargs):
+    """fla's ``fused_recurrent_kda`` computed by flash_kda's decode (forward only, no autograd).
+
+    The token-by-token form, for decode steps of a few tokens per sequence (any
+    number works). Returns ``(o, final_state)``: ``o`` like v; ``final_state`` fp32
+    ``[N, HV, K, V]`` (``[N, HV, V, K]`` with state_v_first), or None without
+    ``output_final_state``; ``initial_state`` is left as it was. The arguments are
+    fla's, for what flash_kda computes: the gate, the q/k L2 norm and the beta
+    sigmoid inside the kernel (``use_gate_in_kernel``, ``use_qk_l2norm_in_kernel``,
+    ``use_beta_sigmoid_in_kernel`` all True) with the safe gate (``lower_bound`` in
+    [-5, 0) given: without it fla's gate is another function). Anything else raises
+    NotImplementedError naming the argument.
+
+    The serving form of fla's ``fused_recurrent_kda_fwd`` (extensions):
+    ``ssm_state_indices`` (int32/int64 ``[N]``, or ``[N, 1 + S]`` for speculative
+    verify with ``num_accepted_tokens [N]``) picks each sequence's slot of
+    ``initial_state``, an engine's pool ``[P, HV, V, K]`` (requires
+    ``state_v_first=True`` and ``inplace_final_state=True``): the final states, and
+    with verify the state after each token, go to the slots in place, as
+    :func:`flash_kda.decode` writes them; ``final_state`` is the pool itself.
+    """
+    if "transpose_state_layout" in kwargs:  # fla's deprecated name
+        if state_v_first:
+            raise ValueError("state_v_first: cannot pass both state_v_first and the deprecated transpose_state_layout")
+        state_v_first = bool(kwargs.pop("transpose_state_layout"))
+    if kwargs:
+        raise TypeError(f"fused_recurrent_kda: unexpected arguments {sorted(kwargs)}")
+    _require(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel", True)
+    _require(use_gate_in_kernel, "use_gate_in_kernel", True)
+    _require(use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel", True)
+    _require(allow_neg_eigval, "allow_neg_eigval", False)
+    if A_log is None or dt_bias is None:
+        raise NotImplementedError("fused_recurrent_kda: flash_kda requires A_log and dt_bias (the in-kernel gate)")
+    if lower_bound is None:
+        raise NotImplementedError("fused_recurrent_kda: flash_kda computes the safe gate, lower_bound * "
+                                  "sigmoid(exp(A_log) * (g + dt_bias)): lower_bound in [-5, 0) is required "
+                                  "(without it fla's gate is -exp(A_log) * softplus(g + dt_bias))")
+    for name, x in (("q", q), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.ndim != 4:
+            raise ValueError(f"{name}: expected a tensor [B, T, heads, dim], got shape {list(x.shape)}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"q: expected batch size 1 with cu_seqlens (flattened sequences), got {B}")
+    N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
+    dt_bias = _dt_bias_2d(dt_bias, HV, K)
+    out = torch.empty_like(v)
+    common = dict(out=out, scale=scale, lower_bound=lower_bound, cu_seqlens=cu_seqlens)
+
+    if ssm_state_indices is not None:
+        if initial_state is None:
+            raise ValueError("initial_state: required with ssm_state_indices (the state pool [P, HV, V, K])")
+        if not state_v_first:
+            raise NotImplementedError("fused_recurrent_kda: a state pool (ssm_state_indices) needs state_v_first=True "
+                                      "([P, HV, V, K] slots, flash_kda's layout)")
+        if not inplace_final_state:
+            raise NotImplementedError("fused_recurrent_kda: a state pool (ssm_state_indices) needs "
+                                      "inplace_final_state=True (the final states go back to their slots)")
+        decode(q, k, v, g, beta, A_log, dt_bias, initial_state, ssm_state_indices,
+               num_accepted_tokens=num_accepted_tokens, **common)
+        return out, initial_state
+    if num_accepted_tokens is not None:
+        raise ValueError("num_accepted_tokens: given without ssm_state_indices (speculative verify on pool slots)")
+    if inplace_final_state:
+        raise NotImplementedError("fused_recurrent_kda: inplace_final_state=True needs ssm_state_indices "
+                                  "(the slots the final states go back to)")
+
+    # Dense states: sequence n starts from initial_state[n] (zero without one). The
+    # decode runs on a pool of N slots, fp32 where a final state is returned (fla's
+    # dtype; a bf16 initial state widens exactly), and leaves initial_state alone.
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor) or initial_state.ndim != 4:
+            raise ValueError(f"initial_state: expected a tensor [N, HV, K, V], got "
+                             f"{list(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state).__name__}")
+        pool = initial_state if state_v_first else initial_state.transpose(-1, -2)
+        if output_final_state and pool.dtype != torch.float32:
+            pool = pool.float()
+        pool = pool.contiguous()
+    else:
+        pool = torch.zeros(N, HV, V, K, dtype=torch.float32, device=q.device)
+    slots = torch.arange(N, dtype=torch.int32, device=q.device)
+    mine = pool is not initial_state  # a copy of ours, or zeros: written in place
+    final = None if mine else torch.empty_like(pool)
+    decode(q, k, v, g, beta, A_log, dt_bias, pool, slots, state_out_pool=final, **common)
+    if not output_final_state:
+        return out, None
+    final_state = pool if mine else final
+    if not state_v_first:
+        final_state = final_state.transpose(-1, -2).contiguous()
     return out, final_state

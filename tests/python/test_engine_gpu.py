@@ -167,6 +167,38 @@ def test_chunk_kda_agrees_with_flas_chunk_kda(monkeypatch):
     assert rel_rms(s, s_fla) <= 2 ** 0.5 * STATE_BAR_FP32
 
 
+@pytest.mark.parametrize("state_v_first", [False, True])
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_fused_recurrent_kda_agrees_with_flas(state_v_first, head_dim):
+    """flash_kda.fused_recurrent_kda (flash_kda's decode) against fla's own
+    fused_recurrent_kda on the same CUDA inputs, a few tokens a sequence as in decode:
+    both within the bars of the float64 recurrence."""
+    try:
+        from fla.ops.kda import fused_recurrent_kda as fla_fused_recurrent_kda
+    except Exception as e:  # fla missing or broken: say why
+        pytest.skip(f"fla not importable: {type(e).__name__}: {e}")
+    p = make_problem(H=2, HV=4, K=head_dim, seqlens=[1, 3, 2, 4], seed=77, device="cuda")
+    s0 = p["initial_state"] if state_v_first else p["initial_state"].transpose(-1, -2).contiguous()
+    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"].reshape(-1), scale=p["scale"], initial_state=s0,
+              output_final_state=True, lower_bound=p["lower_bound"], state_v_first=state_v_first,
+              cu_seqlens=p["cu_seqlens"], use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+              use_beta_sigmoid_in_kernel=True)
+    with torch.inference_mode():
+        o_fla, s_fla = fla_fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **kw)
+        o, s = flash_kda.fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **kw)
+    torch.cuda.synchronize()
+    ref_out, ref_fs = reference(p)
+    if not state_v_first:
+        ref_fs = ref_fs.transpose(-1, -2)
+    e_ours, e_fla = (rel_rms(o, ref_out), rel_rms(s, ref_fs)), (rel_rms(o_fla, ref_out), rel_rms(s_fla, ref_fs))
+    print(f"fused_recurrent_kda K={head_dim} vs float64: ours out {e_ours[0]:.3e} state {e_ours[1]:.3e}; "
+          f"fla out {e_fla[0]:.3e} state {e_fla[1]:.3e}")
+    assert o.shape == o_fla.shape and s.shape == s_fla.shape and s.dtype == s_fla.dtype
+    assert e_ours[0] <= OUT_BAR and e_ours[1] <= STATE_BAR_FP32
+    assert rel_rms(o, o_fla) <= 2 ** 0.5 * OUT_BAR
+    assert rel_rms(s, s_fla) <= 2 ** 0.5 * STATE_BAR_FP32
+
+
 def test_chunk_kda_on_a_state_pool_cuda():
     p = problem(75)
     HV, V, K, P = 4, 128, 128, 6

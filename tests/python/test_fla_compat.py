@@ -98,3 +98,93 @@ def test_shapes_outside_flas_layout_are_named():
     o, _ = flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **kw)
     assert o.shape == p["v"].shape
 
+
+
+# ---- fused_recurrent_kda: fla's token-by-token entry point ---------------------------
+
+RFLAGS = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+
+
+def decoded(p, state_v_first, initial_state):
+    """flash_kda.decode on a pool of the N initial states (zero without them): out and
+    the final states, in fla's layout."""
+    N, HV, V, K = p["N"], p["v"].shape[2], p["v"].shape[3], p["q"].shape[3]
+    pool = (initial_state.float().clone() if initial_state is not None else torch.zeros(N, HV, V, K))
+    out = flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool,
+                           torch.arange(N, dtype=torch.int32), scale=p["scale"], lower_bound=p["lower_bound"],
+                           cu_seqlens=p["cu_seqlens"])
+    return out, pool if state_v_first else pool.transpose(-1, -2)
+
+
+@pytest.mark.parametrize("state_v_first", [False, True])
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, None])
+def test_fused_recurrent_kda_is_decode_in_flas_layout(state_v_first, varlen, state_dtype):
+    p = make_problem(B=1 if varlen else 2, T=5, H=2, HV=4, K=32, seqlens=[3, 0, 6] if varlen else None,
+                     state_dtype=state_dtype, seed=31)
+    s0 = p["initial_state"]
+    given = None if s0 is None else (s0 if state_v_first else s0.transpose(-1, -2).contiguous())
+    before = None if given is None else given.clone()
+    o, fs = flash_kda.fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], A_log=p["A_log"],
+                                          dt_bias=p["dt_bias"].flatten(), scale=p["scale"], initial_state=given,
+                                          output_final_state=True, lower_bound=p["lower_bound"],
+                                          state_v_first=state_v_first, cu_seqlens=p["cu_seqlens"], **RFLAGS)
+    o_ref, fs_ref = decoded(p, state_v_first, s0)
+    assert torch.equal(o, o_ref)
+    assert fs.dtype == torch.float32 and fs.shape == fs_ref.shape and torch.equal(fs, fs_ref)
+    if given is not None:
+        assert torch.equal(given, before), "initial_state is left as it was"
+    o2, none = flash_kda.fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], A_log=p["A_log"],
+                                             dt_bias=p["dt_bias"], scale=p["scale"], initial_state=given,
+                                             lower_bound=p["lower_bound"], state_v_first=state_v_first,
+                                             cu_seqlens=p["cu_seqlens"], **RFLAGS)
+    assert none is None and torch.equal(o2, o)
+    if given is not None:
+        assert torch.equal(given, before), "initial_state is left as it was"
+
+
+def test_fused_recurrent_kda_serving_form_is_decode_on_the_pool():
+    # fla's fused_recurrent_kda_fwd serving arguments: ssm_state_indices into the pool,
+    # in place; [N, 1 + S] with num_accepted_tokens for speculative verify.
+    p = make_problem(B=1, H=2, K=32, seqlens=[3, 2], seed=32)
+    gen = torch.Generator().manual_seed(33)
+    pool0 = 0.1 * torch.randn(8, 2, 32, 32, generator=gen)
+    for idx, acc in ((torch.tensor([5, 2], dtype=torch.int32), None),
+                     (torch.tensor([[0, 1, 2], [3, 4, -1]], dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32))):
+        pool, ref_pool = pool0.clone(), pool0.clone()
+        o, fs = flash_kda.fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], A_log=p["A_log"],
+                                              dt_bias=p["dt_bias"], initial_state=pool, lower_bound=-5.0,
+                                              state_v_first=True, cu_seqlens=p["cu_seqlens"], ssm_state_indices=idx,
+                                              num_accepted_tokens=acc, inplace_final_state=True, **RFLAGS)
+        ref = flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], ref_pool, idx,
+                               cu_seqlens=p["cu_seqlens"], num_accepted_tokens=acc)
+        assert fs is pool and torch.equal(o, ref) and torch.equal(pool, ref_pool)
+
+
+def test_fused_recurrent_kda_within_the_bars_of_the_float64_recurrence():
+    from kda_reference import reference, rel_rms
+    p = make_problem(B=1, H=2, HV=4, K=32, seqlens=[40, 1, 17], seed=34)
+    o, fs = flash_kda.fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], A_log=p["A_log"],
+                                          dt_bias=p["dt_bias"], initial_state=p["initial_state"],
+                                          output_final_state=True, lower_bound=p["lower_bound"], state_v_first=True,
+                                          cu_seqlens=p["cu_seqlens"], **RFLAGS)
+    o_ref, fs_ref = reference(p)
+    assert rel_rms(o, o_ref) < 3.5e-3 and rel_rms(fs, fs_ref) < 1e-6
+
+
+@pytest.mark.parametrize("kw,err,match", [
+    (dict(use_gate_in_kernel=False), NotImplementedError, "use_gate_in_kernel=True"),
+    (dict(allow_neg_eigval=True), NotImplementedError, "allow_neg_eigval=False"),
+    (dict(lower_bound=None), NotImplementedError, "lower_bound in \\[-5, 0\\) is required"),
+    (dict(A_log=None), NotImplementedError, "requires A_log and dt_bias"),
+    (dict(inplace_final_state=True), NotImplementedError, "needs ssm_state_indices"),
+    (dict(num_accepted_tokens=torch.tensor([1])), ValueError, "^num_accepted_tokens: given without ssm_state_indices"),
+    (dict(ssm_state_indices=torch.tensor([0]), inplace_final_state=True), NotImplementedError, "state_v_first=True"),
+    (dict(bogus=1), TypeError, "unexpected arguments \\['bogus'\\]"),
+])
+def test_fused_recurrent_kda_refuses_what_it_does_not_compute(kw, err, match):
+    p = make_problem(B=1, T=4, H=1, K=32, seed=35)
+    args = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], initial_state=p["initial_state"], lower_bound=-5.0, **RFLAGS)
+    args.update(kw)
+    with pytest.raises(err, match=match):
+        flash_kda.fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **args)
