@@ -30,21 +30,12 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
 
 namespace {
 Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
-  if (!known_backend(backend))
-    return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
-                               " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
+  if (const Status s = check_backend(backend); !s.ok()) return s;
   const bool cuda = backend == Backend::kCuda;
 
   // ---- int32 boundaries: checked as the int64 ones they stand for --------------
   if (a.cu_seqlens_int32 != nullptr) {
-    if (a.cu_seqlens != nullptr)
-      return Status::Invalid("cu_seqlens_int32: given together with cu_seqlens (expected one of the two)");
-    if (a.num_seqs < 0) return Status::Invalid(cat("num_seqs: expected a value >= 0, got ", a.num_seqs));
-    if (!aligned(a.cu_seqlens_int32, 4)) return Status::Invalid("cu_seqlens_int32: expected a 4-byte aligned pointer");
-    // The last boundary is the token count: past 2^31 - 1 no int32 boundaries are valid.
-    if (a.total_tokens > kInt32Max)
-      return Status::Invalid(cat("cu_seqlens_int32: int32 boundaries cannot reach total_tokens=", a.total_tokens,
-                                 " (more than 2^31 - 1 tokens: pass int64 cu_seqlens)"));
+    if (const Status s = check_int32_boundaries(a, 0, a.total_tokens, "total_tokens"); !s.ok()) return s;
     return validate_as_int64_boundaries(a, cuda, [&](const DecodeArgs& b) { return validate_decode_impl(b, backend); });
   }
 

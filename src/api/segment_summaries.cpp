@@ -53,9 +53,7 @@ struct HostCopies {
 };
 
 Status validate_segment_summaries(const SegmentSummaryArgs& a, Backend backend, HostCopies* host) {
-  if (!known_backend(backend))
-    return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
-                               " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
+  if (const Status s = check_backend(backend); !s.ok()) return s;
   const bool cuda = backend == Backend::kCuda;
   Status st = validate_inputs(a.inputs, backend);
   if (!st.ok()) return st;
@@ -128,9 +126,7 @@ Status validate_segment_summaries(const SegmentSummaryArgs& a, Backend backend, 
 }
 
 Status validate_compose(const ComposeSummariesArgs& a, Backend backend) {
-  if (!known_backend(backend))
-    return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
-                               " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
+  if (const Status s = check_backend(backend); !s.ok()) return s;
   if (a.count < 0) return Status::Invalid(cat("count: expected a value >= 0, got ", a.count));
   const int64_t max_dim = backend == Backend::kCuda ? sm90::kCudaMaxComposeDim : kCpuMaxHeadDim;
   const char* on = backend == Backend::kCuda ? " on backend kCuda" : "";

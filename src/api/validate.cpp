@@ -35,23 +35,13 @@ Status validate(const ForwardArgs& a, Backend backend) {
 namespace {
 Status validate_impl(const ForwardArgs& a, Backend backend) {
   // ---- backend -------------------------------------------------------------
-  if (!known_backend(backend))
-    return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(backend),
-                               " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
+  if (const Status s = check_backend(backend); !s.ok()) return s;
   const bool cuda = backend == Backend::kCuda;
 
   // ---- int32 boundaries: checked as the int64 ones they stand for --------------
   if (a.cu_seqlens_int32 != nullptr) {
-    if (a.cu_seqlens != nullptr)
-      return Status::Invalid("cu_seqlens_int32: given together with cu_seqlens (expected one of the two)");
-    if (a.num_seqs < 1)
-      return Status::Invalid(cat("num_seqs: expected a value >= 1 with cu_seqlens_int32, got ", a.num_seqs));
-    if (!aligned(a.cu_seqlens_int32, 4)) return Status::Invalid("cu_seqlens_int32: expected a 4-byte aligned pointer");
-    // The last boundary is the token count (cu_seqlens requires batch == 1): past
-    // 2^31 - 1 no int32 boundaries are valid, which kCuda could not see on the host.
-    if (a.seqlen > kInt32Max)
-      return Status::Invalid(cat("cu_seqlens_int32: int32 boundaries cannot reach seqlen=", a.seqlen,
-                                 " (more than 2^31 - 1 tokens: pass int64 cu_seqlens)"));
+    // The last boundary is the token count: cu_seqlens requires batch == 1.
+    if (const Status s = check_int32_boundaries(a, 1, a.seqlen, "seqlen"); !s.ok()) return s;
     return validate_as_int64_boundaries(a, cuda, [&](const ForwardArgs& b) { return validate_impl(b, backend); });
   }
 

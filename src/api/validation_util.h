@@ -28,6 +28,11 @@ std::string cat(const Ts&... parts) {
 inline bool known_backend(Backend b) {
   return b == Backend::kCpuReference || b == Backend::kCpuChunked || b == Backend::kCuda;
 }
+inline Status check_backend(Backend b) {
+  if (known_backend(b)) return Status::Ok();
+  return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(b),
+                             " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
+}
 inline bool known_dtype(DType d) { return d == DType::kNone || d == DType::kBF16 || d == DType::kFP32; }
 
 // a*b for non-negative a, b; false on int64 overflow.
@@ -35,6 +40,26 @@ inline bool mul_ok(int64_t a, int64_t b, int64_t* r) {
   if (a != 0 && b > kInt64Max / a) return false;
   *r = a * b;
   return true;
+}
+
+inline bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
+
+// What int32 boundaries (cu_seqlens_int32, forward or decode) need before they
+// are checked as int64 ones: given alone, at least `min_seqs` sequences, aligned,
+// and `tokens` (the last boundary) within int32 — past 2^31 - 1 no int32
+// boundaries are valid, which kCuda could not see on the host. `tokens_name`
+// names the count in the message.
+template <class Args>
+Status check_int32_boundaries(const Args& a, int64_t min_seqs, int64_t tokens, const char* tokens_name) {
+  if (a.cu_seqlens != nullptr)
+    return Status::Invalid("cu_seqlens_int32: given together with cu_seqlens (expected one of the two)");
+  if (a.num_seqs < min_seqs)
+    return Status::Invalid(cat("num_seqs: expected a value >= ", min_seqs, " with cu_seqlens_int32, got ", a.num_seqs));
+  if (!aligned(a.cu_seqlens_int32, 4)) return Status::Invalid("cu_seqlens_int32: expected a 4-byte aligned pointer");
+  if (tokens > kInt32Max)
+    return Status::Invalid(cat("cu_seqlens_int32: int32 boundaries cannot reach ", tokens_name, "=", tokens,
+                               " (more than 2^31 - 1 tokens: pass int64 cu_seqlens)"));
+  return Status::Ok();
 }
 
 // int32 boundaries (cu_seqlens_int32, forward or decode) validated as the int64
@@ -95,7 +120,6 @@ inline bool tensor_fits(std::initializer_list<int64_t> dims, int64_t elem_bytes,
   return true;
 }
 
-inline bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
 
 inline int64_t dtype_bytes(DType d) { return d == DType::kFP32 ? 4 : 2; }
 
