@@ -59,15 +59,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     # passed on as fwd's cu_seqlens_host: the host then checks the boundaries and the
     # checkpoint capacity, and the CUDA launch plan splits long sequences by the
     # real lengths on the host (without them, the device plans the split).
-    # fla's layout is [B, T, H, K] (no head-first form): name a tensor of another rank,
-    # and dt_bias of another size, before the shapes are unpacked from them.
-    for name, x in (("q", q), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-        if x.ndim != 4:
-            raise ValueError(f"{name}: expected a tensor [B, T, heads, dim], got shape {list(x.shape)}")
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
+    B, T, H, K, HV, V = _fla_shapes(q, v)
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
     dt_bias = _dt_bias_2d(dt_bias, HV, K)
     out = torch.empty_like(v)
@@ -120,6 +112,17 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     return out, final_state
 
 
+def _fla_shapes(q, v):
+    """(B, T, H, K, HV, V) of fla's [B, T, heads, dim] layout (there is no head-first
+    form), naming a tensor of another kind or rank before unpacking it."""
+    for name, x in (("q", q), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.ndim != 4:
+            raise ValueError(f"{name}: expected a tensor [B, T, heads, dim], got shape {list(x.shape)}")
+    return (*q.shape, v.shape[2], v.shape[3])
+
+
 def _dt_bias_2d(dt_bias, HV, K):
     if dt_bias.ndim == 1:
         if dt_bias.numel() != HV * K:
@@ -170,13 +173,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
         raise NotImplementedError("fused_recurrent_kda: flash_kda computes the safe gate, lower_bound * "
                                   "sigmoid(exp(A_log) * (g + dt_bias)): lower_bound in [-5, 0) is required "
                                   "(without it fla's gate is -exp(A_log) * softplus(g + dt_bias))")
-    for name, x in (("q", q), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-        if x.ndim != 4:
-            raise ValueError(f"{name}: expected a tensor [B, T, heads, dim], got shape {list(x.shape)}")
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
+    B, T, H, K, HV, V = _fla_shapes(q, v)
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"q: expected batch size 1 with cu_seqlens (flattened sequences), got {B}")
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
