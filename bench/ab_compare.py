@@ -24,13 +24,18 @@ ROW = re.compile(r"^\s*H=(\d+)\s+(\S+)\s+(\S+)\s+vsplit=(\d)\s+(.*?)\s+(\d+) MHz
 
 
 def parse_rows(text):
-    """{(H, case, state): (ms, plan, MHz)} of one run's progress lines."""
+    """{(H, case, state, k): (ms, plan, MHz)} of one run's progress lines: k counts the
+    lines of one (H, case, state), one a plan where the bench sweeps plans
+    (--plans, --sweep-plan, --sweep-v-split), in the order it prints them."""
     rows = {}
     for line in text.splitlines():
         m = ROW.match(line)
         if m:
             H, case, state, _, plan, mhz, ms = m.groups()
-            rows[(int(H), case, state)] = (float(ms), plan, int(mhz))
+            k = 0
+            while (int(H), case, state, k) in rows:
+                k += 1
+            rows[(int(H), case, state, k)] = (float(ms), plan, int(mhz))
     return rows
 
 
@@ -70,12 +75,12 @@ def main(argv=None):
     for rows in results[builds[0][0]]:
         keys += [k for k in rows if k not in keys]
     base = builds[0][0]
-    head = ["H", "case", "state"] + [f"{n} (ms)" for n, _ in builds] + [f"{n} / {base}" for n, _ in builds[1:]]
+    head = ["H", "case", "state", "#"] + [f"{n} (ms)" for n, _ in builds] + [f"{n} / {base}" for n, _ in builds[1:]]
     head += [f"plan ({n})" for n, _ in builds]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for k in keys:
-        cells = [str(k[0]), k[1], k[2]]
+        cells = [str(k[0]), k[1], k[2], str(k[3])]
         medians, plans = {}, {}
         for name, _ in builds:
             ms = [rows[k][0] for rows in results[name] if k in rows]

@@ -190,8 +190,18 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
         if not inplace_final_state:
             raise NotImplementedError("fused_recurrent_kda: a state pool (ssm_state_indices) needs "
                                       "inplace_final_state=True (the final states go back to their slots)")
-        decode(q, k, v, g, beta, A_log, dt_bias, initial_state, ssm_state_indices,
-               num_accepted_tokens=num_accepted_tokens, **common)
+        if not isinstance(ssm_state_indices, torch.Tensor) or ssm_state_indices.ndim not in (1, 2):
+            raise ValueError("ssm_state_indices: expected a tensor [N] or [N, 1 + draft tokens], got "
+                             f"{getattr(ssm_state_indices, 'shape', type(ssm_state_indices).__name__)}")
+        # fla: without cu_seqlens every batch row is one sequence.
+        if cu_seqlens is None and ssm_state_indices.shape[0] != B:
+            raise ValueError(f"ssm_state_indices: expected one row per batch row of q (B={B}) without cu_seqlens, "
+                             f"got {ssm_state_indices.shape[0]}")
+        # fla reads the indices through their strides (an engine's block-table column):
+        # the decode takes them dense, a copy of N or N·(1 + S) integers.
+        acc = num_accepted_tokens.contiguous() if isinstance(num_accepted_tokens, torch.Tensor) else num_accepted_tokens
+        decode(q, k, v, g, beta, A_log, dt_bias, initial_state, ssm_state_indices.contiguous(),
+               num_accepted_tokens=acc, **common)
         return out, initial_state
     if num_accepted_tokens is not None:
         raise ValueError("num_accepted_tokens: given without ssm_state_indices (speculative verify on pool slots)")
@@ -201,24 +211,29 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
 
     # Dense states: sequence n starts from initial_state[n] (zero without one). The
     # decode runs on a pool of N slots, fp32 where a final state is returned (fla's
-    # dtype; a bf16 initial state widens exactly), and leaves initial_state alone.
+    # dtype; bf16 and fp16 states widen exactly) or the state is neither fp32 nor
+    # bf16. initial_state is only read: where the pool shares its memory (no copy was
+    # needed) the final states go to a pool of their own.
     if initial_state is not None:
-        if not isinstance(initial_state, torch.Tensor) or initial_state.ndim != 4:
-            raise ValueError(f"initial_state: expected a tensor [N, HV, K, V], got "
+        want = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+        if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != want:
+            raise ValueError(f"initial_state: expected a tensor {list(want)} ([N, HV, {'V, K' if state_v_first else 'K, V'}]"
+                             f", N = {N} sequences), got "
                              f"{list(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state).__name__}")
         pool = initial_state if state_v_first else initial_state.transpose(-1, -2)
-        if output_final_state and pool.dtype != torch.float32:
+        if pool.dtype not in (torch.float32, torch.bfloat16) or (output_final_state and pool.dtype != torch.float32):
             pool = pool.float()
         pool = pool.contiguous()
+        shared = pool.untyped_storage().data_ptr() == initial_state.untyped_storage().data_ptr()
     else:
         pool = torch.zeros(N, HV, V, K, dtype=torch.float32, device=q.device)
+        shared = False
     slots = torch.arange(N, dtype=torch.int32, device=q.device)
-    mine = pool is not initial_state  # a copy of ours, or zeros: written in place
-    final = None if mine else torch.empty_like(pool)
+    final = torch.empty_like(pool) if shared else None
     decode(q, k, v, g, beta, A_log, dt_bias, pool, slots, state_out_pool=final, **common)
     if not output_final_state:
         return out, None
-    final_state = pool if mine else final
+    final_state = final if shared else pool
     if not state_v_first:
         final_state = final_state.transpose(-1, -2).contiguous()
     return out, final_state

@@ -3,8 +3,9 @@
 // at once (tests/common/random_calls.h says which; head dims 16-64 keep the
 // reference quick): the results sequence by sequence, entry by entry and slot by
 // slot within spec section 2's bars, and nothing written outside the tensors or
-// into what no sequence owns. The same draws as the GPU's random calls, so the
-// oracle those are judged against is itself judged on the features meeting.
+// into what no sequence owns. Drawn as the GPU's random calls are (the head dims
+// apart), so the oracle those are judged against is itself judged on the features
+// meeting.
 #include <gtest/gtest.h>
 
 #include <cstdint>

@@ -40,7 +40,7 @@ def test_ab_compare_interleaves_and_reports_ratios(tmp_path, capsys):
     ab.main(["--build", f"main={a}", "--build", f"new={b}", "--rounds", "3", "--", "--heads", "12"])
     assert log.read_text().split() == ["a", "b", "b", "a", "a", "b"]
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("| H | case | state | main (ms) | new (ms) | new / main |")
+    assert out[0].startswith("| H | case | state | # | main (ms) | new (ms) | new / main |")
     row = next(line for line in out if line.startswith("| 12 | varlen6 |"))
     assert "0.200 / 0.200 / 0.200" in row and "| 0.750 |" in row
     row = next(line for line in out if line.startswith("| 24 | 1x2000+63x64 |"))
@@ -51,7 +51,12 @@ def test_ab_compare_parses_the_progress_line():
     ab = load_ab()
     rows = ab.parse_rows("  H=12 1x8000+15x64 fp32 vsplit=2 4 stages, segments of 80 (device: 160) superposed"
                          "  1755 MHz  0.264 ms\nnoise\n")
-    assert rows == {(12, "1x8000+15x64", "fp32"): (0.264, "4 stages, segments of 80 (device: 160) superposed", 1755)}
+    assert rows == {(12, "1x8000+15x64", "fp32", 0): (0.264, "4 stages, segments of 80 (device: 160) superposed",
+                                                      1755)}
+    # A plan sweep prints one line a plan for the same row: each is kept, in order.
+    rows = ab.parse_rows("  H=12 8192 fp32 vsplit=2 4 stages  1755 MHz  0.300 ms\n"
+                         "  H=12 8192 fp32 vsplit=1 4 stages  1755 MHz  0.400 ms\n")
+    assert [rows[(12, "8192", "fp32", k)][0] for k in (0, 1)] == [0.300, 0.400]
 
 
 def test_ab_compare_refuses_a_bad_build_argument():

@@ -188,3 +188,58 @@ def test_fused_recurrent_kda_refuses_what_it_does_not_compute(kw, err, match):
     args.update(kw)
     with pytest.raises(err, match=match):
         flash_kda.fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **args)
+
+
+def test_fused_recurrent_kda_leaves_any_initial_state_view_alone():
+    # fla's default layout handed a transposed view of V-first states: the pool the
+    # decode reads is then that memory itself; the final states must go elsewhere.
+    p = make_problem(B=2, T=3, H=2, K=32, state_dtype=None, seed=36)
+    gen = torch.Generator().manual_seed(37)
+    vfirst = 0.1 * torch.randn(2, 2, 32, 32, generator=gen)
+    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=-5.0, **RFLAGS)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        base = vfirst.to(dtype)
+        h0 = base.transpose(-1, -2)  # [N, HV, K, V], a view
+        before = base.clone()
+        for output_final_state in (False, True):
+            o, fs = flash_kda.fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], initial_state=h0,
+                                                  output_final_state=output_final_state, **kw)
+            assert torch.equal(base, before), f"{dtype}: initial_state written"
+            o_ref, fs_ref = decoded(p, False, base.float())
+            assert torch.equal(o, o_ref) and (fs is None) == (not output_final_state)
+            if output_final_state:
+                assert torch.equal(fs, fs_ref)
+
+
+def test_fused_recurrent_kda_checks_shapes_by_name():
+    p = make_problem(B=1, H=2, K=32, seqlens=[3, 2], seed=38)
+    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=-5.0, cu_seqlens=p["cu_seqlens"], **RFLAGS)
+    for rows in (1, 5):
+        with pytest.raises(ValueError, match=r"^initial_state: expected a tensor \[2, 2, 32, 32\]"):
+            flash_kda.fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"],
+                                          initial_state=torch.zeros(rows, 2, 32, 32), **kw)
+    # Serving form without cu_seqlens: one row of ssm_state_indices per batch row.
+    b = make_problem(B=2, T=3, H=2, K=32, seed=39)
+    pool = torch.zeros(6, 2, 32, 32)
+    with pytest.raises(ValueError, match=r"^ssm_state_indices: expected one row per batch row of q \(B=2\)"):
+        flash_kda.fused_recurrent_kda(b["q"], b["k"], b["v"], b["g"], b["beta"], A_log=b["A_log"],
+                                      dt_bias=b["dt_bias"], lower_bound=-5.0, initial_state=pool, state_v_first=True,
+                                      inplace_final_state=True, ssm_state_indices=torch.tensor([0, 1, 2]), **RFLAGS)
+
+
+def test_fused_recurrent_kda_takes_strided_slot_indices():
+    # fla reads ssm_state_indices through its strides: an engine's block-table column.
+    p = make_problem(B=1, H=2, K=32, seqlens=[3, 2], seed=40)
+    gen = torch.Generator().manual_seed(41)
+    pool0 = 0.1 * torch.randn(8, 2, 32, 32, generator=gen)
+    table = torch.tensor([[5, 7, 0], [2, 6, 1]], dtype=torch.int32)
+    results = []
+    for idx in (table[:, 0], table[:, 0].contiguous()):
+        pool = pool0.clone()
+        o, _ = flash_kda.fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], A_log=p["A_log"],
+                                             dt_bias=p["dt_bias"], initial_state=pool, lower_bound=-5.0,
+                                             state_v_first=True, cu_seqlens=p["cu_seqlens"], ssm_state_indices=idx,
+                                             inplace_final_state=True, **RFLAGS)
+        results.append((o, pool))
+    assert not table[:, 0].is_contiguous()
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
