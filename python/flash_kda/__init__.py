@@ -222,8 +222,9 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
             as initial_state when both are given.
         cu_seqlens: int64 or int32 (vLLM's offsets) ``[N+1]`` on the tensors' device
             (requires B == 1), or None.
-    Keyword-only extensions: ``cu_seqlens_host`` (an int64 CPU copy of cu_seqlens: validated;
-    never made implicitly, as a device-to-host copy would synchronise; with it the host plans how a
+    Keyword-only extensions: ``cu_seqlens_host`` (an int64 CPU copy of cu_seqlens: validated, and
+    with CPU tensors equal to cu_seqlens; never made implicitly, as a device-to-host copy would
+    synchronise; with it the host plans how a
     long sequence among short ones is split, without it the device does); ``state_pool`` (bf16/fp32
     ``[P, HV, V, K]``, any stride between slots) with ``state_indices`` (int32/int64 ``[N]``) and
     optionally ``has_initial_state`` (bool/uint8 ``[N]``): sequence n starts from slot
