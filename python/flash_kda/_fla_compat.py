@@ -21,9 +21,21 @@ from . import decode, fwd
 CHUNK = 64  # fla's chunk size: the interval of its intermediate states
 
 
-def _require(flag, name, want):
+def _require(flag, name, want, entry="chunk_kda"):
     if flag != want:
-        raise NotImplementedError(f"chunk_kda: flash_kda requires {name}={want!r}, got {flag!r}")
+        raise NotImplementedError(f"{entry}: flash_kda requires {name}={want!r}, got {flag!r}")
+
+
+def _require_in_kernel_gate(entry, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                            allow_neg_eigval, A_log, dt_bias):
+    """What flash_kda computes, as fla's flags say it: the q/k L2 norm, the gate and
+    the beta sigmoid inside the kernel, beta in (0, 1), A_log and dt_bias given."""
+    _require(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel", True, entry)
+    _require(use_gate_in_kernel, "use_gate_in_kernel", True, entry)
+    _require(use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel", True, entry)
+    _require(allow_neg_eigval, "allow_neg_eigval", False, entry)
+    if A_log is None or dt_bias is None:
+        raise NotImplementedError(f"{entry}: flash_kda requires A_log and dt_bias (the in-kernel gate)")
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -44,14 +56,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     sequence n starts from slot ``initial_state_indices[n]`` (zero for a negative index)
     and its final state is written back to that slot in place; ``final_state`` is None.
     """
-    _require(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel", True)
-    _require(use_gate_in_kernel, "use_gate_in_kernel", True)
-    _require(use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel", True)
+    _require_in_kernel_gate("chunk_kda", use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                            allow_neg_eigval, A_log, dt_bias)
     _require(safe_gate, "safe_gate", True)
-    _require(allow_neg_eigval, "allow_neg_eigval", False)
     _require(cp_context, "cp_context", None)
-    if A_log is None or dt_bias is None:
-        raise NotImplementedError("chunk_kda: flash_kda requires A_log and dt_bias (the in-kernel gate)")
     if kwargs:
         raise TypeError(f"chunk_kda: unexpected arguments {sorted(kwargs)}")
     # disable_recompute, use_graph and max_num_seqs are about fla's own kernels
@@ -163,12 +171,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
         state_v_first = bool(kwargs.pop("transpose_state_layout"))
     if kwargs:
         raise TypeError(f"fused_recurrent_kda: unexpected arguments {sorted(kwargs)}")
-    _require(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel", True)
-    _require(use_gate_in_kernel, "use_gate_in_kernel", True)
-    _require(use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel", True)
-    _require(allow_neg_eigval, "allow_neg_eigval", False)
-    if A_log is None or dt_bias is None:
-        raise NotImplementedError("fused_recurrent_kda: flash_kda requires A_log and dt_bias (the in-kernel gate)")
+    _require_in_kernel_gate("fused_recurrent_kda", use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                            use_beta_sigmoid_in_kernel, allow_neg_eigval, A_log, dt_bias)
     if lower_bound is None:
         raise NotImplementedError("fused_recurrent_kda: flash_kda computes the safe gate, lower_bound * "
                                   "sigmoid(exp(A_log) * (g + dt_bias)): lower_bound in [-5, 0) is required "
