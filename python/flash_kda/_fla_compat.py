@@ -96,6 +96,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if not state_v_first:
             raise NotImplementedError("chunk_kda: a state pool (initial_state_indices) needs state_v_first=True "
                                       "([P, HV, V, K] slots, flash_kda's layout)")
+        # An engine's slot column may be a strided view (a block table's): taken dense.
+        if isinstance(initial_state_indices, torch.Tensor):
+            initial_state_indices = initial_state_indices.contiguous()
         fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
             cu_seqlens=cu_seqlens, state_pool=initial_state, state_indices=initial_state_indices, **extra)
     else:

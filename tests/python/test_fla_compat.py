@@ -70,6 +70,15 @@ def test_chunk_kda_on_a_state_pool():
     o_ref, fs_ref = direct(p, True)
     assert fs is None and torch.equal(o, o_ref)
     assert torch.equal(pool[2], fs_ref[0]) and torch.equal(pool[0], fs_ref[1])
+    # The slots as a strided column of a block table, as engines keep them.
+    table = torch.tensor([[2, 1], [0, 1]])
+    assert not table[:, 0].is_contiguous()
+    pool2 = torch.zeros(3, 1, 32, 32)
+    pool2[2], pool2[0] = p["initial_state"][0], p["initial_state"][1]
+    o2, _ = flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], initial_state=pool2,
+                                state_v_first=True, cu_seqlens=p["cu_seqlens"], A_log=p["A_log"],
+                                dt_bias=p["dt_bias"], initial_state_indices=table[:, 0], **FLAGS)
+    assert torch.equal(o2, o) and torch.equal(pool2, pool)
 
 
 @pytest.mark.parametrize("flag,value", [("use_qk_l2norm_in_kernel", False), ("use_gate_in_kernel", False),
