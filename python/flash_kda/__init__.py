@@ -142,6 +142,16 @@ def _runtime(q, stream, need_alloc=True):
     return None, int(stream or 0)
 
 
+def _dense_indices(x):
+    """Slot indices as the kernels read them: dense. An engine's slot column is often a
+    strided view (a block table's first column, fla reads it through its strides): a
+    copy of N (or N·(1 + S)) integers, on the stream, capturable in a CUDA graph. ~0.1 µs
+    of host time a call where x is dense already."""
+    if _torch is not None and isinstance(x, _torch.Tensor) and not x.is_contiguous():
+        return x.contiguous()
+    return x
+
+
 def _resolve_scalars(q, scale, lower_bound):
     # On every call's path: the common case is two float() calls; the errors are
     # worked out only when one fails.
@@ -268,6 +278,8 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     """
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     alloc, stream = _runtime(q, stream)
+    if state_indices is not None:
+        state_indices = _dense_indices(state_indices)
     # Positional: the cheapest call into the extension (this is on every step's path).
     try:
         _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
@@ -321,7 +333,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
         A_log: fp32 ``[HV]``.  dt_bias: fp32 ``[HV, K]``.
         state_pool: fp32 or bf16 ``[P, HV, V, K]``; each slot dense, any stride >= HV*V*K
             elements between slots (e.g. a slice of a bigger buffer). Updated in place.
-        state_indices: int32 or int64 ``[N]``, each < P (negative: padding).
+        state_indices: int32 or int64 ``[N]``, each < P (negative: padding); a strided view
+            (a block table's column) is taken dense.
         out: bf16 ``[T, HV, V]`` written in place, or None to allocate one (torch only).
         scale: float, or None for ``K ** -0.5``.  lower_bound: float in ``[-5, 0)``, or None for -5.0.
         cu_seqlens: int64 or int32 (vLLM's offsets) ``[N+1]`` token offsets of the
@@ -357,6 +370,7 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
                             "only torch tensors are allocated automatically")
         out = _torch.empty(v.shape, dtype=v.dtype, device=v.device)
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
+    state_indices = _dense_indices(state_indices)
     _, stream = _runtime(q, stream, need_alloc=False)
     _C.decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound, cu_seqlens,
               cu_seqlens_host, state_out_pool, per_token_states, num_accepted_tokens, stream, pdl_mode)

@@ -96,9 +96,6 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if not state_v_first:
             raise NotImplementedError("chunk_kda: a state pool (initial_state_indices) needs state_v_first=True "
                                       "([P, HV, V, K] slots, flash_kda's layout)")
-        # An engine's slot column may be a strided view (a block table's): taken dense.
-        if isinstance(initial_state_indices, torch.Tensor):
-            initial_state_indices = initial_state_indices.contiguous()
         fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
             cu_seqlens=cu_seqlens, state_pool=initial_state, state_indices=initial_state_indices, **extra)
     else:
@@ -204,11 +201,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
         if cu_seqlens is None and ssm_state_indices.shape[0] != B:
             raise ValueError(f"ssm_state_indices: expected one row per batch row of q (B={B}) without cu_seqlens, "
                              f"got {ssm_state_indices.shape[0]}")
-        # fla reads the indices through their strides (an engine's block-table column):
-        # the decode takes them dense, a copy of N or N·(1 + S) integers.
-        acc = num_accepted_tokens.contiguous() if isinstance(num_accepted_tokens, torch.Tensor) else num_accepted_tokens
-        decode(q, k, v, g, beta, A_log, dt_bias, initial_state, ssm_state_indices.contiguous(),
-               num_accepted_tokens=acc, **common)
+        decode(q, k, v, g, beta, A_log, dt_bias, initial_state, ssm_state_indices,
+               num_accepted_tokens=num_accepted_tokens, **common)
         return out, initial_state
     if num_accepted_tokens is not None:
         raise ValueError("num_accepted_tokens: given without ssm_state_indices (speculative verify on pool slots)")

@@ -136,3 +136,22 @@ def test_int32_cu_seqlens_is_the_int64_run(backend):
         flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], torch.empty_like(p["v"]),
                       A_log=p["A_log"], dt_bias=p["dt_bias"],
                       cu_seqlens=torch.tensor([0, 37, 10, 101, 122], dtype=torch.int32), backend=backend)
+
+
+def test_strided_slot_indices_are_the_dense_ones():
+    # An engine's slot column: block_table[:, 0], a strided view. fwd and decode take it
+    # as its dense copy.
+    p = make_problem(H=1, K=32, seqlens=[10, 20, 7], seed=9)
+    table = torch.tensor([[4, 9, 9], [0, 9, 9], [2, 9, 9]], dtype=torch.int32)
+    assert not table[:, 0].is_contiguous()
+    out = []
+    for idx in (table[:, 0], table[:, 0].contiguous()):
+        pool = torch.zeros(P, 1, 32, 32)
+        o = torch.empty_like(p["v"])
+        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], o, A_log=p["A_log"],
+                      dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"], state_pool=pool, state_indices=idx)
+        last = [int(c) - 1 for c in p["cu_seqlens"][1:]]
+        d = flash_kda.decode(*(p[n][0, last] for n in ("q", "k", "v", "g", "beta")), p["A_log"], p["dt_bias"],
+                             pool, idx)
+        out.append((o, d, pool))
+    assert all(torch.equal(a, b) for a, b in zip(out[0], out[1]))
