@@ -17,9 +17,8 @@ cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, int device, 
       &kda_recurrence_kernel<kStateWarps, kStages, kCheckpoints, kDim, kBulkRecords, kSuperposed>);
   // A listed plan: the later segments' pass 1 starts beside its segment 0s
   // (RecurrencePass), pass 3 beside the composition (grid_dependency.cuh).
-  const bool beside = p.seg_plan != nullptr && (p.pass == kPassSummaries || p.pass == kPassFromStates);
   return launch_with_smem(kernel, limit, device, dim3(static_cast<unsigned>(num_ctas)), dim3(Cfg::kThreads), kSmemBytes,
-                          stream, p, 0, beside);
+                          stream, p, 0, recurrence_beside(p.seg_plan != nullptr, p.pass));
 }
 
 }  // namespace flashkda::sm90

@@ -9,8 +9,19 @@
 // end). CTA 0 waits either way, so each launch completes only after the one
 // before it: what follows the forward in the stream sees every launch's results.
 #pragma once
+#include "sm90/kernel/params.h"
 
 namespace flashkda::sm90 {
+
+// Whether a recurrence launch starts beside the one before it: pass 1's later
+// segments (beside the segment 0s) and pass 3 (beside the composition) of a
+// listed plan (`listed`: FwdParams::seg_plan set). The host's launch attribute
+// and the kernel's waits follow this one predicate. (Of the two fields, not of
+// FwdParams: so written, every recurrence build's SASS is what the inline
+// expression gave; taking FwdParams, the set-up's branches moved.)
+__host__ __device__ __forceinline__ bool recurrence_beside(bool listed, int32_t pass) {
+  return listed && (pass == kPassSummaries || pass == kPassFromStates);
+}
 
 // A CTA with nothing to do, in a launch beside the one before (`beside`).
 __device__ __forceinline__ void leave_early(bool beside) {

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   // composition after it sees both. Pass 3 runs beside the composition and
   // waits for it before its first read. CTAs with nothing listed let the next
   // launch start (grid_dependency.cuh).
-  const bool beside = p.seg_plan != nullptr && (p.pass == kPassSummaries || p.pass == kPassFromStates);
+  const bool beside = recurrence_beside(p.seg_plan != nullptr, p.pass);
   const bool waits_for_first_segments = beside && p.pass == kPassSummaries && blockIdx.x == 0;
   if (p.pass == kPassFirstSegments) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const RecurrenceWork w = get_recurrence_work<Cfg::kVCta, kDim>(p);

@@ -76,6 +76,7 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   const bool beside = p.seg_plan != nullptr;
   const int64_t i = sh / p.num_v_heads;
   SegmentTile t;
+  int64_t piece = 0;  // which of the segment's pieces (a listed plan's entries)
   if (beside) {
     const int64_t pieces = p.seg_plan->pieces;
     if (pieces == kWholeSequences || i >= static_cast<int64_t>(p.seg_plan->segments) * pieces) {
@@ -84,12 +85,12 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
     }
     const SegmentRef ref = p.seg_list[i / pieces];
     t = segment_of_sequence(p, ref.seq, ref.index, pieces);
-    t.piece = i % pieces;
+    piece = i % pieces;
   } else {
     t = locate_segment(p, i);
   }
   const int64_t chunks = (t.length + kChunk - 1) / kChunk;
-  const int64_t piece_begin = t.piece * p.seg_chunks;
+  const int64_t piece_begin = piece * p.seg_chunks;
   const int64_t piece_end = piece_begin + p.seg_chunks < chunks ? piece_begin + p.seg_chunks : chunks;
   const int64_t c0 = piece_begin + part * kOutputChunksPerCta;
   if (!t.valid || c0 >= piece_end) {

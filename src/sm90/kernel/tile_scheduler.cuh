@@ -184,7 +184,6 @@ struct SegmentTile {
   int64_t count;        // segments of the sequence, G >= 1
   int64_t slot;         // segment slot of j (its first piece's)
   int64_t pieces;       // pieces a segment: segment j − 1 has slot − pieces
-  int64_t piece;        // which of segment j's pieces (the output kernel's, of a listed plan)
   int64_t token_begin;  // first token of segment j
   int64_t length;       // its tokens
   int64_t first_chunk;  // of the sequence, segment j's first
@@ -202,7 +201,6 @@ __device__ __forceinline__ SegmentTile segment_of_sequence(const FwdParams& p, i
   t.valid = j >= 0 && j < t.count;
   t.slot = n + span.begin / (kChunk * p.seg_chunks) + j * pieces;
   t.pieces = pieces;
-  t.piece = 0;
   t.token_begin = span.begin + j * seg_tokens;
   const int64_t rem = len - j * seg_tokens;
   t.length = rem < 0 ? 0 : (rem < seg_tokens ? rem : seg_tokens);
