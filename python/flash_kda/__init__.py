@@ -177,7 +177,7 @@ def _resolve_scalars(q, scale, lower_bound):
 
 # The extension's scalar and string parameters, which nanobind converts before any
 # check runs: a value of another type gets nanobind's "incompatible function
-# arguments" with the whole signature. _named names the argument instead.
+# arguments" with the whole signature. _raise_named names the argument instead.
 _PARAMETER_TYPES = (("backend", str), ("checkpoint_interval", int), ("checkpoints_value_major", bool),
                     ("resume_from_summaries", bool))
 

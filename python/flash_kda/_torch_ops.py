@@ -22,8 +22,13 @@ def _num_seqs(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
     return cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
 
 
+def _new_out(v):
+    # A new dense out the shape of v (empty_like would copy a strided view's layout).
+    return torch.empty(v.shape, dtype=v.dtype, device=v.device)
+
+
 def _new_outputs(q, k, v, cu_seqlens, output_final_state, state_dtype):
-    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    out = _new_out(v)
     if output_final_state:
         n = _num_seqs(q, cu_seqlens)
         final_state = torch.empty((n, v.shape[2], v.shape[3], q.shape[3]), dtype=state_dtype, device=q.device)
@@ -127,7 +132,7 @@ def _kda_prefill_op(
     scale: float,
     lower_bound: float,
 ) -> torch.Tensor:
-    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    out = _new_out(v)
     fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
         cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, state_pool=state_pool,
         state_indices=state_indices, has_initial_state=has_initial_state, checkpoints=checkpoints,
@@ -140,7 +145,7 @@ def _kda_prefill_op(
 def _kda_prefill_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, has_initial_state, cu_seqlens,
                       cu_seqlens_host, checkpoints, checkpoint_interval, checkpoints_value_major,
                       slot_checkpoint_offsets, slot_checkpoint_slots, scale, lower_bound):
-    return torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    return _new_out(v)
 
 
 def kda_prefill(
@@ -202,7 +207,7 @@ def _kda_decode_op(
     pdl: Optional[bool],
     num_accepted_tokens: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    out = _new_out(v)
     decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, out=out, scale=scale,
            lower_bound=lower_bound, cu_seqlens=cu_seqlens, per_token_states=per_token_states, pdl=pdl,
            num_accepted_tokens=num_accepted_tokens)
@@ -212,7 +217,7 @@ def _kda_decode_op(
 @_kda_decode_op.register_fake
 def _kda_decode_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, cu_seqlens, per_token_states,
                      scale, lower_bound, pdl, num_accepted_tokens=None):
-    return torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    return _new_out(v)
 
 
 def kda_decode(
