@@ -182,7 +182,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
         raise ValueError(f"q: expected batch size 1 with cu_seqlens (flattened sequences), got {B}")
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
     dt_bias = _dt_bias_2d(dt_bias, HV, K)
-    out = torch.empty_like(v)
+    # Zeros, as fla's: a padding entry's rows (a negative slot) are not written.
+    out = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     common = dict(out=out, scale=scale, lower_bound=lower_bound, cu_seqlens=cu_seqlens)
 
     if ssm_state_indices is not None:

@@ -168,6 +168,15 @@ def test_fused_recurrent_kda_serving_form_is_decode_on_the_pool():
         ref = flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], ref_pool, idx,
                                cu_seqlens=p["cu_seqlens"], num_accepted_tokens=acc)
         assert fs is pool and torch.equal(o, ref) and torch.equal(pool, ref_pool)
+    # A padding entry (a negative slot): its rows of o are zeros, as fla allocates o.
+    pool = pool0.clone()
+    o, _ = flash_kda.fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], A_log=p["A_log"],
+                                         dt_bias=p["dt_bias"], initial_state=pool, lower_bound=-5.0,
+                                         state_v_first=True, cu_seqlens=p["cu_seqlens"],
+                                         ssm_state_indices=torch.tensor([-1, 2], dtype=torch.int32),
+                                         inplace_final_state=True, **RFLAGS)
+    assert torch.all(o[0, :3] == 0) and not torch.all(o[0, 3:] == 0)
+    assert torch.equal(pool[[0, 1, 3, 4, 5, 6, 7]], pool0[[0, 1, 3, 4, 5, 6, 7]])
 
 
 def test_fused_recurrent_kda_within_the_bars_of_the_float64_recurrence():
