@@ -139,11 +139,11 @@ struct FwdParams {
   // A listed plan's pass 1: the later segments' launch first, then the segment
   // 0s beside it (1), or the segment 0s first (0). Later segments first, a cut
   // sequence's whole chain starts at once, where behind the segment 0s its later
-  // segments got SMs only as the uncut sequences' CTAs drained. Segment 0s
-  // first where the device may leave the batch whole: then they are placed on
-  // an idle GPU, one an SM as far as they fit; placed beside another launch's
-  // CTAs, two of them shared an SM and every chain ran at that pace (H = 12,
-  // 4 x 2048 left whole: 1.33x the one-pass time). docs/perf-log.md.
+  // segments got SMs only as the uncut sequences' CTAs drained. Segment 0s first,
+  // they are placed on an idle GPU, one an SM as far as they fit: placed beside
+  // another launch's CTAs (when they were the second launch), two of them shared
+  // an SM and every chain ran at that pace (H = 12, 4 x 2048 left whole by the
+  // device: 1.33x the one-pass time). docs/perf-log.md.
   int32_t later_first;
   int32_t pass;  // RecurrencePass: what the recurrence kernel's CTAs do
   int32_t split_mode;  // SplitMode
