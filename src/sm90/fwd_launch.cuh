@@ -15,10 +15,10 @@ cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, int device, 
   static SmemLimitSet limit;  // one per instantiation: each is its own kernel
   const void* kernel = reinterpret_cast<const void*>(
       &kda_recurrence_kernel<kStateWarps, kStages, kCheckpoints, kDim, kBulkRecords, kSuperposed>);
-  // A listed plan: the later segments' pass 1 starts beside its segment 0s
+  // A listed plan: pass 1's second launch starts beside its first
   // (RecurrencePass), pass 3 beside the composition (grid_dependency.cuh).
   return launch_with_smem(kernel, limit, device, dim3(static_cast<unsigned>(num_ctas)), dim3(Cfg::kThreads), kSmemBytes,
-                          stream, p, 0, recurrence_beside(p.seg_plan != nullptr, p.pass));
+                          stream, p, 0, recurrence_beside(p));
 }
 
 }  // namespace flashkda::sm90

@@ -128,6 +128,55 @@ FLASHKDA_HOST_DEVICE int64_t segment_chunks_of_kind(SegmentRule r, bool superpos
   return by_superposition > 0 ? by_superposition : chains;
 }
 
+// What a cut costs against one pass: a model in chunk steps (one step of a
+// CTA's chain, ~0.8-0.9 µs with two 4-warp CTAs an SM, H200). The rule above
+// asks only whether pass 1 fits a wave. In a batch of one long sequence among
+// many short ones the short ones' CTAs already fill the GPU beside the long
+// chain, and a cut adds the composition and pass 3 (or the output kernel) after
+// them: with the host's lengths, 4 of 14 such batches ran 1.1-1.25x the time of
+// one pass cut (12 and 24 heads, docs/perf-log.md). So a plan cuts only where
+// the model says it is faster than one pass.
+//   A launch takes its longest chain or its CTAs' steps spread over the wave,
+// whichever is longer; a CTA's steps are its chunks plus kCtaSetUpSteps (its
+// state in and out, its pipeline's fill: the 1,536 CTAs of at most 4 chunks of
+// 12/1x2000+63x64's segment 0s took ~61 µs, ~5.8 waves of ~10.5 µs each).
+//   One pass: R CTAs per (sequence, head), chains of C_n steps.
+//   Cut: pass 1 (a cut sequence's segment 0 as R CTAs, its later segments as
+// 2R; by chains the last segment waits for pass 3), the composition
+// (kCompositionSteps: 15-28 µs measured on these batches), then pass 3 (R CTAs
+// per later segment, chains of seg steps) or the output kernel
+// (kOutputChunkHeadsPerStepAndRowPart chunk-heads of 64 rows a step).
+constexpr int64_t kCtaSetUpSteps = 8;
+constexpr int64_t kCompositionSteps = 20;
+constexpr int64_t kOutputChunkHeadsPerStepAndRowPart = 300;
+
+// `sum(f)`: f(C_n) summed over the batch's sequences of C_n chunks.
+template <class Sum>
+FLASHKDA_HOST_DEVICE bool cut_pays(const SegmentRule& r, int64_t seg, bool superposed, const Sum& sum) {
+  if (seg <= 0) return false;
+  const int64_t R = r.row_parts, o = kCtaSetUpSteps;
+  auto spread = [&](int64_t cta_steps) { return (cta_steps * r.heads + r.wave - 1) / r.wave; };
+  auto longer = [](int64_t a, int64_t b) { return a > b ? a : b; };
+  const int64_t whole = longer(r.longest, spread((r.total_chunks + o * r.seqs) * R));
+  const int64_t pass1 = sum([&](int64_t c) -> int64_t {
+    if (c <= seg) return (c + o) * R;
+    const int64_t later = (c + seg - 1) / seg - 1;
+    const int64_t summarised = superposed ? c - seg + o * later : (later - 1) * (seg + o);
+    return (seg + o) * R + summarised * 2 * R;
+  });
+  int64_t after = 0;
+  if (superposed) {
+    const int64_t chunks = sum([&](int64_t c) -> int64_t { return c > seg ? c - seg : 0; });
+    after = (chunks * r.heads * R + kOutputChunkHeadsPerStepAndRowPart - 1) / kOutputChunkHeadsPerStepAndRowPart;
+  } else {
+    after = longer(seg, spread(sum([&](int64_t c) -> int64_t {
+                     return c > seg ? (c - seg + o * ((c + seg - 1) / seg - 1)) * R : 0;
+                   })));
+  }
+  const int64_t cut = longer(seg, spread(pass1)) + kCompositionSteps + after;
+  return cut < whole;
+}
+
 // A segment of the device's plan is this many of the host's pieces (the host
 // launched the segment scan for pieces of seg_chunks chunks, the finest any
 // lengths would need): ceil(seg / piece), never fewer than one piece, and
@@ -152,6 +201,18 @@ FLASHKDA_HOST_DEVICE inline int32_t device_segment_pieces(int64_t seg, int64_t p
   if (m == kWholeSequences) return m;
   const int64_t min_segments = superposed ? kMinSuperposedSegmentsPerChain : kMinSegmentsPerChain;
   return longest >= min_segments * m * piece ? m : kWholeSequences;
+}
+
+// What the device's set-up CTA runs (plan_segments_on_device) for a batch of
+// these lengths (`sum`, as for cut_pays): the rule's segments for the launched
+// kind, in whole pieces (device_segment_pieces), where the cut is faster than
+// one pass (cut_pays).
+template <class CutCtas, class Sum>
+FLASHKDA_HOST_DEVICE int32_t device_plan_pieces(const SegmentRule& r, bool superposed, int64_t piece,
+                                                const CutCtas& cut_ctas, const Sum& sum) {
+  const int64_t seg = segment_chunks_of_kind(r, superposed, cut_ctas);
+  const int32_t m = device_segment_pieces(seg, piece, r.longest, superposed);
+  return m != kWholeSequences && cut_pays(r, m * piece, superposed, sum) ? m : kWholeSequences;
 }
 
 }  // namespace flashkda::sm90

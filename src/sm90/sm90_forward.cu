@@ -157,7 +157,6 @@ constexpr int kSegmentStages = 4;
 // the ties and losses (24/8192 level, 24/32768 +1 to +5 %) to the chains; it
 // overstates the gain by a third or so (the superposed pass 1's steps are
 // ~5 % slower), which the tenth's margin absorbs.
-constexpr int64_t kOutputChunkHeadsPerStepAndRowPart = 300;  // a row part: 64 rows of V and of K
 constexpr int64_t kSuperpositionMinGainTenths = 1;
 bool superposition_pays(const ProblemShape& shape, int64_t seg_chains, int64_t seg_superposed) {
   const int64_t longest = shape.longest_chunks >= 0 ? shape.longest_chunks : shape.total_chunks;
@@ -168,15 +167,23 @@ bool superposition_pays(const ProblemShape& shape, int64_t seg_chains, int64_t s
   return 10 * (chains - superposed) >= kSuperpositionMinGainTenths * chains;
 }
 
-// Pass 1's CTAs of the sequences that segments of `seg` chunks cut, over the
-// known lengths (ProblemShape::cu_seqlens_host), or, for a skewed shape, over one
-// sequence holding every chunk.
-int64_t cut_sequences_pass1_ctas(const ProblemShape& shape, const SegmentRule& rule, int64_t seg) {
-  if (shape.skewed) return rule.cut_ctas(shape.total_chunks, seg) * shape.heads;
-  int64_t ctas = 0;
+// f(C_n) summed over the sequences' chunks C_n: the known lengths
+// (ProblemShape::cu_seqlens_host); for a skewed shape one sequence holding every
+// chunk and the others none; else equal lengths.
+template <class F>
+int64_t sum_over_sequences(const ProblemShape& shape, const F& f) {
+  if (shape.skewed) return f(shape.total_chunks) + (shape.seqs - 1) * f(0);
+  if (shape.cu_seqlens_host == nullptr)
+    return shape.seqs * f(shape.longest_chunks >= 0 ? shape.longest_chunks
+                                                    : (shape.total_chunks + shape.seqs - 1) / shape.seqs);
+  int64_t total = 0;
   for (int64_t n = 0; n < shape.seqs; ++n)
-    ctas += rule.cut_ctas((shape.cu_seqlens_host[n + 1] - shape.cu_seqlens_host[n] + kChunk - 1) / kChunk, seg);
-  return ctas * shape.heads;
+    total += f((shape.cu_seqlens_host[n + 1] - shape.cu_seqlens_host[n] + kChunk - 1) / kChunk);
+  return total;
+}
+// Pass 1's CTAs of the sequences that segments of `seg` chunks cut.
+int64_t cut_sequences_pass1_ctas(const ProblemShape& shape, const SegmentRule& rule, int64_t seg) {
+  return sum_over_sequences(shape, [&](int64_t c) { return rule.cut_ctas(c, seg); }) * shape.heads;
 }
 
 // What segment_plan.h's rule looks at for this shape on `num_sms` SMs. Unknown
@@ -317,10 +324,11 @@ Status launch_plan_for(const ForwardArgs& args, int num_sms, LaunchPlan* plan) {
   return Status::Ok();
 }
 
-int64_t segment_chunks_of_kind(const ProblemShape& shape, bool superposed, int num_sms) {
-  return segment_chunks_of_kind(segment_rule(shape, num_sms), superposed, [&](const SegmentRule& r, int64_t seg) {
-    return cut_sequences_pass1_ctas(shape, r, seg);
-  });
+int32_t device_plan_pieces(const ProblemShape& shape, bool superposed, int64_t piece, int num_sms) {
+  return device_plan_pieces(
+      segment_rule(shape, num_sms), superposed, piece,
+      [&](const SegmentRule& r, int64_t seg) { return cut_sequences_pass1_ctas(shape, r, seg); },
+      [&](const auto& f) { return sum_over_sequences(shape, f); });
 }
 
 namespace {
@@ -512,6 +520,13 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
       plan.superposed_outputs = true;
     }
   }
+  // Only where the cut is faster than one pass (segment_plan.h, cut_pays).
+  if (plan.seg_chunks > 0 &&
+      !cut_pays(segment_rule(shape, num_sms), plan.seg_chunks, plan.superposed_outputs,
+                [&](const auto& f) { return sum_over_sequences(shape, f); })) {
+    plan.seg_chunks = 0;
+    plan.superposed_outputs = false;
+  }
   if (plan.seg_chunks > 0) {
     plan.v_split = 2;
     plan.stages = kSegmentStages;
@@ -646,6 +661,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     // Where the plan the device writes goes; the rule applied there only where
     // the lengths are the device's alone.
     p.device_rule = plan.device_segments ? 1 : 0;
+    p.later_first = 1;
     char* at = static_cast<char*>(workspace) + device_plan_offset(args, plan);
     const ListRoom room = list_room(args, plan);
     p.max_later = static_cast<int32_t>(room.later);
@@ -721,8 +737,9 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
                      : launch_recurrence<4, 4, false, 128, kRecordsByBulkCopy, true>(p, ctas, dev, s);
       };
       // The device's segment 0s write out themselves: the kernel without superposition.
-      if (plan.listed_segments) err = run_pass(kPassFirstSegments, n * hv * row_parts);
+      if (plan.listed_segments && !p.later_first) err = run_pass(kPassFirstSegments, n * hv * row_parts);
       if (err == cudaSuccess) err = superposed_pass(kPassSummaries, later * hv * 2 * row_parts);
+      if (err == cudaSuccess && p.later_first) err = run_pass(kPassFirstSegments, n * hv * row_parts);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
       err = compose();
       if (err != cudaSuccess) return cuda_status(err, "launching the segment composition kernel");
@@ -731,8 +748,9 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       return Status::Ok();
     }
     if (p.split_mode != kSplitResume) {
-      if (plan.listed_segments) err = run_pass(kPassFirstSegments, n * hv * row_parts);
+      if (plan.listed_segments && !p.later_first) err = run_pass(kPassFirstSegments, n * hv * row_parts);
       if (err == cudaSuccess) err = run_pass(kPassSummaries, later * hv * 2 * row_parts);
+      if (err == cudaSuccess && p.later_first) err = run_pass(kPassFirstSegments, n * hv * row_parts);
       if (err != cudaSuccess) return cuda_status(err, "launching the segment summaries (recurrence kernel)");
     }
     err = compose();

@@ -80,10 +80,11 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms);
 // finest segments with LaunchPlan::device_segments where the lengths are on the
 // device only; grids too large for a launch fall back to one pass.
 Status launch_plan_for(const ForwardArgs& args, int num_sms, LaunchPlan* plan);
-// The segments segment_plan.h's rule gives known lengths (shape.cu_seqlens_host)
-// for a plan of this kind (superposed outputs, or pass 3 by chains), as the
-// device plans them where only it has the lengths; 0: no cut.
-int64_t segment_chunks_of_kind(const ProblemShape& shape, bool superposed, int num_sms);
+// The pieces of `piece` chunks a segment that the device chooses for known
+// lengths (shape.cu_seqlens_host) in a plan of this kind (superposed outputs, or
+// pass 3 by chains), as it does where only it has the lengths
+// (LaunchPlan::device_segments); kWholeSequences: no cut.
+int32_t device_plan_pieces(const ProblemShape& shape, bool superposed, int64_t piece, int num_sms);
 // Where in the workspace the device's plan goes, for a plan with
 // listed_segments: a DeviceSegmentPlan (params.h), its first int32 the pieces a
 // segment (pieces_per_segment), then its lists.

@@ -275,9 +275,7 @@ TEST_F(GpuSegmentScan, SegmentsPlannedOnTheDeviceWhereOnlyItHasTheLengths) {
     ASSERT_TRUE(d.plan.device_segments) << "a case the device plans (heads " << c.heads << ")";
     // The rule on the true lengths, for the family launched.
     const sm90::ProblemShape known = sm90::problem_shape(p.host_args(nullptr, nullptr));
-    const int64_t seg = sm90::segment_chunks_of_kind(known, d.plan.superposed_outputs, sms);
-    const int32_t expected =
-        sm90::device_segment_pieces(seg, d.plan.seg_chunks, known.longest_chunks, d.plan.superposed_outputs);
+    const int32_t expected = sm90::device_plan_pieces(known, d.plan.superposed_outputs, d.plan.seg_chunks, sms);
     const std::string label = "device plan H=" + std::to_string(c.heads) + " K=" + std::to_string(c.head_dim) +
                               " pieces=" + std::to_string(d.pieces) + "x" + std::to_string(d.plan.seg_chunks);
     EXPECT_EQ(d.pieces, expected) << label;
@@ -1019,6 +1017,95 @@ TEST(SegmentPlan, MixedBatchesKeepTheCutSequencesInOneWave) {
 #endif
 }
 
+
+// The cost model (segment_plan.h, cut_pays): a batch whose short sequences
+// already fill the GPU beside its long one runs in one pass; where the long
+// chain bounds the call, the cut stays. The rows measured on the H200 with the
+// host's lengths (docs/perf-log.md), and the device's choice for the same
+// lengths (device_plan_pieces) alike.
+TEST(SegmentPlan, CutOnlyWhereItPays) {
+#ifdef FLASHKDA_WITH_CUDA
+  constexpr int kH200Sms = 132;
+  struct Row {
+    int64_t heads;
+    std::vector<int64_t> tokens;
+    bool cut;
+  };
+  auto batch = [](int64_t first, int64_t n, int64_t len) {
+    std::vector<int64_t> t = {first};
+    t.insert(t.end(), n, len);
+    return t;
+  };
+  const Row rows[] = {
+      // one pass measured faster: 0.173 / 0.257 / 0.355 ms against 0.19 / 0.32 / 0.41 cut
+      {12, batch(2000, 63, 64), false},
+      {24, batch(2000, 63, 64), false},
+      {24, batch(4000, 60, 64), false},
+      // the cut measured faster: 0.237 / 0.262 / 0.200 / 0.407 / 1.458 ms against
+      // 0.263 / 0.409 / 0.211 / 0.459 / 1.729 in one pass
+      {12, batch(4000, 60, 64), true},
+      {12, batch(8000, 15, 64), true},
+      {12, {1300, 547, 2048, 963, 271, 3063}, true},
+      {24, batch(8000, 3, 64), true},
+      {24, batch(30000, 20, 100), true},
+      // the tensor-parallel table's single sequences
+      {12, {8192}, true},
+      {12, {32768}, true},
+      {24, {8192}, true},
+      {1, {1 << 20}, true},
+  };
+  for (const Row& row : rows) {
+    std::vector<int64_t> cu = {0};
+    for (int64_t t : row.tokens) cu.push_back(cu.back() + t);
+    sm90::ProblemShape s;
+    s.seqs = static_cast<int64_t>(row.tokens.size());
+    s.heads = row.heads;
+    s.superposable = true;
+    s.cu_seqlens_host = s.seqs > 1 ? cu.data() : nullptr;
+    s.longest_chunks = 0;
+    for (int64_t t : row.tokens) {
+      s.total_chunks += (t + 15) / 16;
+      s.longest_chunks = std::max(s.longest_chunks, (t + 15) / 16);
+    }
+    SCOPED_TRACE(std::to_string(row.heads) + " heads, " + std::to_string(row.tokens.size()) + " sequences, the first " +
+                 std::to_string(row.tokens[0]) + " tokens");
+    const sm90::LaunchPlan p = sm90::choose_launch_plan(s, kH200Sms);
+    EXPECT_EQ(p.seg_chunks > 0, row.cut);
+    if (s.seqs > 1) {
+      // The device's choice from pieces of the finest plan (one sequence holding every token).
+      sm90::ProblemShape skewed = s;
+      skewed.skewed = true;
+      skewed.cu_seqlens_host = nullptr;
+      skewed.longest_chunks = s.total_chunks;
+      const sm90::LaunchPlan finest = sm90::choose_launch_plan(skewed, kH200Sms);
+      ASSERT_GT(finest.seg_chunks, 0);
+      const int32_t pieces = sm90::device_plan_pieces(s, finest.superposed_outputs, finest.seg_chunks, kH200Sms);
+      if (!row.cut) EXPECT_EQ(pieces, sm90::kWholeSequences);
+    }
+  }
+  // The model itself: one chain of 500 steps alone, cut into 100-step segments
+  // (~100 + the composition + the output kernel's ~4), pays; 4,000 sequences of
+  // 4 chunks beside it (~1,100 steps of CTAs spread over the wave either way)
+  // do not.
+  sm90::SegmentRule r;
+  r.heads = 12;
+  r.row_parts = 2;
+  r.wave = 2 * kH200Sms;
+  r.seqs = 1;
+  r.total_chunks = r.longest = 500;
+  auto one = [](const auto& f) { return f(int64_t{500}); };
+  EXPECT_TRUE(sm90::cut_pays(r, 100, true, one));
+  EXPECT_TRUE(sm90::cut_pays(r, 100, false, one));
+  EXPECT_FALSE(sm90::cut_pays(r, 0, true, one));
+  r.seqs = 4001;
+  r.total_chunks = 500 + 4000 * 4;
+  auto many = [](const auto& f) { return f(int64_t{500}) + 4000 * f(int64_t{4}); };
+  EXPECT_FALSE(sm90::cut_pays(r, 100, true, many));
+  EXPECT_FALSE(sm90::cut_pays(r, 100, false, many));
+#else
+  GTEST_SKIP() << "no GPU run: this build has no CUDA kernels (FLASHKDA_ENABLE_CUDA=OFF)";
+#endif
+}
 
 // Lengths only on the device (varlen without cu_seqlens_host, as engines call):
 // where one sequence holding every token would be cut, the plan launches the

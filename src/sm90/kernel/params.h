@@ -16,12 +16,9 @@ enum RecurrencePass : int32_t {
   kPassFromStates = 3, // segment scan pass 3: segments 1.. from their incoming states
   // A listed plan (FwdParams::seg_plan) runs pass 1 as two launches: every
   // sequence's segment 0, one CTA per (sequence, head, 64 rows) as the one-pass
-  // plan's (kPassFirstSegments), then the listed segments past the first
-  // (kPassSummaries), in a launch that may start while the first runs
-  // (fwd_launch.cuh). In this order the segment 0s are placed on an idle GPU,
-  // one an SM as far as they fit; placed beside the other launch's CTAs, two of
-  // them shared an SM and every chain ran at that pace (H = 12, 4 x 2048 left
-  // whole: 1.33x the one-pass time).
+  // plan's (kPassFirstSegments), and the listed segments past the first
+  // (kPassSummaries); the second may start while the first runs
+  // (grid_dependency.cuh). Which goes first: FwdParams::later_first.
   kPassFirstSegments = 4,
 };
 
@@ -139,6 +136,15 @@ struct FwdParams {
   int32_t max_cut;
   int32_t max_later;
   int32_t device_rule;
+  // A listed plan's pass 1: the later segments' launch first, then the segment
+  // 0s beside it (1), or the segment 0s first (0). Later segments first, a cut
+  // sequence's whole chain starts at once, where behind the segment 0s its later
+  // segments got SMs only as the uncut sequences' CTAs drained. Segment 0s first,
+  // they are placed on an idle GPU, one an SM as far as they fit: placed beside
+  // another launch's CTAs (when they were the second launch), two of them shared
+  // an SM and every chain ran at that pace (H = 12, 4 x 2048 left whole by the
+  // device: 1.33x the one-pass time). docs/perf-log.md.
+  int32_t later_first;
   int32_t pass;  // RecurrencePass: what the recurrence kernel's CTAs do
   int32_t split_mode;  // SplitMode
   float* summaries_M;  // kSplitSummaries: fp32 [N, HV, K, K]

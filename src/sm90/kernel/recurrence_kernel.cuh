@@ -79,15 +79,14 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
 #endif
 
   // A listed segment plan runs pass 1 as two launches (RecurrencePass): the
-  // segment 0s first, then the listed later segments, which may start once
-  // every segment-0 CTA has and need nothing from them. The later launch
-  // completes only after the first (its CTA 0 waits for it), so that the
-  // composition after it sees both. Pass 3 runs beside the composition and
-  // waits for it before its first read. CTAs with nothing listed let the next
-  // launch start (grid_dependency.cuh).
-  const bool beside = recurrence_beside(p.seg_plan != nullptr, p.pass);
-  const bool waits_for_first_segments = beside && p.pass == kPassSummaries && blockIdx.x == 0;
-  if (p.pass == kPassFirstSegments) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // second may start once every CTA of the first has, and needs nothing from
+  // it. The second completes only after the first (its CTA 0 waits for it), so
+  // that the composition after it sees both. Pass 3 runs beside the composition
+  // and waits for it before its first read. CTAs with nothing listed let the
+  // next launch start (grid_dependency.cuh).
+  const bool beside = recurrence_beside(p);
+  const bool waits_for_first_of_pass1 = second_of_pass1(p) && blockIdx.x == 0;
+  if (first_of_pass1(p)) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const RecurrenceWork w = get_recurrence_work<Cfg::kVCta, kDim>(p);
   if (!w.active) {
     leave_early(beside);
@@ -187,7 +186,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   } else if (w.to == StateTo::kBuffer) {
     store_state_rows<kDim>(S, w.out_rows, row, lane);
   }
-  if (waits_for_first_segments) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (waits_for_first_of_pass1) asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 }  // namespace flashkda::sm90

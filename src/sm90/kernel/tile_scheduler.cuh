@@ -221,52 +221,84 @@ __device__ __forceinline__ SegmentTile locate_segment(const FwdParams& p, int64_
   return segment_of_sequence(p, lo, slot - first_segment_slot(p, lo), 1);
 }
 
+__device__ __forceinline__ int64_t sequence_chunks(const FwdParams& p, int64_t n) {
+  const ClampedSpan span = sequence_span(p, n);
+  return (span.end - span.begin + kChunk - 1) / kChunk;
+}
+
+// f(C_n) over the sequences' chunks C_n, summed (or the largest), on every
+// thread of the kThreads of one CTA: a block-wide reduction. `scratch`:
+// kThreads / 32 int64 of shared memory.
+template <int kThreads, class F>
+__device__ __forceinline__ int64_t reduce_over_sequences(const FwdParams& p, const F& f, bool largest,
+                                                         int64_t* scratch, int tid) {
+  constexpr int kWarps = kThreads / 32;
+  auto join = [largest](int64_t a, int64_t b) { return largest ? (a > b ? a : b) : a + b; };
+  int64_t x = 0;
+  for (int n = tid; n < p.num_seqs; n += kThreads) x = join(x, f(sequence_chunks(p, n)));
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) x = join(x, __shfl_xor_sync(0xffffffffu, x, d));
+  if ((tid & 31) == 0) scratch[tid >> 5] = x;
+  __syncthreads();
+  int64_t all = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) all = join(all, scratch[w]);
+  __syncthreads();  // scratch is rewritten by the next reduction
+  return all;
+}
+
+// The rule's view of the batch on the device (SegmentRule, segment_plan.h).
+__device__ __forceinline__ SegmentRule device_segment_rule(const FwdParams& p, int64_t total_chunks, int64_t longest) {
+  SegmentRule rule;
+  rule.seqs = p.num_seqs;
+  rule.heads = p.num_v_heads;
+  rule.row_parts = p.head_dim / 64;
+  rule.total_chunks = total_chunks;
+  rule.longest = longest;
+  rule.wave = kSegmentCtasPerSm * p.num_sms;
+  return rule;
+}
+
+// The device's choice of pieces a segment (LaunchPlan::device_segments), as
+// device_plan_pieces (segment_plan.h) makes it: the rule over the batch's true
+// lengths for the kind of plan launched (superposed or by chains), in whole
+// pieces, where the cost model says the cut pays. The rule's bisection is
+// ~log2(G) reductions, the cost model two more. The cost model out of line,
+// the reductions' loops over int sequence indices: else their int64 sums
+// spilled at the prologue's 64 registers (4-64 bytes).
+template <int kThreads>
+__device__ __noinline__ bool device_cut_pays(const FwdParams& p, int64_t total_chunks, int64_t longest, int64_t seg,
+                                             int64_t* scratch, int tid) {
+  return cut_pays(device_segment_rule(p, total_chunks, longest), seg, p.superpose != 0, [&](const auto& f) {
+    return reduce_over_sequences<kThreads>(p, f, false, scratch, tid);
+  });
+}
+template <int kThreads>
+__device__ __forceinline__ int32_t device_rule_pieces(const FwdParams& p, int64_t* scratch, int tid) {
+  auto chunks = [](int64_t c) { return c; };
+  const int64_t total = reduce_over_sequences<kThreads>(p, chunks, false, scratch, tid);
+  const int64_t longest = reduce_over_sequences<kThreads>(p, chunks, true, scratch, tid);
+  const int64_t seg = segment_chunks_of_kind(
+      device_segment_rule(p, total, longest), p.superpose != 0, [&](const SegmentRule& r, int64_t s) {
+        return reduce_over_sequences<kThreads>(p, [&](int64_t c) { return r.cut_ctas(c, s); }, false, scratch, tid) *
+               r.heads;
+      });
+  const int32_t m = device_segment_pieces(seg, p.seg_chunks, longest, p.superpose != 0);
+  return m != kWholeSequences && device_cut_pays<kThreads>(p, total, longest, m * p.seg_chunks, scratch, tid)
+             ? m
+             : kWholeSequences;
+}
+
 // The segment plan of a varlen forward of several sequences
-// (LaunchPlan::listed_segments): where the device chooses (p.device_rule,
-// LaunchPlan::device_segments), segment_plan.h's rule over the batch's true
-// lengths for the kind of plan launched (superposed or by chains), as a count of
-// the host's pieces; else the host's segments. Then the lists the passes take
-// their work from (FwdParams::seg_plan). By the kThreads threads of one CTA (the
-// prologue's set-up CTA: the segment scan's passes all run after that kernel).
-// The rule's sums over the sequences are block-wide reductions: its bisection is
-// ~log2(G) passes over cu_seqlens. `scratch`: kThreads / 32 int64 of shared memory.
+// (LaunchPlan::listed_segments): the device's choice where it chooses
+// (p.device_rule, device_rule_pieces), else the host's segments. Then the lists
+// the passes take their work from (FwdParams::seg_plan). By the kThreads
+// threads of one CTA (the prologue's set-up CTA: the segment scan's passes all
+// run after that kernel). `scratch`: kThreads / 32 int64 of shared memory.
 template <int kThreads>
 __device__ __forceinline__ void plan_segments_on_device(const FwdParams& p, int64_t* scratch, int tid) {
-  constexpr int kWarps = kThreads / 32;
-  const int warp = tid >> 5, lane = tid & 31;
-  auto chunks_of = [&](int64_t n) {
-    const ClampedSpan span = sequence_span(p, n);
-    return (span.end - span.begin + kChunk - 1) / kChunk;
-  };
-  // The sum (or the largest) of f(n) over the sequences, on every thread.
-  auto reduce = [&](const auto& f, bool largest) {
-    auto join = [largest](int64_t a, int64_t b) { return largest ? (a > b ? a : b) : a + b; };
-    int64_t x = 0;
-    for (int64_t n = tid; n < p.num_seqs; n += kThreads) x = join(x, f(n));
-#pragma unroll
-    for (int d = 16; d > 0; d /= 2) x = join(x, __shfl_xor_sync(0xffffffffu, x, d));
-    if (lane == 0) scratch[warp] = x;
-    __syncthreads();
-    int64_t all = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) all = join(all, scratch[w]);
-    __syncthreads();  // scratch is rewritten by the next reduction
-    return all;
-  };
-  int32_t pieces = 1;  // the host's segments (p.device_rule == 0)
-  if (p.device_rule != 0) {
-    SegmentRule rule;
-    rule.seqs = p.num_seqs;
-    rule.heads = p.num_v_heads;
-    rule.row_parts = p.head_dim / 64;
-    rule.total_chunks = reduce(chunks_of, false);
-    rule.longest = reduce(chunks_of, true);
-    rule.wave = kSegmentCtasPerSm * p.num_sms;
-    const int64_t seg = segment_chunks_of_kind(rule, p.superpose != 0, [&](const SegmentRule& r, int64_t s) {
-      return reduce([&](int64_t n) { return r.cut_ctas(chunks_of(n), s); }, false) * r.heads;
-    });
-    pieces = device_segment_pieces(seg, p.seg_chunks, rule.longest, p.superpose != 0);
-  }
+  auto chunks_of = [&](int64_t n) { return sequence_chunks(p, n); };
+  const int32_t pieces = p.device_rule != 0 ? device_rule_pieces<kThreads>(p, scratch, tid) : 1;
   const int64_t seg_dev = p.seg_chunks * pieces;
   // The lists, in sequence order: every segment past the first (each
   // sequence's in order; the first run in their own launch, kPassFirstSegments),
