@@ -335,7 +335,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
             elements between slots (e.g. a slice of a bigger buffer). Updated in place.
         state_indices: int32 or int64 ``[N]``, each < P (negative: padding); a strided view
             (a block table's column) is taken dense.
-        out: bf16 ``[T, HV, V]`` written in place, or None to allocate one (torch only).
+        out: bf16 ``[T, HV, V]`` written in place, or None to allocate one (torch only;
+            zero-filled, so a padding entry's rows read 0).
         scale: float, or None for ``K ** -0.5``.  lower_bound: float in ``[-5, 0)``, or None for -5.0.
         cu_seqlens: int64 or int32 (vLLM's offsets) ``[N+1]`` token offsets of the
             sequences, or None: then every sequence has T / N tokens (T must be a multiple of N).
@@ -368,7 +369,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
                 raise TypeError(f"v: expected a tensor, got {type(v).__name__}")
             raise TypeError("out: pass an output array (bf16, the shape of v) for non-torch inputs; "
                             "only torch tensors are allocated automatically")
-        out = _torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        # Zeros: a padding entry's rows are not written, and must not read as garbage.
+        out = _torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     state_indices = _dense_indices(state_indices)
     _, stream = _runtime(q, stream, need_alloc=False)

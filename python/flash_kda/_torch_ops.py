@@ -22,9 +22,11 @@ def _num_seqs(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
     return cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
 
 
-def _new_out(v):
+def _new_out(v, zeros=False):
     # A new dense out the shape of v (empty_like would copy a strided view's layout).
-    return torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    # Decode leaves a padding entry's rows unwritten: zeros make them defined (as fla's
+    # o), so an op's result never depends on what the allocator handed back.
+    return (torch.zeros if zeros else torch.empty)(v.shape, dtype=v.dtype, device=v.device)
 
 
 def _new_outputs(q, k, v, cu_seqlens, output_final_state, state_dtype):
@@ -207,7 +209,7 @@ def _kda_decode_op(
     pdl: Optional[bool],
     num_accepted_tokens: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    out = _new_out(v)
+    out = _new_out(v, zeros=True)
     decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, out=out, scale=scale,
            lower_bound=lower_bound, cu_seqlens=cu_seqlens, per_token_states=per_token_states, pdl=pdl,
            num_accepted_tokens=num_accepted_tokens)

@@ -538,6 +538,25 @@ def test_kda_decode_op_speculative_verify_equals_decode():
     assert torch.equal(out_c, ref) and torch.equal(pool_c, pool_ref)
 
 
+def test_allocated_out_padding_rows_are_zero(monkeypatch):
+    # A padding entry's rows are not written by the kernel: an out the call allocates
+    # must hold zeros there (as fla's o), not what the allocator handed back. torch.empty
+    # is made to return NaN-filled memory, so an allocation that relied on it fails here.
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: real_empty(*a, **kw).fill_(float("nan")))
+    p = make_decode(N=3, K=32, P=6, seqlens=[2, 3, 1], seed=34)
+    idx = torch.tensor([0, -1, 4], dtype=torch.int32)
+    rows = slice(2, 5)  # sequence 1's tokens
+    outs = (flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"],
+                             p["pool"].clone(), idx, cu_seqlens=p["cu_seqlens"]),
+            flash_kda.kda_decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"],
+                                 p["pool"].clone(), idx, cu_seqlens=p["cu_seqlens"]))
+    for out in outs:
+        assert torch.equal(out[rows], torch.zeros_like(out[rows]))
+        assert torch.isfinite(out.float()).all()
+    assert torch.equal(outs[0], outs[1])
+
+
 def kda_decode_two_steps(p):
     """A function of the pool running two chained kda_decode steps on problem p: the
     second must read the pool the first wrote (only true when the op declares its
