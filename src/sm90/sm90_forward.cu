@@ -661,7 +661,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     // Where the plan the device writes goes; the rule applied there only where
     // the lengths are the device's alone.
     p.device_rule = plan.device_segments ? 1 : 0;
-    p.later_first = 1;
+    p.later_first = plan.device_segments ? 0 : 1;  // FwdParams::later_first says why
     char* at = static_cast<char*>(workspace) + device_plan_offset(args, plan);
     const ListRoom room = list_room(args, plan);
     p.max_later = static_cast<int32_t>(room.later);

@@ -143,7 +143,9 @@ struct FwdParams {
   // they are placed on an idle GPU, one an SM as far as they fit: placed beside
   // another launch's CTAs (when they were the second launch), two of them shared
   // an SM and every chain ran at that pace (H = 12, 4 x 2048 left whole by the
-  // device: 1.33x the one-pass time). docs/perf-log.md.
+  // device: 1.33x the one-pass time). Set for the host's listed plans only: where
+  // the device plans, it may leave the batch whole, and then the segment 0s are
+  // every chain (later first measured +4 % on such batches). docs/perf-log.md.
   int32_t later_first;
   int32_t pass;  // RecurrencePass: what the recurrence kernel's CTAs do
   int32_t split_mode;  // SplitMode
