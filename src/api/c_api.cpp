@@ -75,7 +75,9 @@ static_assert(offsetof(flashkda_decode_args, state_dtype) == 192, "");
 static_assert(offsetof(flashkda_decode_args, lower_bound) == 208, "");
 static_assert(offsetof(flashkda_decode_args, cu_seqlens_int32) == 216, "");
 static_assert(offsetof(flashkda_decode_args, verify_slots) == 224, "");
-static_assert(sizeof(flashkda_decode_args) == 240, "");
+static_assert(offsetof(flashkda_decode_args, q_token_stride) == 240, "");
+static_assert(offsetof(flashkda_decode_args, beta_head_stride) == 312, "");
+static_assert(sizeof(flashkda_decode_args) == 320, "");
 static_assert(offsetof(flashkda_segment_summary_args, segments) == 376, "");
 static_assert(offsetof(flashkda_segment_summary_args, B) == 400, "");
 static_assert(sizeof(flashkda_segment_summary_args) == 408, "");
@@ -182,6 +184,16 @@ DecodeArgs to_cpp(const flashkda_decode_args& c) {
   a.cu_seqlens_int32 = c.cu_seqlens_int32;
   a.verify_slots = c.verify_slots;
   a.num_accepted_tokens = c.num_accepted_tokens;
+  a.q_token_stride = c.q_token_stride;
+  a.q_head_stride = c.q_head_stride;
+  a.k_token_stride = c.k_token_stride;
+  a.k_head_stride = c.k_head_stride;
+  a.v_token_stride = c.v_token_stride;
+  a.v_head_stride = c.v_head_stride;
+  a.g_token_stride = c.g_token_stride;
+  a.g_head_stride = c.g_head_stride;
+  a.beta_token_stride = c.beta_token_stride;
+  a.beta_head_stride = c.beta_head_stride;
   return a;
 }
 

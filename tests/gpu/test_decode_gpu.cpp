@@ -604,6 +604,81 @@ int variant_index(const char* name) {
   return -1;
 }
 
+// Token tensors as views of one fused projection output on CUDA: the latency
+// kernel's strided build, bitwise its dense build on the same problem (the same
+// math, other addresses), for K = 128 and 64, fp32 and bf16 pools, one token and
+// several a sequence; and within the bars of the float64 recurrence.
+TEST(GpuDecode, StridedTokenViewsAreTheDenseLatencyKernel) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t dim;
+    DType state;
+    std::vector<int64_t> tokens;
+  };
+  const Case cases[] = {{128, DType::kFP32, {1, 1, 1, 1}}, {128, DType::kBF16, {1, 3, 2}}, {64, DType::kFP32, {2, 1, 4}},
+                        {64, DType::kBF16, {1, 1, 1}}};
+  for (const Case& cs : cases) {
+    DecodeSpec spec;
+    spec.seq_tokens = cs.tokens;
+    spec.heads = 2;
+    spec.v_heads = 4;
+    spec.head_dim = cs.dim;
+    spec.state_dtype = cs.state;
+    spec.per_token_states = true;
+    const DecodeProblem p = make_decode_problem(spec, 41);
+    const std::string label = "strided K=" + std::to_string(cs.dim) + (cs.state == DType::kFP32 ? " fp32" : " bf16");
+    // The dense run, on the latency kernel the strided path runs.
+    const DecodeResult dense = run_decode_cuda(p, KernelChoice{variant_index("lat"), false});
+    ASSERT_TRUE(dense.status.ok()) << dense.status.message;
+    // One [T, width] buffer: q | k | v | g | beta, heads 8 elements apart beyond their rows.
+    const int64_t pad = 8;
+    const struct {
+      const std::vector<uint16_t>* dense;
+      int64_t heads, width;
+    } parts[] = {{&p.q, p.H, p.K}, {&p.k, p.H, p.K}, {&p.v, p.HV, p.V}, {&p.g, p.HV, p.K}, {&p.beta, p.HV, 1}};
+    int64_t width = 0, at[5];
+    for (int i = 0; i < 5; ++i) {
+      at[i] = width;
+      width += parts[i].heads * (parts[i].width + pad);
+    }
+    std::vector<uint16_t> fused(static_cast<size_t>(p.T * width), 0x7fc1);  // NaN: a read of padding shows
+    for (int i = 0; i < 5; ++i)
+      for (int64_t t = 0; t < p.T; ++t)
+        for (int64_t h = 0; h < parts[i].heads; ++h)
+          for (int64_t e = 0; e < parts[i].width; ++e)
+            fused[static_cast<size_t>(t * width + at[i] + h * (parts[i].width + pad) + e)] =
+                (*parts[i].dense)[static_cast<size_t>((t * parts[i].heads + h) * parts[i].width + e)];
+    DeviceBuffer<uint16_t> buf(fused);
+    DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
+    DeviceBuffer<int64_t> cu(p.cu_seqlens);
+    DeviceBuffer<int32_t> idx(p.idx32);
+    DeviceBuffer<uint8_t> pool(p.pool_bytes());
+    DeviceBuffer<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
+    DeviceBuffer<uint8_t> per_token(static_cast<size_t>(p.T * p.per_slot) * state_elem_bytes(p));
+    FKDA_CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.n * 2));
+    FKDA_CUDA_CHECK(cudaMemset(per_token.ptr, 0xFF, per_token.n));
+    DecodeArgs a = p.args(out.ptr, pool.ptr, per_token.ptr);
+    a.q = buf.ptr + at[0]; a.k = buf.ptr + at[1]; a.v = buf.ptr + at[2]; a.g = buf.ptr + at[3]; a.beta = buf.ptr + at[4];
+    a.A_log = A_log.ptr;
+    a.dt_bias = dt_bias.ptr;
+    a.state_indices = idx.ptr;
+    a.index_type = IndexType::kInt32;
+    if (!p.cu_seqlens.empty()) a.cu_seqlens = cu.ptr;
+    a.q_token_stride = a.k_token_stride = a.v_token_stride = a.g_token_stride = a.beta_token_stride = width;
+    a.q_head_stride = a.k_head_stride = a.g_head_stride = p.K + pad;
+    a.v_head_stride = p.V + pad;
+    a.beta_head_stride = 1 + pad;
+    const Status st = decode(a, Backend::kCuda, nullptr);
+    ASSERT_TRUE(st.ok()) << label << ": " << st.message;
+    FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(out.to_host(), dense.out) << label;
+    EXPECT_EQ(pool.to_host(), dense.pool) << label;
+    EXPECT_EQ(per_token.to_host(), dense.per_token) << label;
+    // The bars of GpuDecodeCases: fp32 pools 1e-5, bf16 pools one bf16 ulp on a few elements.
+    compare(p, dense, run_decode_cpu(p, label), cs.state == DType::kFP32 ? 1e-5 : 2e-3, label.c_str());
+  }
+}
+
 // The production choice at a bf16 serving size (N = 64, H = 32: 2048 (sequence,
 // head) pairs, where it picks packed, the kernel that keeps the state as bf16
 // pairs and so rounds it after every token). One token a sequence: packed runs
