@@ -95,35 +95,13 @@ TEST(Decode, StridedTokenViewsAreTheDenseDecode) {
   spec.v_heads = 4;
   spec.head_dim = 16;
   const DecodeProblem p = make_decode_problem(spec, 16);
-  const int64_t head_pad = 3;  // elements between heads beyond the row
-  const struct {
-    const std::vector<uint16_t>* dense;
-    int64_t heads, width;
-  } parts[] = {{&p.q, p.H, p.K}, {&p.k, p.H, p.K}, {&p.v, p.HV, p.V}, {&p.g, p.HV, p.K}, {&p.beta, p.HV, 1}};
-  int64_t width = 0, at[5];
-  for (int i = 0; i < 5; ++i) {
-    at[i] = width;
-    width += parts[i].heads * (parts[i].width + head_pad);
-  }
-  width += 5;  // a row's tail nobody reads
-  std::vector<uint16_t> fused(static_cast<size_t>(p.T * width), 0x7fc1);  // NaN: a read of padding shows
-  for (int i = 0; i < 5; ++i)
-    for (int64_t t = 0; t < p.T; ++t)
-      for (int64_t h = 0; h < parts[i].heads; ++h)
-        for (int64_t e = 0; e < parts[i].width; ++e)
-          fused[static_cast<size_t>(t * width + at[i] + h * (parts[i].width + head_pad) + e)] =
-              (*parts[i].dense)[static_cast<size_t>((t * parts[i].heads + h) * parts[i].width + e)];
+  const FusedTokenViews fused = fused_token_views(p, /*pad=*/3);
   for (Backend b : {Backend::kCpuReference, Backend::kCpuChunked}) {
     std::vector<uint16_t> out_dense(static_cast<size_t>(p.T * p.HV * p.V)), out_view(out_dense.size());
     std::vector<uint8_t> pool_dense = p.pool_bytes(), pool_view = p.pool_bytes();
     ASSERT_TRUE(decode(p.args(out_dense.data(), pool_dense.data(), nullptr), b, nullptr).ok());
     DecodeArgs a = p.args(out_view.data(), pool_view.data(), nullptr);
-    a.q = fused.data() + at[0]; a.k = fused.data() + at[1]; a.v = fused.data() + at[2];
-    a.g = fused.data() + at[3]; a.beta = fused.data() + at[4];
-    a.q_token_stride = a.k_token_stride = a.v_token_stride = a.g_token_stride = a.beta_token_stride = width;
-    a.q_head_stride = a.k_head_stride = a.g_head_stride = p.K + head_pad;
-    a.v_head_stride = p.V + head_pad;
-    a.beta_head_stride = 1 + head_pad;
+    fused.apply(a, fused.data.data(), p);
     const Status s = decode(a, b, nullptr);
     ASSERT_TRUE(s.ok()) << s.message;
     EXPECT_EQ(out_view, out_dense) << to_string(b);

@@ -630,25 +630,8 @@ TEST(GpuDecode, StridedTokenViewsAreTheDenseLatencyKernel) {
     // The dense run, on the latency kernel the strided path runs.
     const DecodeResult dense = run_decode_cuda(p, KernelChoice{variant_index("lat"), false});
     ASSERT_TRUE(dense.status.ok()) << dense.status.message;
-    // One [T, width] buffer: q | k | v | g | beta, heads 8 elements apart beyond their rows.
-    const int64_t pad = 8;
-    const struct {
-      const std::vector<uint16_t>* dense;
-      int64_t heads, width;
-    } parts[] = {{&p.q, p.H, p.K}, {&p.k, p.H, p.K}, {&p.v, p.HV, p.V}, {&p.g, p.HV, p.K}, {&p.beta, p.HV, 1}};
-    int64_t width = 0, at[5];
-    for (int i = 0; i < 5; ++i) {
-      at[i] = width;
-      width += parts[i].heads * (parts[i].width + pad);
-    }
-    std::vector<uint16_t> fused(static_cast<size_t>(p.T * width), 0x7fc1);  // NaN: a read of padding shows
-    for (int i = 0; i < 5; ++i)
-      for (int64_t t = 0; t < p.T; ++t)
-        for (int64_t h = 0; h < parts[i].heads; ++h)
-          for (int64_t e = 0; e < parts[i].width; ++e)
-            fused[static_cast<size_t>(t * width + at[i] + h * (parts[i].width + pad) + e)] =
-                (*parts[i].dense)[static_cast<size_t>((t * parts[i].heads + h) * parts[i].width + e)];
-    DeviceBuffer<uint16_t> buf(fused);
+    const FusedTokenViews fused = fused_token_views(p, /*pad=*/8);  // rows stay 16-byte aligned
+    DeviceBuffer<uint16_t> buf(fused.data);
     DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
     DeviceBuffer<int64_t> cu(p.cu_seqlens);
     DeviceBuffer<int32_t> idx(p.idx32);
@@ -658,16 +641,12 @@ TEST(GpuDecode, StridedTokenViewsAreTheDenseLatencyKernel) {
     FKDA_CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.n * 2));
     FKDA_CUDA_CHECK(cudaMemset(per_token.ptr, 0xFF, per_token.n));
     DecodeArgs a = p.args(out.ptr, pool.ptr, per_token.ptr);
-    a.q = buf.ptr + at[0]; a.k = buf.ptr + at[1]; a.v = buf.ptr + at[2]; a.g = buf.ptr + at[3]; a.beta = buf.ptr + at[4];
+    fused.apply(a, buf.ptr, p);
     a.A_log = A_log.ptr;
     a.dt_bias = dt_bias.ptr;
     a.state_indices = idx.ptr;
     a.index_type = IndexType::kInt32;
     if (!p.cu_seqlens.empty()) a.cu_seqlens = cu.ptr;
-    a.q_token_stride = a.k_token_stride = a.v_token_stride = a.g_token_stride = a.beta_token_stride = width;
-    a.q_head_stride = a.k_head_stride = a.g_head_stride = p.K + pad;
-    a.v_head_stride = p.V + pad;
-    a.beta_head_stride = 1 + pad;
     const Status st = decode(a, Backend::kCuda, nullptr);
     ASSERT_TRUE(st.ok()) << label << ": " << st.message;
     FKDA_CUDA_CHECK(cudaDeviceSynchronize());
