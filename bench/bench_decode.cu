@@ -15,7 +15,8 @@
 // see sm90_decode.cu) optionally suffixed "+pdl" (launched with programmatic
 // dependent launch; without it a variant runs with PDL off), "all" for every
 // variant with and without "+pdl", or "prod" for the production choice (PDL
-// as PdlMode::kAuto chooses; "prod+pdl" forces it on). Unless --no-refs,
+// as PdlMode::kAuto chooses; "prod+pdl" forces it on; "prod-strided" is the production
+// call on token tensors that are strided views: every other token row). Unless --no-refs,
 // reference columns follow, for the same bytes and grid: "memcpy" (cudaMemcpyAsync D2D of the state, 20 per graph),
 // "rmw" (a kernel reading and rewriting the state in place, 16 KB per 128-thread
 // CTA, no math: the floor of the decode's access pattern), "rmw-rows" (the same
@@ -117,6 +118,7 @@ struct Column {
   int variant = -1;  // kDecode: sm90 variant index, -1 = production
   flashkda::PdlMode mode = flashkda::PdlMode::kOff;  // kDecode; kEmpty: kOn or kOff
   bool indexed = false;  // kRmwRows: read the slot from the index array first
+  bool strided = false;  // kDecode: token tensors as every other row of a buffer twice their size
 };
 
 bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols) {
@@ -131,8 +133,9 @@ bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols
     }
     const bool pdl = item.size() > 4 && item.compare(item.size() - 4, 4, "+pdl") == 0;
     const std::string name = pdl ? item.substr(0, item.size() - 4) : item;
-    if (name == "prod") {
-      cols->push_back({item, Kind::kDecode, -1, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kAuto});
+    if (name == "prod" || name == "prod-strided") {
+      cols->push_back({item, Kind::kDecode, -1, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kAuto, false,
+                       name == "prod-strided"});
       continue;
     }
     int found = -1;
@@ -269,16 +272,19 @@ int main(int argc, char** argv) {
       float *A_log, *dt_bias;
       void *pool, *copy_dst = nullptr;
       int32_t* idx;
-      CHECK_CUDA(cudaMalloc(&q, tok * 2)); CHECK_CUDA(cudaMalloc(&k, tok * 2));
-      CHECK_CUDA(cudaMalloc(&v, tok * 2)); CHECK_CUDA(cudaMalloc(&g, tok * 2));
-      CHECK_CUDA(cudaMalloc(&out, tok * 2)); CHECK_CUDA(cudaMalloc(&beta, int64_t{N} * H * 2));
+      // Token tensors twice their size: a strided column reads every other token row
+      // (a view of a wider projection output), a dense one the first half.
+      CHECK_CUDA(cudaMalloc(&q, 2 * tok * 2)); CHECK_CUDA(cudaMalloc(&k, 2 * tok * 2));
+      CHECK_CUDA(cudaMalloc(&v, 2 * tok * 2)); CHECK_CUDA(cudaMalloc(&g, 2 * tok * 2));
+      CHECK_CUDA(cudaMalloc(&out, tok * 2)); CHECK_CUDA(cudaMalloc(&beta, 2 * int64_t{N} * H * 2));
       CHECK_CUDA(cudaMalloc(&A_log, H * 4)); CHECK_CUDA(cudaMalloc(&dt_bias, H * dim * 4));
       CHECK_CUDA(cudaMalloc(&pool, state_bytes));
       CHECK_CUDA(cudaMalloc(&idx, N * 4));
       const bool want_copy = std::any_of(cols.begin(), cols.end(), [](const Column& c) { return c.kind == Kind::kMemcpy; });
       if (want_copy) CHECK_CUDA(cudaMalloc(&copy_dst, state_bytes));
-      fill_bf16<<<256, 256>>>(q, tok, 1); fill_bf16<<<256, 256>>>(k, tok, 2); fill_bf16<<<256, 256>>>(v, tok, 3);
-      fill_bf16<<<256, 256>>>(g, tok, 4); fill_bf16<<<256, 256>>>(beta, int64_t{N} * H, 5);
+      fill_bf16<<<256, 256>>>(q, 2 * tok, 1); fill_bf16<<<256, 256>>>(k, 2 * tok, 2);
+      fill_bf16<<<256, 256>>>(v, 2 * tok, 3); fill_bf16<<<256, 256>>>(g, 2 * tok, 4);
+      fill_bf16<<<256, 256>>>(beta, 2 * int64_t{N} * H, 5);
       fill_uniform_f32<<<8, 256>>>(A_log, H, 6, 1.f); fill_uniform_f32<<<8, 256>>>(dt_bias, H * dim, 7, 1.f);
       fill_state<<<1024, 256>>>(pool, state_elems, 8, fp32);
       iota_i32<<<8, 256>>>(idx, N);
@@ -303,6 +309,11 @@ int main(int argc, char** argv) {
             case Kind::kDecode: {
               flashkda::sm90::set_decode_variant_override(c.variant);
               a.programmatic_dependent_launch = c.mode;
+              const int64_t row = c.strided ? 2 * int64_t{H} * dim : 0, head = c.strided ? dim : 0;
+              a.q_token_stride = a.k_token_stride = a.v_token_stride = a.g_token_stride = row;
+              a.q_head_stride = a.k_head_stride = a.v_head_stride = a.g_head_stride = head;
+              a.beta_token_stride = c.strided ? 2 * int64_t{H} : 0;
+              a.beta_head_stride = c.strided ? 1 : 0;
               const flashkda::Status st = flashkda::decode(a, flashkda::Backend::kCuda, stream);
               flashkda::sm90::set_decode_variant_override(-1);
               if (!st.ok()) { std::fprintf(stderr, "decode (%s) failed: %s\n", c.label.c_str(), st.message.c_str()); return 1; }

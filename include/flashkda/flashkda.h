@@ -256,6 +256,17 @@ struct DecodeArgs {
   const int32_t* cu_seqlens_int32 = nullptr; // int32 [N+1] instead of cu_seqlens (every backend; kCuda reads it on the device)
   int64_t total_tokens = 0;    // T (= N·t without cu_seqlens)
 
+  // Strided token tensors, as ForwardArgs' (views of one fused projection output):
+  // element strides between consecutive tokens and between heads, the last
+  // dimension contiguous; 0 means dense (q, k: H·K and K; v: HV·V and V; g: HV·K
+  // and K; beta: HV and 1). Every backend takes any (the decode kernels read
+  // elements, 2-byte aligned).
+  int64_t q_token_stride = 0, q_head_stride = 0;
+  int64_t k_token_stride = 0, k_head_stride = 0;
+  int64_t v_token_stride = 0, v_head_stride = 0;
+  int64_t g_token_stride = 0, g_head_stride = 0;
+  int64_t beta_token_stride = 0, beta_head_stride = 0;
+
   void* state_pool = nullptr;
   DType state_dtype = DType::kFP32;  // kFP32 or kBF16
   int64_t pool_size = 0;             // slots

@@ -10,8 +10,10 @@
  * flashkda_forward_args is 21 pointers, 21 int64, 8 int32 and 2 float, 376 bytes
  * (ABI 2 appended the state-pool, checkpoint and split-forward fields to ABI 1's
  * 168 bytes);
- * flashkda_decode_args is 16 pointers, 11 int64, 3 int32, 2 float and a reserved
- * int32, 240 bytes (ABI 2 appended cu_seqlens_int32, verify_slots, num_accepted_tokens); flashkda_segment_summary_args is a flashkda_forward_args,
+ * flashkda_decode_args is 16 pointers, 21 int64, 3 int32, 2 float and a reserved
+ * int32, 320 bytes (ABI 2 appended cu_seqlens_int32, verify_slots,
+ * num_accepted_tokens; ABI 4 the token tensors' strides to ABI 3's 240 bytes);
+ * flashkda_segment_summary_args is a flashkda_forward_args,
  * a pointer, an int64 and two pointers, 408 bytes; flashkda_compose_summaries_args
  * is 3 int64 and 7 pointers, 80 bytes (ABI 3 appended its stream to ABI 2's 72
  * bytes). A layout change bumps FLASHKDA_C_ABI_VERSION. */
@@ -28,7 +30,7 @@ extern "C" {
 #define FLASHKDA_VERSION_MAJOR 0
 #define FLASHKDA_VERSION_MINOR 1
 #define FLASHKDA_VERSION_PATCH 0
-#define FLASHKDA_C_ABI_VERSION 3
+#define FLASHKDA_C_ABI_VERSION 4
 
 /* Status codes (= flashkda::StatusCode). */
 #define FLASHKDA_STATUS_OK 0
@@ -162,6 +164,13 @@ typedef struct flashkda_decode_args {
   const int32_t* cu_seqlens_int32; /* int32 [N+1] instead of cu_seqlens, or NULL (every backend) */
   int64_t verify_slots;            /* >= 2: speculative verify, state_indices [N, verify_slots] */
   const void* num_accepted_tokens; /* [N] of index_type, or NULL */
+  /* Strided token tensors (elements between tokens and between heads; 0: dense),
+   * as in flashkda_forward_args. */
+  int64_t q_token_stride, q_head_stride;
+  int64_t k_token_stride, k_head_stride;
+  int64_t v_token_stride, v_head_stride;
+  int64_t g_token_stride, g_head_stride;
+  int64_t beta_token_stride, beta_head_stride;
 } flashkda_decode_args;
 
 /* Zeroes *args and sets the C++ defaults: tokens_per_seq = 1, state_dtype fp32,

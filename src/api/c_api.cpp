@@ -75,7 +75,9 @@ static_assert(offsetof(flashkda_decode_args, state_dtype) == 192, "");
 static_assert(offsetof(flashkda_decode_args, lower_bound) == 208, "");
 static_assert(offsetof(flashkda_decode_args, cu_seqlens_int32) == 216, "");
 static_assert(offsetof(flashkda_decode_args, verify_slots) == 224, "");
-static_assert(sizeof(flashkda_decode_args) == 240, "");
+static_assert(offsetof(flashkda_decode_args, q_token_stride) == 240, "");
+static_assert(offsetof(flashkda_decode_args, beta_head_stride) == 312, "");
+static_assert(sizeof(flashkda_decode_args) == 320, "");
 static_assert(offsetof(flashkda_segment_summary_args, segments) == 376, "");
 static_assert(offsetof(flashkda_segment_summary_args, B) == 400, "");
 static_assert(sizeof(flashkda_segment_summary_args) == 408, "");
@@ -123,6 +125,21 @@ void copy_shared_fields(const CArgs& c, CppArgs& a) {
   a.lower_bound = c.lower_bound;
 }
 
+// The token tensors' strides, under the same names in both argument structs.
+template <class CArgs, class CppArgs>
+void copy_token_strides(const CArgs& c, CppArgs& a) {
+  a.q_token_stride = c.q_token_stride;
+  a.q_head_stride = c.q_head_stride;
+  a.k_token_stride = c.k_token_stride;
+  a.k_head_stride = c.k_head_stride;
+  a.v_token_stride = c.v_token_stride;
+  a.v_head_stride = c.v_head_stride;
+  a.g_token_stride = c.g_token_stride;
+  a.g_head_stride = c.g_head_stride;
+  a.beta_token_stride = c.beta_token_stride;
+  a.beta_head_stride = c.beta_head_stride;
+}
+
 ForwardArgs to_cpp(const flashkda_forward_args& c) {
   ForwardArgs a;
   copy_shared_fields(c, a);
@@ -147,16 +164,7 @@ ForwardArgs to_cpp(const flashkda_forward_args& c) {
   a.slot_checkpoint_offsets = c.slot_checkpoint_offsets;
   a.slot_checkpoint_slots = c.slot_checkpoint_slots;
   a.cu_seqlens_int32 = c.cu_seqlens_int32;
-  a.q_token_stride = c.q_token_stride;
-  a.q_head_stride = c.q_head_stride;
-  a.k_token_stride = c.k_token_stride;
-  a.k_head_stride = c.k_head_stride;
-  a.v_token_stride = c.v_token_stride;
-  a.v_head_stride = c.v_head_stride;
-  a.g_token_stride = c.g_token_stride;
-  a.g_head_stride = c.g_head_stride;
-  a.beta_token_stride = c.beta_token_stride;
-  a.beta_head_stride = c.beta_head_stride;
+  copy_token_strides(c, a);
   a.summaries_M = c.summaries_M;
   a.summaries_B = c.summaries_B;
   a.resume_from_summaries = c.resume_from_summaries != 0;
@@ -182,6 +190,7 @@ DecodeArgs to_cpp(const flashkda_decode_args& c) {
   a.cu_seqlens_int32 = c.cu_seqlens_int32;
   a.verify_slots = c.verify_slots;
   a.num_accepted_tokens = c.num_accepted_tokens;
+  copy_token_strides(c, a);
   return a;
 }
 

@@ -66,6 +66,8 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
       (a.per_token_states != nullptr && !tensor_fits({T, HV, V, K}, 4, &n_tok_states)))
     return Status::Invalid(cat("total_tokens: tensor sizes overflow int64 (total_tokens=", T, ", num_v_heads=", HV,
                                ", head_dim_k=", K, ", head_dim_v=", V, ")"));
+  // Strided token tensors: every backend reads them element by element.
+  if (const Status s = check_token_views(a, T, H, HV, K, V, false); !s.ok()) return s;
 
   // ---- state pool ------------------------------------------------------------
   if (a.state_dtype != DType::kFP32 && a.state_dtype != DType::kBF16)
@@ -218,7 +220,9 @@ Status decode(const DecodeArgs& args, Backend backend, void* stream) {
     if (args.num_seqs == 0) return Status::Ok();
     if (backend == Backend::kCuda) return sm90::decode(args, stream);
     std::vector<int64_t> wide;  // int32 boundaries widened for the CPU backends
-    return cpu::decode_f64(with_int64_cu_seqlens(args, wide));  // the token recurrence is the decode algorithm
+    DenseInputs dense;          // strided token tensors made dense
+    // The token recurrence is the decode algorithm.
+    return cpu::decode_f64(with_dense_inputs(with_int64_cu_seqlens(args, wide), dense));
   });
 }
 

@@ -101,41 +101,7 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
   // Token index arithmetic (b*T + t) also needs B*T*max(H,HV)*max(K,V) < 2^63: implied above.
 
   // ---- strided token tensors ---------------------------------------------------
-  // Any non-negative strides (reads only: overlapping views are harmless); the
-  // farthest element must be addressable in int64.
-  {
-    const struct {
-      const char* name;
-      int64_t token_stride, head_stride, heads, width;
-    } views[] = {{"q", a.q_token_stride, a.q_head_stride, H, K},
-                 {"k", a.k_token_stride, a.k_head_stride, H, K},
-                 {"v", a.v_token_stride, a.v_head_stride, HV, V},
-                 {"g", a.g_token_stride, a.g_head_stride, HV, K},
-                 {"beta", a.beta_token_stride, a.beta_head_stride, HV, 1}};
-    for (const auto& x : views) {
-      if (x.token_stride < 0 || x.head_stride < 0)
-        return Status::Invalid(cat(x.name, "_token_stride / ", x.name, "_head_stride: expected values >= 0 (0: dense), got ",
-                                   x.token_stride, " / ", x.head_stride));
-      const int64_t ts = x.token_stride != 0 ? x.token_stride : x.heads * x.width;
-      const int64_t hs = x.head_stride != 0 ? x.head_stride : x.width;
-      int64_t a1 = 0, a2 = 0;
-      if (!mul_ok(std::max<int64_t>(B * T - 1, 0), ts, &a1) || !mul_ok(x.heads - 1, hs, &a2) ||
-          a1 > kInt64Max - a2 - x.width)
-        return Status::Invalid(cat(x.name, "_token_stride: the farthest element (token ", B * T - 1, ", head ",
-                                   x.heads - 1, ") overflows int64 with strides ", ts, " / ", hs));
-    }
-    // kCuda copies rows of q, k, v, g as 16-byte vectors: every row must start
-    // 16-byte aligned, so their strides must be multiples of 8 elements (beta is
-    // read element by element).
-    if (cuda)
-      for (const auto& x : views) {
-        if (std::string(x.name) == "beta") continue;
-        if (x.token_stride % 8 != 0 || x.head_stride % 8 != 0)
-          return Status::Invalid(cat(x.name, "_token_stride / ", x.name, "_head_stride: backend kCuda needs ",
-                                     "multiples of 8 elements (16-byte aligned rows), got ", x.token_stride, " / ",
-                                     x.head_stride));
-      }
-  }
+  if (const Status s = check_token_views(a, B * T, H, HV, K, V, cuda); !s.ok()) return s;
 
   // ---- pointers: null --------------------------------------------------------
   // A tensor with zero elements (seqlen == 0) may come with a null pointer, as an

@@ -19,12 +19,13 @@ std::vector<SequenceSpan> sequence_spans(const ForwardArgs& args, const int64_t*
   return spans;
 }
 
-bool has_strided_inputs(const ForwardArgs& a) {
+namespace {
+template <class Args>
+bool strided(const Args& a) {
   return a.q_token_stride || a.q_head_stride || a.k_token_stride || a.k_head_stride || a.v_token_stride ||
          a.v_head_stride || a.g_token_stride || a.g_head_stride || a.beta_token_stride || a.beta_head_stride;
 }
 
-namespace {
 // tokens x heads rows of `width` elements from a strided view into a dense array.
 void densify(const void* src, int64_t token_stride, int64_t head_stride, int64_t tokens, int64_t heads,
              int64_t width, std::vector<uint16_t>& dst) {
@@ -36,18 +37,19 @@ void densify(const void* src, int64_t token_stride, int64_t head_stride, int64_t
       for (int64_t e = 0; e < width; ++e)
         dst[static_cast<size_t>((t * heads + h) * width + e)] = s[t * ts + h * hs + e];
 }
-}  // namespace
 
-ForwardArgs with_dense_inputs(const ForwardArgs& args, DenseInputs& storage) {
-  if (!has_strided_inputs(args)) return args;
-  const int64_t T = args.batch * args.seqlen, H = args.num_heads, HV = value_heads(args);
+// The forward's and decode's token tensors, `tokens` of them, dense in `storage`.
+template <class Args>
+Args dense(const Args& args, int64_t tokens, DenseInputs& storage) {
+  if (!strided(args)) return args;
+  const int64_t H = args.num_heads, HV = args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;
   const int64_t K = args.head_dim_k, V = args.head_dim_v;
-  ForwardArgs d = args;
-  densify(args.q, args.q_token_stride, args.q_head_stride, T, H, K, storage.q);
-  densify(args.k, args.k_token_stride, args.k_head_stride, T, H, K, storage.k);
-  densify(args.v, args.v_token_stride, args.v_head_stride, T, HV, V, storage.v);
-  densify(args.g, args.g_token_stride, args.g_head_stride, T, HV, K, storage.g);
-  densify(args.beta, args.beta_token_stride, args.beta_head_stride, T, HV, 1, storage.beta);
+  Args d = args;
+  densify(args.q, args.q_token_stride, args.q_head_stride, tokens, H, K, storage.q);
+  densify(args.k, args.k_token_stride, args.k_head_stride, tokens, H, K, storage.k);
+  densify(args.v, args.v_token_stride, args.v_head_stride, tokens, HV, V, storage.v);
+  densify(args.g, args.g_token_stride, args.g_head_stride, tokens, HV, K, storage.g);
+  densify(args.beta, args.beta_token_stride, args.beta_head_stride, tokens, HV, 1, storage.beta);
   d.q = storage.q.data();
   d.k = storage.k.data();
   d.v = storage.v.data();
@@ -57,6 +59,16 @@ ForwardArgs with_dense_inputs(const ForwardArgs& args, DenseInputs& storage) {
   d.v_token_stride = d.v_head_stride = d.g_token_stride = d.g_head_stride = 0;
   d.beta_token_stride = d.beta_head_stride = 0;
   return d;
+}
+}  // namespace
+
+bool has_strided_inputs(const ForwardArgs& a) { return strided(a); }
+bool has_strided_inputs(const DecodeArgs& a) { return strided(a); }
+ForwardArgs with_dense_inputs(const ForwardArgs& args, DenseInputs& storage) {
+  return dense(args, args.batch * args.seqlen, storage);
+}
+DecodeArgs with_dense_inputs(const DecodeArgs& args, DenseInputs& storage) {
+  return dense(args, args.total_tokens, storage);
 }
 
 namespace {

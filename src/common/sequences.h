@@ -33,7 +33,9 @@ struct DenseInputs {
   std::vector<uint16_t> q, k, v, g, beta;
 };
 ForwardArgs with_dense_inputs(const ForwardArgs& args, DenseInputs& storage);
+DecodeArgs with_dense_inputs(const DecodeArgs& args, DenseInputs& storage);
 bool has_strided_inputs(const ForwardArgs& args);
+bool has_strided_inputs(const DecodeArgs& args);
 
 // Both of the above: the arguments as the CPU backends read them (int64
 // boundaries, dense token tensors), backed by `storage`.

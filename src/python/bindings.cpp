@@ -495,6 +495,38 @@ struct Call {
   flashkda::Backend backend = flashkda::Backend::kCpuChunked;
 };
 
+// The token and head strides of a token tensor that may be a strided view (e.g. of
+// one fused projection output): `lead` leading dims flattened into the token axis
+// (B·T, or decode's N·t), then the heads, then the width when `has_width` (beta has
+// none). 0, 0 (the arguments' "dense") for a C-contiguous tensor; else the last
+// dimension must be contiguous and the token axis evenly spaced. A dimension of
+// extent 1 contributes nothing: 0 is passed for it. A stride of 0 elsewhere (a
+// broadcast view from expand()) is refused: "dense" would read it past its memory.
+void view_strides(const Arg& a, int lead, bool has_width, int64_t* token_stride, int64_t* head_stride) {
+  *token_stride = *head_stride = 0;
+  if (c_contiguous(a)) return;
+  const size_t last = a.ndim() - 1;
+  if (has_width && a.dim(last) > 1 && a.stride(last) != 1)
+    raise_value(cat(a.name, ": expected the last dimension contiguous (stride 1), got shape ", shape_string(a),
+                    " with strides ", strides_string(a), " (call .contiguous())"));
+  const int64_t B_ = lead == 2 ? a.dim(0) : 1, T_ = a.dim(lead - 1), heads = a.dim(lead);
+  const int64_t Bs = lead == 2 ? a.stride(0) : 0, Ts = a.stride(lead - 1);
+  // The flattened token axis: the inner lead dim's stride, or the outer one's when
+  // the inner has one token.
+  const int64_t ts = T_ > 1 ? Ts : (B_ > 1 ? Bs : 0);
+  const int64_t hs = heads > 1 ? a.stride(lead) : 0;
+  if ((B_ > 1 && Bs == 0) || (T_ > 1 && Ts == 0) || (heads > 1 && hs == 0))
+    raise_value(cat(a.name, ": expected non-zero strides along the batch, tokens and heads (a broadcast "
+                    "view, e.g. from expand(), is not supported), got shape ", shape_string(a), " with strides ",
+                    strides_string(a), " (call .contiguous())"));
+  if (B_ > 1 && T_ > 1 && Bs != T_ * ts)
+    raise_value(cat(a.name, ": expected evenly spaced tokens across the batch (stride(0) == T * stride(1)), "
+                    "got shape ", shape_string(a), " with strides ", strides_string(a)));
+  if (ts < 0 || hs < 0) raise_value(cat(a.name, ": expected non-negative strides, got ", strides_string(a)));
+  *token_stride = ts;
+  *head_stride = hs;
+}
+
 Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, double scale, nb::handle out,
              nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle initial_state,
              nb::handle final_state, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle state_pool,
@@ -636,35 +668,7 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   int64_t token_stride[5] = {}, head_stride[5] = {};
   {
     const Arg* views[5] = {&c.q, &c.k, &c.v, &c.g, &c.beta};
-    for (int i = 0; i < 5; ++i) {
-      const Arg& a = *views[i];
-      if (c_contiguous(a)) continue;
-      const size_t r = a.ndim();  // 4, or 3 for beta
-      const bool has_width = r == 4;
-      if (has_width && a.dim(3) > 1 && a.stride(3) != 1)
-        raise_value(cat(a.name, ": expected the last dimension contiguous (stride 1), got shape ", shape_string(a),
-                        " with strides ", strides_string(a), " (call .contiguous())"));
-      // The stride of the flattened B·T token axis: stride(1), or stride(0) when T == 1
-      // (a size-1 dimension's stride means nothing); and the head stride. A dimension
-      // of extent 1 contributes nothing: 0 (ForwardArgs' "dense") is passed for it.
-      const int64_t B_ = a.dim(0), T_ = a.dim(1), heads = a.dim(2);
-      const int64_t ts = T_ > 1 ? a.stride(1) : (B_ > 1 ? a.stride(0) : 0);
-      const int64_t hs = heads > 1 ? a.stride(2) : 0;
-      // ForwardArgs reads a stride of 0 as "dense": a broadcast view (expand(), stride 0
-      // along the batch, the tokens or the heads) would be read as a dense tensor, past
-      // its memory.
-      if ((B_ > 1 && a.stride(0) == 0) || (T_ > 1 && a.stride(1) == 0) || (heads > 1 && hs == 0))
-        raise_value(cat(a.name, ": expected non-zero strides along the batch, tokens and heads (a broadcast "
-                        "view, e.g. from expand(), is not supported), got shape ", shape_string(a),
-                        " with strides ", strides_string(a), " (call .contiguous())"));
-      if (B_ > 1 && T_ > 1 && a.stride(0) != T_ * ts)
-        raise_value(cat(a.name, ": expected evenly spaced tokens across the batch (stride(0) == T * stride(1)), "
-                        "got shape ", shape_string(a), " with strides ", strides_string(a)));
-      if (ts < 0 || hs < 0)
-        raise_value(cat(a.name, ": expected non-negative strides, got ", strides_string(a)));
-      token_stride[i] = ts;
-      head_stride[i] = hs;
-    }
+    for (int i = 0; i < 5; ++i) view_strides(*views[i], 2, views[i]->ndim() == 4, &token_stride[i], &head_stride[i]);
   }
 
   // Devices (ValueError): everything where q is, except the host copy of cu_seqlens.
@@ -930,10 +934,18 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   if (c.per_tok.present)
     expect_shape(c.per_tok, lead.then({HV, V, K}), r3 ? "[T, HV, V, K]" : "[N, t, HV, V, K]");
 
-  // Strides (ValueError); the pools were checked above.
-  for (const Arg* a : {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.A_log, &c.dt_bias, &c.out, &c.idx, &c.cu, &c.cu_host,
-                       &c.per_tok, &c.acc})
+  // Strides (ValueError); the pools were checked above. q, k, v, g, beta may be
+  // strided views (e.g. of one fused projection), as for the forward.
+  for (const Arg* a : {&c.A_log, &c.dt_bias, &c.out, &c.idx, &c.cu, &c.cu_host, &c.per_tok, &c.acc})
     expect_contiguous(*a);
+  int64_t token_stride[5] = {}, head_stride[5] = {};
+  {
+    const Arg* views[5] = {&c.q, &c.k, &c.v, &c.g, &c.beta};
+    const int lead = r3 ? 1 : 2;
+    for (int i = 0; i < 5; ++i)
+      view_strides(*views[i], lead, views[i]->ndim() == static_cast<size_t>(lead) + 2, &token_stride[i],
+                   &head_stride[i]);
+  }
 
   // Devices (ValueError): everything where q is, except the host copy of cu_seqlens.
   for (const Arg* a : {&c.k, &c.v, &c.g, &c.beta, &c.A_log, &c.dt_bias, &c.out, &c.pool, &c.idx, &c.cu,
@@ -947,6 +959,11 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
 
   flashkda::DecodeArgs& a = c.args;
   a.q = c.q.cdata(); a.k = c.k.cdata(); a.v = c.v.cdata(); a.g = c.g.cdata(); a.beta = c.beta.cdata();
+  a.q_token_stride = token_stride[0]; a.q_head_stride = head_stride[0];
+  a.k_token_stride = token_stride[1]; a.k_head_stride = head_stride[1];
+  a.v_token_stride = token_stride[2]; a.v_head_stride = head_stride[2];
+  a.g_token_stride = token_stride[3]; a.g_head_stride = head_stride[3];
+  a.beta_token_stride = token_stride[4]; a.beta_head_stride = head_stride[4];
   a.A_log = static_cast<const float*>(c.A_log.cdata());
   a.dt_bias = static_cast<const float*>(c.dt_bias.cdata());
   a.out = c.out.data();

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <string>
 
+#include "common/sequences.h"
 #include "sm90/decode/decode_common.cuh"
 #include "sm90/decode/decode_fused_kernel.cuh"
 #include "sm90/decode/decode_latency_kernel.cuh"
@@ -116,11 +117,13 @@ bool use_pdl(PdlMode mode) { return mode != PdlMode::kOff; }
 
 // The latency kernel's build for a pool dtype and verify or not, at head dim kDim
 // with kRows rows a thread.
-template <int kDim, int kRows>
+template <int kDim, int kRows, bool kStrided = false>
 DecodeKernel latency_build(bool fp32, bool verify) {
   if (verify)
-    return fp32 ? &kda_decode_latency_kernel<true, 4, true, kDim, kRows> : &kda_decode_latency_kernel<false, 4, true, kDim, kRows>;
-  return fp32 ? &kda_decode_latency_kernel<true, 4, false, kDim, kRows> : &kda_decode_latency_kernel<false, 4, false, kDim, kRows>;
+    return fp32 ? &kda_decode_latency_kernel<true, 4, true, kDim, kRows, kStrided>
+                : &kda_decode_latency_kernel<false, 4, true, kDim, kRows, kStrided>;
+  return fp32 ? &kda_decode_latency_kernel<true, 4, false, kDim, kRows, kStrided>
+              : &kda_decode_latency_kernel<false, 4, false, kDim, kRows, kStrided>;
 }
 
 std::atomic<int> g_decode_variant_override{-1};
@@ -139,6 +142,23 @@ Status check_decode_supported(const DecodeArgs& args) {
                                 std::to_string(args.head_dim_k) + ", V=" + std::to_string(args.head_dim_v) +
                                 "); the CPU backends run any head dim");
   const int64_t hv = args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;
+  // The kernels address token t, head h of a token tensor as t·token_stride +
+  // h·head_stride with 32-bit strides.
+  const struct {
+    const char* name;
+    int64_t given, dense;
+  } strides[] = {{"q_token_stride", args.q_token_stride, args.num_heads * args.head_dim_k},
+                 {"k_token_stride", args.k_token_stride, args.num_heads * args.head_dim_k},
+                 {"v_token_stride", args.v_token_stride, hv * args.head_dim_v},
+                 {"g_token_stride", args.g_token_stride, hv * args.head_dim_k},
+                 {"beta_token_stride", args.beta_token_stride, hv},
+                 {"q_head_stride", args.q_head_stride, 0}, {"k_head_stride", args.k_head_stride, 0},
+                 {"v_head_stride", args.v_head_stride, 0}, {"g_head_stride", args.g_head_stride, 0},
+                 {"beta_head_stride", args.beta_head_stride, 0}};
+  for (const auto& s : strides)
+    if ((s.given != 0 ? s.given : s.dense) > int64_t{0x7fffffff})
+      return Status::NotSupported(std::string(s.name) + ": the CUDA decode needs strides below 2^31 elements (got " +
+                                  std::to_string(s.given != 0 ? s.given : s.dense) + ")");
   // num_seqs is bounded by nothing else when cu_seqlens is given: compare by
   // division, the product may overflow int64 (and wrap below the limit).
   if (args.num_seqs > int64_t{0x7fffffff} / (hv * kDecodeSlices))
@@ -182,6 +202,19 @@ Status decode(const DecodeArgs& a, void* stream) {
   const bool verify = a.verify_slots >= 2;
   p.verify_slots = verify ? a.verify_slots : 0;
   p.num_accepted = a.num_accepted_tokens;
+  // 0: dense (DecodeArgs' convention).
+  auto or_dense = [](int64_t stride, int64_t dense) { return static_cast<int32_t>(stride != 0 ? stride : dense); };
+  const int64_t H = a.num_heads;
+  p.q_token_stride = or_dense(a.q_token_stride, H * K);
+  p.q_head_stride = or_dense(a.q_head_stride, K);
+  p.k_token_stride = or_dense(a.k_token_stride, H * K);
+  p.k_head_stride = or_dense(a.k_head_stride, K);
+  p.v_token_stride = or_dense(a.v_token_stride, HV * K);
+  p.v_head_stride = or_dense(a.v_head_stride, K);
+  p.g_token_stride = or_dense(a.g_token_stride, HV * K);
+  p.g_head_stride = or_dense(a.g_head_stride, K);
+  p.beta_token_stride = or_dense(a.beta_token_stride, HV);
+  p.beta_head_stride = or_dense(a.beta_head_stride, 1);
 
   const int64_t pairs = a.num_seqs * HV;
   const bool fp32 = a.state_dtype == DType::kFP32;
@@ -194,10 +227,17 @@ Status decode(const DecodeArgs& a, void* stream) {
   // only one built for it: decode_latency_kernel.cuh), with two rows a thread and
   // one CTA per pair from kTwoRowsFromPairs64 on.
   const bool two_rows = K == 64 && pairs >= kTwoRowsFromPairs64;
-  const DecodeKernel kernel = K == 64 ? (two_rows ? latency_build<64, 2>(fp32, verify) : latency_build<64, 1>(fp32, verify))
-                              : verify ? latency_build<kDecodeDim, 1>(fp32, true)
-                              : fp32   ? kDecodeVariants[variant].fp32
-                                       : kDecodeVariants[variant].bf16;
+  // Strided token tensors: the latency kernel's strided build at every size (the
+  // other builds keep the dense addressing they were tuned with; not yet measured
+  // against them at large N).
+  const bool strided = has_strided_inputs(a);
+  const DecodeKernel kernel =
+      strided   ? (K == 64 ? (two_rows ? latency_build<64, 2, true>(fp32, verify) : latency_build<64, 1, true>(fp32, verify))
+                           : latency_build<kDecodeDim, 1, true>(fp32, verify))
+      : K == 64 ? (two_rows ? latency_build<64, 2>(fp32, verify) : latency_build<64, 1>(fp32, verify))
+      : verify  ? latency_build<kDecodeDim, 1>(fp32, true)
+      : fp32    ? kDecodeVariants[variant].fp32
+                : kDecodeVariants[variant].bf16;
   const int64_t ctas = two_rows ? pairs : pairs * (K / kDecodeRows);  // below 2^31: check_decode_supported
   if (ctas == 0) return Status::Ok();
 

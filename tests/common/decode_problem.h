@@ -152,4 +152,41 @@ inline DecodeProblem make_decode_problem(const DecodeSpec& spec, uint64_t seed) 
   return p;
 }
 
+// The problem's token tensors as views of one fused projection output: [T, width]
+// rows holding q | k | v | g | beta, each tensor's heads `pad` elements apart beyond
+// their rows, NaN wherever nothing is (a read of padding shows). `at` is where
+// each tensor starts in a row; the strides are DecodeArgs' (*_token_stride = width).
+struct FusedTokenViews {
+  std::vector<uint16_t> data;
+  int64_t width = 0, pad = 0, at[5] = {};
+  // Sets a's token tensors to these views over `base` (the data, here or on a device).
+  void apply(DecodeArgs& a, const uint16_t* base, const DecodeProblem& p) const {
+    a.q = base + at[0]; a.k = base + at[1]; a.v = base + at[2]; a.g = base + at[3]; a.beta = base + at[4];
+    a.q_token_stride = a.k_token_stride = a.v_token_stride = a.g_token_stride = a.beta_token_stride = width;
+    a.q_head_stride = a.k_head_stride = a.g_head_stride = p.K + pad;
+    a.v_head_stride = p.V + pad;
+    a.beta_head_stride = 1 + pad;
+  }
+};
+inline FusedTokenViews fused_token_views(const DecodeProblem& p, int64_t pad) {
+  FusedTokenViews f;
+  f.pad = pad;
+  const struct {
+    const std::vector<uint16_t>* dense;
+    int64_t heads, width;
+  } parts[] = {{&p.q, p.H, p.K}, {&p.k, p.H, p.K}, {&p.v, p.HV, p.V}, {&p.g, p.HV, p.K}, {&p.beta, p.HV, 1}};
+  for (int i = 0; i < 5; ++i) {
+    f.at[i] = f.width;
+    f.width += parts[i].heads * (parts[i].width + pad);
+  }
+  f.data.assign(static_cast<size_t>(p.T * f.width), 0x7fc1);
+  for (int i = 0; i < 5; ++i)
+    for (int64_t t = 0; t < p.T; ++t)
+      for (int64_t h = 0; h < parts[i].heads; ++h)
+        for (int64_t e = 0; e < parts[i].width; ++e)
+          f.data[static_cast<size_t>(t * f.width + f.at[i] + h * (parts[i].width + pad) + e)] =
+              (*parts[i].dense)[static_cast<size_t>((t * parts[i].heads + h) * parts[i].width + e)];
+  return f;
+}
+
 }  // namespace flashkda::testing

@@ -247,11 +247,16 @@ flashkda_decode_args to_c(const flashkda::DecodeArgs& a) {
   c.index_type = static_cast<int32_t>(a.index_type);
   c.programmatic_dependent_launch = static_cast<int32_t>(a.programmatic_dependent_launch);
   c.scale = a.scale; c.lower_bound = a.lower_bound;
+  c.q_token_stride = a.q_token_stride; c.q_head_stride = a.q_head_stride;
+  c.k_token_stride = a.k_token_stride; c.k_head_stride = a.k_head_stride;
+  c.v_token_stride = a.v_token_stride; c.v_head_stride = a.v_head_stride;
+  c.g_token_stride = a.g_token_stride; c.g_head_stride = a.g_head_stride;
+  c.beta_token_stride = a.beta_token_stride; c.beta_head_stride = a.beta_head_stride;
   return c;
 }
 
 TEST(CApi, DecodeLayoutAndInit) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_decode_args) == 240, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_decode_args) == 320, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || offsetof(flashkda_decode_args, lower_bound) == 208, "C struct layout changed");
   flashkda_decode_args a;
   std::memset(&a, 0xff, sizeof a);

@@ -79,6 +79,38 @@ TEST(Decode, MatchesForwardOracleFromPooledState) {
   for (int64_t i = 0; i < p.cu_seqlens[1] * p.HV * p.V; ++i) ASSERT_EQ(out[i], 0x7fc0) << "padding output " << i;
 }
 
+void expect_invalid(const Status& s, const char* name) {
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+  EXPECT_NE(s.message.find(name), std::string::npos) << s.message;
+}
+
+// Token tensors as views of one fused projection output ([T, width] rows, each
+// tensor a column range, heads padded apart): bitwise the dense decode on both
+// CPU backends; a negative stride is refused by name.
+TEST(Decode, StridedTokenViewsAreTheDenseDecode) {
+  DecodeSpec spec;
+  spec.num_seqs = 3;
+  spec.tokens_per_seq = 2;
+  spec.heads = 2;
+  spec.v_heads = 4;
+  spec.head_dim = 16;
+  const DecodeProblem p = make_decode_problem(spec, 16);
+  const FusedTokenViews fused = fused_token_views(p, /*pad=*/3);
+  for (Backend b : {Backend::kCpuReference, Backend::kCpuChunked}) {
+    std::vector<uint16_t> out_dense(static_cast<size_t>(p.T * p.HV * p.V)), out_view(out_dense.size());
+    std::vector<uint8_t> pool_dense = p.pool_bytes(), pool_view = p.pool_bytes();
+    ASSERT_TRUE(decode(p.args(out_dense.data(), pool_dense.data(), nullptr), b, nullptr).ok());
+    DecodeArgs a = p.args(out_view.data(), pool_view.data(), nullptr);
+    fused.apply(a, fused.data.data(), p);
+    const Status s = decode(a, b, nullptr);
+    ASSERT_TRUE(s.ok()) << s.message;
+    EXPECT_EQ(out_view, out_dense) << to_string(b);
+    EXPECT_EQ(pool_view, pool_dense) << to_string(b);
+    a.v_head_stride = -1;
+    expect_invalid(validate_decode(a, b), "v_token_stride / v_head_stride: expected values >= 0");
+  }
+}
+
 TEST(Decode, PerTokenStatesAndOutPool) {
   DecodeSpec spec;
   spec.num_seqs = 3;
@@ -134,10 +166,6 @@ Status decode_with(const DecodeProblem& p, void (*edit)(DecodeArgs&)) {
   return decode(a, Backend::kCpuChunked, nullptr);
 }
 
-void expect_invalid(const Status& s, const char* name) {
-  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
-  EXPECT_NE(s.message.find(name), std::string::npos) << s.message;
-}
 
 TEST(DecodeValidation, MessagesNameTheArgument) {
   DecodeSpec spec;

@@ -604,6 +604,60 @@ int variant_index(const char* name) {
   return -1;
 }
 
+// Token tensors as views of one fused projection output on CUDA: the latency
+// kernel's strided build, bitwise its dense build on the same problem (the same
+// math, other addresses), for K = 128 and 64, fp32 and bf16 pools, one token and
+// several a sequence; and within the bars of the float64 recurrence.
+TEST(GpuDecode, StridedTokenViewsAreTheDenseLatencyKernel) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t dim;
+    DType state;
+    std::vector<int64_t> tokens;
+  };
+  const Case cases[] = {{128, DType::kFP32, {1, 1, 1, 1}}, {128, DType::kBF16, {1, 3, 2}}, {64, DType::kFP32, {2, 1, 4}},
+                        {64, DType::kBF16, {1, 1, 1}}};
+  for (const Case& cs : cases) {
+    DecodeSpec spec;
+    spec.seq_tokens = cs.tokens;
+    spec.heads = 2;
+    spec.v_heads = 4;
+    spec.head_dim = cs.dim;
+    spec.state_dtype = cs.state;
+    spec.per_token_states = true;
+    const DecodeProblem p = make_decode_problem(spec, 41);
+    const std::string label = "strided K=" + std::to_string(cs.dim) + (cs.state == DType::kFP32 ? " fp32" : " bf16");
+    // The dense run, on the latency kernel the strided path runs.
+    const DecodeResult dense = run_decode_cuda(p, KernelChoice{variant_index("lat"), false});
+    ASSERT_TRUE(dense.status.ok()) << dense.status.message;
+    const FusedTokenViews fused = fused_token_views(p, /*pad=*/8);  // rows stay 16-byte aligned
+    DeviceBuffer<uint16_t> buf(fused.data);
+    DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
+    DeviceBuffer<int64_t> cu(p.cu_seqlens);
+    DeviceBuffer<int32_t> idx(p.idx32);
+    DeviceBuffer<uint8_t> pool(p.pool_bytes());
+    DeviceBuffer<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
+    DeviceBuffer<uint8_t> per_token(static_cast<size_t>(p.T * p.per_slot) * state_elem_bytes(p));
+    FKDA_CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.n * 2));
+    FKDA_CUDA_CHECK(cudaMemset(per_token.ptr, 0xFF, per_token.n));
+    DecodeArgs a = p.args(out.ptr, pool.ptr, per_token.ptr);
+    fused.apply(a, buf.ptr, p);
+    a.A_log = A_log.ptr;
+    a.dt_bias = dt_bias.ptr;
+    a.state_indices = idx.ptr;
+    a.index_type = IndexType::kInt32;
+    if (!p.cu_seqlens.empty()) a.cu_seqlens = cu.ptr;
+    const Status st = decode(a, Backend::kCuda, nullptr);
+    ASSERT_TRUE(st.ok()) << label << ": " << st.message;
+    FKDA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(out.to_host(), dense.out) << label;
+    EXPECT_EQ(pool.to_host(), dense.pool) << label;
+    EXPECT_EQ(per_token.to_host(), dense.per_token) << label;
+    // The bars of GpuDecodeCases: fp32 pools 1e-5, bf16 pools one bf16 ulp on a few elements.
+    compare(p, dense, run_decode_cpu(p, label), cs.state == DType::kFP32 ? 1e-5 : 2e-3, label.c_str());
+  }
+}
+
 // The production choice at a bf16 serving size (N = 64, H = 32: 2048 (sequence,
 // head) pairs, where it picks packed, the kernel that keeps the state as bf16
 // pairs and so rounds it after every token). One token a sequence: packed runs

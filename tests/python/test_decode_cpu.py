@@ -400,13 +400,30 @@ def test_tokens_not_a_multiple_of_sequences_is_value_error_naming_q():
         call_with(p, state_indices=torch.tensor([0, 1], dtype=torch.int32))
 
 
-@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta", "out", "dt_bias", "per_token_states"])
+@pytest.mark.parametrize("name", ["out", "dt_bias", "per_token_states"])
 def test_non_contiguous_is_value_error(small, name):
     t = {"out": torch.empty_like(small["v"]), "per_token_states": torch.zeros(2, 2, 32, 32)}.get(name, small.get(name))
     nc = t.transpose(0, -1).contiguous().transpose(0, -1)
     assert nc.shape == t.shape and not nc.is_contiguous()
     with pytest.raises(ValueError, match=rf"^{name}: expected a C-contiguous"):
         call_with(small, **{name: nc})
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "g"])
+def test_token_view_with_a_strided_last_dimension_is_value_error(small, name):
+    # Token tensors may be strided views (tests/python/test_random_decode_cpu.py), with
+    # their last dimension contiguous.
+    nc = small[name].transpose(0, -1).contiguous().transpose(0, -1)
+    assert not nc.is_contiguous()
+    with pytest.raises(ValueError, match=rf"^{name}: expected the last dimension contiguous"):
+        call_with(small, **{name: nc})
+
+
+def test_beta_view_of_any_strides_is_the_dense_beta(small):
+    # beta has no width: a transposed [T, HV] memory read through its strides.
+    nc = small["beta"].transpose(0, -1).contiguous().transpose(0, -1)
+    assert not nc.is_contiguous()
+    assert torch.equal(call_with(small, beta=nc), call_with(small))
 
 
 @pytest.mark.parametrize("name", ["state_pool", "state_out_pool"])

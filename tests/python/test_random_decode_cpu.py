@@ -1,12 +1,11 @@
 """Random engine-style decode steps through the Python binding on CPU tensors, every
-argument form decode takes at once: int32 or int64 cu_seqlens (or equal lengths), a
-pool sliced from a bigger buffer,
+argument form at once: token tensors as views of one fused projection (or dense),
+int32 or int64 cu_seqlens (or equal lengths), a pool sliced from a bigger buffer,
 slot indices of either width as a block table's strided column (padding entries
 among them), a separate output pool, per-token states, and speculative verify
 (indices [N, 1 + S] with num_accepted_tokens). Each step is run again with an
 engine's glue (contiguous copies, int64 boundaries, a dense pool copy, dense
-indices) and must be bitwise that run; nothing else may be written. (Decode reads its
-token tensors dense: strided views are the forward's, tests/python/test_random_calls_cpu.py.)"""
+indices) and must be bitwise that run; nothing else may be written."""
 from __future__ import annotations
 
 import random
@@ -18,6 +17,21 @@ import flash_kda
 from test_decode_cpu import make_decode
 
 STEPS = 40
+
+
+def fused(p, r):
+    """q | k | v | g | beta (| pad) of each token in one [T, width] buffer, and the views."""
+    T, H, K = p["q"].shape
+    HV, V = p["v"].shape[1], p["v"].shape[2]
+    parts = [p["q"].reshape(T, H * K), p["k"].reshape(T, H * K), p["v"].reshape(T, HV * V),
+             p["g"].reshape(T, HV * K), p["beta"]]
+    buf = torch.cat(parts + [torch.zeros(T, 8 * r.randint(0, 2), dtype=torch.bfloat16)], dim=-1)
+    at, views = 0, {}
+    for name, t, shape in zip(("q", "k", "v", "g", "beta"), parts, ((H, K), (H, K), (HV, V), (HV, K), None)):
+        x = buf[:, at:at + t.shape[-1]]
+        views[name] = x if shape is None else x.unflatten(-1, shape)
+        at += t.shape[-1]
+    return views
 
 
 @pytest.mark.parametrize("seed", range(STEPS))
@@ -65,7 +79,7 @@ def test_decode_forms_are_bitwise_the_glued_step(seed):
         out_pool = out_base[:, :per].view(P, HV, V, K)
     per_token = torch.full((T, HV, V, K), 7.0, dtype=p["pool"].dtype) if (not verify and r.random() < 0.3) else None
 
-    views = {n: p[n] for n in ("q", "k", "v", "g", "beta")}
+    views = fused(p, r) if r.random() < 0.6 else {n: p[n] for n in ("q", "k", "v", "g", "beta")}
     kw = dict(scale=p["scale"], lower_bound=p["lower_bound"], num_accepted_tokens=acc)
     if lengths is not None:
         kw["cu_seqlens"] = p["cu_seqlens"].to(r.choice([torch.int32, torch.int64]))

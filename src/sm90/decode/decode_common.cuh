@@ -45,7 +45,33 @@ struct DecodeParams {
   // without num_accepted) and token t's state goes to slot indices[n, t − t0].
   int64_t verify_slots;
   const void* num_accepted;  // [N] or null, the index type
+  // The token tensors' element strides between tokens and between heads
+  // (DecodeArgs' *_token_stride / *_head_stride, dense values filled in): views of
+  // one fused projection output are read in place, by the latency kernel's strided
+  // build (decode_latency_kernel.cuh, kStrided); the other builds read dense
+  // tensors with the addressing they were tuned with. Below 2^31
+  // (check_decode_supported).
+  int32_t q_token_stride, q_head_stride, k_token_stride, k_head_stride;
+  int32_t v_token_stride, v_head_stride, g_token_stride, g_head_stride;
+  int32_t beta_token_stride, beta_head_stride;
 };
+
+// Where token t, head h of a strided token tensor starts.
+__device__ __forceinline__ int64_t q_at(const DecodeParams& p, int64_t t, int h) {
+  return t * p.q_token_stride + h * p.q_head_stride;
+}
+__device__ __forceinline__ int64_t k_at(const DecodeParams& p, int64_t t, int h) {
+  return t * p.k_token_stride + h * p.k_head_stride;
+}
+__device__ __forceinline__ int64_t v_at(const DecodeParams& p, int64_t t, int hv) {
+  return t * p.v_token_stride + hv * p.v_head_stride;
+}
+__device__ __forceinline__ int64_t g_at(const DecodeParams& p, int64_t t, int hv) {
+  return t * p.g_token_stride + hv * p.g_head_stride;
+}
+__device__ __forceinline__ int64_t beta_at(const DecodeParams& p, int64_t t, int hv) {
+  return t * p.beta_token_stride + hv * p.beta_head_stride;
+}
 
 constexpr int kDecodeDim = 128;                                // K = V
 constexpr int kDecodeRows = 32;                                // rows of V per CTA

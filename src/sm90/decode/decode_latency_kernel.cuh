@@ -56,23 +56,38 @@ template <int kRows>
 struct WarpTokenInputs {
   float q[kLatColsPerLane], k[kLatColsPerLane], g[kLatColsPerLane], beta, v[kRows];
 };
-template <int kDim, int kRows>
+// kStrided: the token tensors' strides from DecodeParams (views of a fused
+// projection); else dense [T, heads, dim].
+template <int kDim, int kRows, bool kStrided>
 __device__ __forceinline__ WarpTokenInputs<kRows> load_warp_token_inputs(const DecodeParams& p, int64_t t, int h,
                                                                          int hv, int lane, int row0) {
-  const int64_t qk_off = (t * p.num_heads + h) * kDim + kLatColsPerLane * lane;
-  const int64_t vh = t * p.num_v_heads + hv;
+  const int col = kLatColsPerLane * lane;
+  int64_t q_off, k_off, g_off, v_off, b_off;
+  if constexpr (kStrided) {
+    q_off = q_at(p, t, h) + col;
+    k_off = k_at(p, t, h) + col;
+    g_off = g_at(p, t, hv) + col;
+    v_off = v_at(p, t, hv) + row0;
+    b_off = beta_at(p, t, hv);
+  } else {
+    q_off = k_off = (t * p.num_heads + h) * kDim + col;
+    const int64_t vh = t * p.num_v_heads + hv;
+    g_off = vh * kDim + col;
+    v_off = vh * kDim + row0;
+    b_off = vh;
+  }
   WarpTokenInputs<kRows> in{};
-  if (kDim == kDecodeDim || kLatColsPerLane * lane < kDim) {
+  if (kDim == kDecodeDim || col < kDim) {
 #pragma unroll
     for (int e = 0; e < kLatColsPerLane; ++e) {
-      in.q[e] = bf16_at(p.q, qk_off + e);
-      in.k[e] = bf16_at(p.k, qk_off + e);
-      in.g[e] = bf16_at(p.g, vh * kDim + kLatColsPerLane * lane + e);
+      in.q[e] = bf16_at(p.q, q_off + e);
+      in.k[e] = bf16_at(p.k, k_off + e);
+      in.g[e] = bf16_at(p.g, g_off + e);
     }
   }
-  in.beta = bf16_at(p.beta, vh);
+  in.beta = bf16_at(p.beta, b_off);
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) in.v[i] = bf16_at(p.v, vh * kDim + row0 + kDecodeRows * i);
+  for (int i = 0; i < kRows; ++i) in.v[i] = bf16_at(p.v, v_off + kDecodeRows * i);
   return in;
 }
 
@@ -84,7 +99,10 @@ __device__ __forceinline__ WarpTokenInputs<kRows> load_warp_token_inputs(const D
 // there is no final store (the last token's slot has it). Verify steps are a
 // few tokens for few sequences, the latency regime this kernel is built for.
 // kRows: the rows a thread holds, kDecodeRows apart (2 only at K = 64).
-template <bool kFp32, int kMinBlocks, bool kVerify = false, int kDim = kDecodeDim, int kRows = 1>
+// kStrided: token tensors read through their strides (views of a fused
+// projection output), the build every strided decode runs.
+template <bool kFp32, int kMinBlocks, bool kVerify = false, int kDim = kDecodeDim, int kRows = 1,
+          bool kStrided = false>
 __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     kda_decode_latency_kernel(const __grid_constant__ DecodeParams p) {
   static_assert(kDim == 64 || kDim == kDecodeDim, "K = V = 64 or 128");
@@ -115,7 +133,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
       dt_bias[e] = p.dt_bias[static_cast<int64_t>(hv) * kDim + kLatColsPerLane * lane + e];
   }
   WarpTokenInputs<kRows> next{};
-  if (t0 < t1) next = load_warp_token_inputs<kDim, kRows>(p, t0, h, hv, lane, row);
+  if (t0 < t1) next = load_warp_token_inputs<kDim, kRows, kStrided>(p, t0, h, hv, lane, row);
   const int64_t slot = seq.slot;
   if (slot < 0 || slot >= p.pool_size) {  // padding entry or index past the pool: no access
     report_decode_faults<kVerify>(p, tile, faults);
@@ -149,7 +167,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     // Verify: this token's slot, requested before the math that precedes its store.
     const int64_t token_slot = kVerify ? index_at(p, p.indices, tile.n * p.verify_slots + (t - t0)) : -1;
     const WarpTokenInputs<kRows> in = next;
-    if (t + 1 < t1) next = load_warp_token_inputs<kDim, kRows>(p, t + 1, h, hv, lane, row);
+    if (t + 1 < t1) next = load_warp_token_inputs<kDim, kRows, kStrided>(p, t + 1, h, hv, lane, row);
     const int64_t vh = t * p.num_v_heads + hv;
 
     // The token's vectors, built by this warp alone.
