@@ -16,7 +16,8 @@
 // dependent launch; without it a variant runs with PDL off), "all" for every
 // variant with and without "+pdl", or "prod" for the production choice (PDL
 // as PdlMode::kAuto chooses; "prod+pdl" forces it on; "prod-strided" is the production
-// call on token tensors that are strided views: every other token row). Unless --no-refs,
+// call on token tensors that are strided views: every other token row; "prod-copied" copies
+// those views dense, five 2-D copies, before the dense call). Unless --no-refs,
 // reference columns follow, for the same bytes and grid: "memcpy" (cudaMemcpyAsync D2D of the state, 20 per graph),
 // "rmw" (a kernel reading and rewriting the state in place, 16 KB per 128-thread
 // CTA, no math: the floor of the decode's access pattern), "rmw-rows" (the same
@@ -119,6 +120,7 @@ struct Column {
   flashkda::PdlMode mode = flashkda::PdlMode::kOff;  // kDecode; kEmpty: kOn or kOff
   bool indexed = false;  // kRmwRows: read the slot from the index array first
   bool strided = false;  // kDecode: token tensors as every other row of a buffer twice their size
+  bool copied = false;  // kDecode: those views copied dense first (2-D copies in the graph), as glue would
 };
 
 bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols) {
@@ -133,9 +135,9 @@ bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols
     }
     const bool pdl = item.size() > 4 && item.compare(item.size() - 4, 4, "+pdl") == 0;
     const std::string name = pdl ? item.substr(0, item.size() - 4) : item;
-    if (name == "prod" || name == "prod-strided") {
+    if (name == "prod" || name == "prod-strided" || name == "prod-copied") {
       cols->push_back({item, Kind::kDecode, -1, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kAuto, false,
-                       name == "prod-strided"});
+                       name == "prod-strided", name == "prod-copied"});
       continue;
     }
     int found = -1;
@@ -280,6 +282,8 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&A_log, H * 4)); CHECK_CUDA(cudaMalloc(&dt_bias, H * dim * 4));
       CHECK_CUDA(cudaMalloc(&pool, state_bytes));
       CHECK_CUDA(cudaMalloc(&idx, N * 4));
+      uint16_t* dense[5] = {};  // prod-copied: q, k, v, g, beta copied dense
+      for (int t = 0; t < 5; ++t) CHECK_CUDA(cudaMalloc(&dense[t], t < 4 ? tok * 2 : int64_t{N} * H * 2));
       const bool want_copy = std::any_of(cols.begin(), cols.end(), [](const Column& c) { return c.kind == Kind::kMemcpy; });
       if (want_copy) CHECK_CUDA(cudaMalloc(&copy_dst, state_bytes));
       fill_bf16<<<256, 256>>>(q, 2 * tok, 1); fill_bf16<<<256, 256>>>(k, 2 * tok, 2);
@@ -309,6 +313,16 @@ int main(int argc, char** argv) {
             case Kind::kDecode: {
               flashkda::sm90::set_decode_variant_override(c.variant);
               a.programmatic_dependent_launch = c.mode;
+              uint16_t* const src[5] = {q, k, v, g, beta};
+              if (c.copied) {
+                for (int t = 0; t < 5; ++t) {
+                  const size_t row_bytes = (t < 4 ? size_t(H) * dim : size_t(H)) * 2;
+                  CHECK_CUDA(cudaMemcpy2DAsync(dense[t], row_bytes, src[t], 2 * row_bytes, row_bytes, N,
+                                               cudaMemcpyDeviceToDevice, stream));
+                }
+              }
+              a.q = c.copied ? dense[0] : q; a.k = c.copied ? dense[1] : k; a.v = c.copied ? dense[2] : v;
+              a.g = c.copied ? dense[3] : g; a.beta = c.copied ? dense[4] : beta;
               const int64_t row = c.strided ? 2 * int64_t{H} * dim : 0, head = c.strided ? dim : 0;
               a.q_token_stride = a.k_token_stride = a.v_token_stride = a.g_token_stride = row;
               a.q_head_stride = a.k_head_stride = a.v_head_stride = a.g_head_stride = head;
@@ -355,6 +369,7 @@ int main(int argc, char** argv) {
       }
       cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(g); cudaFree(out); cudaFree(beta);
       cudaFree(A_log); cudaFree(dt_bias); cudaFree(pool); cudaFree(idx); cudaFree(copy_dst);
+      for (uint16_t* d : dense) cudaFree(d);
     }
   }
 
