@@ -281,7 +281,8 @@ struct DecodeArgs {
   void* per_token_states = nullptr;
 
   // Speculative verify on pool slots (the semantics of fla's serving-form
-  // fused_recurrent_kda): with verify_slots = C >= 2, state_indices is [N, C] and
+  // fused_recurrent_kda): with verify_slots = C >= 2 (or C = 1 with
+  // num_accepted_tokens: no draft tokens, every count 1), state_indices is [N, C] and
   // sequence n (at most C tokens) starts from slot state_indices[n, j], j =
   // num_accepted_tokens[n] − 1 (0 without num_accepted_tokens: [N] of
   // index_type, values in [1, C]); the state after its token t goes to slot

@@ -345,8 +345,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
             after every token (speculative verify).
         cu_seqlens_host: optional int64 CPU copy of cu_seqlens (validated; CUDA only).
         Speculative verify on pool slots (fla's serving-form fused_recurrent_kda):
-            state_indices ``[N, 1 + S]`` and optionally num_accepted_tokens ``[N]`` (the dtype
-            of state_indices, values in [1, 1 + S]): sequence n starts from slot
+            state_indices ``[N, 1 + S]`` (S >= 1, or S = 0 with num_accepted_tokens) and optionally
+            num_accepted_tokens ``[N]`` (the dtype of state_indices, values in [1, 1 + S]): sequence n starts from slot
             ``state_indices[n, num_accepted_tokens[n] - 1]`` (column 0 without it) and the
             state after its token t goes to slot ``state_indices[n, t]``.
         stream: cudaStream_t as int; default torch's current stream on q's device.

@@ -97,10 +97,10 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
                                static_cast<int32_t>(a.programmatic_dependent_launch)));
 
   // ---- speculative verify ----------------------------------------------------------
-  const bool verify = a.verify_slots >= 2;
+  const bool verify = speculative_verify(a);
   if (a.verify_slots < 0) return Status::Invalid(cat("verify_slots: expected a value >= 0, got ", a.verify_slots));
   if (a.num_accepted_tokens != nullptr && !verify)
-    return Status::Invalid("num_accepted_tokens: needs verify_slots >= 2 (state_indices [N, 1 + draft tokens])");
+    return Status::Invalid("num_accepted_tokens: needs verify_slots >= 1 (state_indices [N, 1 + draft tokens])");
   if (verify) {
     if (a.state_out_pool != nullptr)
       return Status::Invalid("state_out_pool: not with verify_slots (the per-token states go to the pool's slots)");

@@ -13,6 +13,13 @@ struct SequenceSpan {
   int64_t length = 0;
 };
 
+// Whether a decode call is a speculative verify: state_indices [N, C] with C >= 2, or
+// with C = 1 and num_accepted_tokens (fla's serving form with no draft tokens; then
+// it is a plain decode step whose counts must be 1, checked as in any verify).
+inline bool speculative_verify(const DecodeArgs& a) {
+  return a.verify_slots >= 2 || (a.verify_slots == 1 && a.num_accepted_tokens != nullptr);
+}
+
 // Number of sequences N (num_seqs with cu_seqlens, else B).
 int64_t num_sequences(const ForwardArgs& args);
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/bf16.h"
+#include "common/sequences.h"
 #include "cpu/cpu_backends.h"
 #include "cpu/parallel.h"
 
@@ -26,7 +27,7 @@ void decode_one(const DecodeArgs& a, int64_t n, int64_t hv) {
   const int64_t K = a.head_dim_k, V = a.head_dim_v, h = hv / (HV / H);
   // [N] indices, or [N, C] with speculative verify: the starting slot is column
   // num_accepted_tokens[n] − 1 (0 without it) and token t's state goes to column t.
-  const int64_t C = a.verify_slots >= 2 ? a.verify_slots : 1;
+  const int64_t C = speculative_verify(a) ? a.verify_slots : 1;
   auto index = [&](const void* p, int64_t i) -> int64_t {
     return a.index_type == IndexType::kInt64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
   };

@@ -199,7 +199,7 @@ Status decode(const DecodeArgs& a, void* stream) {
   p.num_v_heads = static_cast<int32_t>(HV);
   p.scale = a.scale;
   p.lower_bound = a.lower_bound;
-  const bool verify = a.verify_slots >= 2;
+  const bool verify = speculative_verify(a);
   p.verify_slots = verify ? a.verify_slots : 0;
   p.num_accepted = a.num_accepted_tokens;
   // 0: dense (DecodeArgs' convention).

@@ -358,5 +358,57 @@ TEST(DecodeVerify, EachTokensStateGoesToItsSlot) {
   EXPECT_EQ(cuda.message.find("verify"), std::string::npos) << cuda.message;
 }
 
+// One column (fla's serving form with no draft tokens): state_indices [N, 1] with
+// num_accepted_tokens, every count 1, is the plain [N] decode step, bitwise on
+// both CPU backends; any other count, or a second token, is named.
+TEST(DecodeVerify, OneColumnIsThePlainStep) {
+  DecodeSpec spec;
+  spec.seq_tokens = {1, 1, 1, 1};
+  spec.heads = 2;
+  spec.head_dim = 16;
+  spec.extra_slots = 3;
+  const DecodeProblem p = make_decode_problem(spec, 17);
+  const std::vector<int32_t> idx = {2, -1, 0, 5};  // one padding entry
+  const std::vector<int32_t> ones(idx.size(), 1);
+  for (Backend be : {Backend::kCpuReference, Backend::kCpuChunked}) {
+    std::vector<uint16_t> out_ref(static_cast<size_t>(p.T * p.HV * p.V), 0x7fc0), out = out_ref;
+    std::vector<uint8_t> pool_ref = p.pool_bytes(), pool = pool_ref;
+    DecodeArgs ref = p.args(out_ref.data(), pool_ref.data(), nullptr);
+    ref.state_indices = idx.data();
+    ref.index_type = IndexType::kInt32;
+    ASSERT_TRUE(decode(ref, be, nullptr).ok());
+    DecodeArgs a = ref;
+    a.out = out.data();
+    a.state_pool = pool.data();
+    a.verify_slots = 1;
+    a.num_accepted_tokens = ones.data();
+    const Status st = decode(a, be, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message;
+    EXPECT_EQ(out, out_ref);
+    EXPECT_EQ(pool, pool_ref);
+
+    std::vector<int32_t> two = ones;
+    two[3] = 2;
+    a.num_accepted_tokens = two.data();
+    Status v = validate_decode(a, be);
+    EXPECT_NE(v.message.find("num_accepted_tokens: entry 3 is 2, expected a value in [1, 1]"), std::string::npos)
+        << v.message;
+    a.num_accepted_tokens = ones.data();
+    a.cu_seqlens = nullptr;
+    a.cu_seqlens_host = nullptr;
+    a.tokens_per_seq = 2;  // two tokens a sequence, one slot each
+    a.total_tokens = 2 * p.N;
+    v = validate_decode(a, be);
+    EXPECT_NE(v.message.find("verify_slots: sequence 0 has 2 tokens"), std::string::npos) << v.message;
+  }
+  // num_accepted_tokens still needs the 2-d form.
+  DecodeArgs plain = p.args(nullptr, nullptr, nullptr);
+  plain.state_indices = idx.data();
+  plain.index_type = IndexType::kInt32;
+  plain.num_accepted_tokens = ones.data();
+  const Status v = validate_decode(plain, Backend::kCpuReference);
+  EXPECT_NE(v.message.find("num_accepted_tokens: needs verify_slots >= 1"), std::string::npos) << v.message;
+}
+
 }  // namespace
 }  // namespace flashkda::testing

@@ -587,6 +587,53 @@ TEST(GpuDecodeVerifyGuard, BadCountsSlotsAndLengthsAreSkippedAndReported) {
   EXPECT_TRUE(check_device_faults(nullptr).ok()) << "the record is cleared by a check";
 }
 
+// One column with counts (fla's serving form, no draft tokens): state_indices
+// [N, 1] and num_accepted_tokens of ones is the plain step, on the verify build;
+// the float64 CPU decode of the same call is the oracle. A count of 2 on the
+// device has no column: that sequence is skipped (its slot and out rows
+// untouched) and reported.
+TEST(GpuDecodeVerify1, OneColumnIsThePlainStep) {
+  skip_without_gpu();
+  if (IsSkipped()) return;
+  ASSERT_TRUE(check_device_faults(nullptr).ok()) << "a fault was recorded before this test";
+  for (const int64_t dim : {int64_t{128}, int64_t{64}}) {
+    DecodeSpec spec;
+    spec.seq_tokens = {1, 1, 1, 1};
+    spec.heads = 2;
+    spec.v_heads = 4;
+    spec.head_dim = dim;
+    const DecodeProblem p = make_decode_problem(spec, 23);
+    VerifyCase vc{{0, -1, 2, 5}, {1, 1, 1, 1}, 1};
+    const DecodeResult gpu = run_verify(p, vc, Backend::kCuda), cpu = run_verify(p, vc, Backend::kCpuReference);
+    ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
+    ASSERT_TRUE(cpu.status.ok()) << cpu.status.message;
+    const auto gs = state_bytes_to_float(gpu.pool, spec.state_dtype), cs = state_bytes_to_float(cpu.pool, spec.state_dtype);
+    const double es = rel_rms(gs.data(), cs.data(), cs.size());
+    size_t beyond_ulp = 0, written_mismatch = 0;
+    for (size_t i = 0; i < cpu.out.size(); ++i) {
+      if ((cpu.out[i] == 0xFFFF) != (gpu.out[i] == 0xFFFF)) ++written_mismatch;
+      if (cpu.out[i] == 0xFFFF) continue;
+      const float a = bf16_to_float(gpu.out[i]), b = bf16_to_float(cpu.out[i]);
+      if (!(std::abs(a - b) <= std::abs(b) / 128 + 1e-6f)) ++beyond_ulp;
+    }
+    std::printf("[ errors ] decode verify, one column, K=%lld: pool %.2e\n", static_cast<long long>(dim), es);
+    EXPECT_LE(es, 1e-5);
+    EXPECT_EQ(beyond_ulp, 0u) << "outputs more than one bf16 ulp apart";
+    EXPECT_EQ(written_mismatch, 0u) << "padding outputs written, or real ones not";
+
+    vc.accepted[3] = 2;  // no second column
+    const DecodeResult bad = run_verify(p, vc, Backend::kCuda);
+    ASSERT_TRUE(bad.status.ok()) << bad.status.message;
+    const size_t slot_bytes = static_cast<size_t>(p.per_slot) * state_elem_bytes(p);
+    const std::vector<uint8_t> initial = p.pool_bytes();
+    EXPECT_EQ(0, std::memcmp(bad.pool.data() + 5 * slot_bytes, initial.data() + 5 * slot_bytes, slot_bytes))
+        << "the skipped sequence's slot was written";
+    for (int64_t e = 0; e < p.HV * p.V; ++e) EXPECT_EQ(bad.out[static_cast<size_t>(3 * p.HV * p.V + e)], 0xFFFF);
+    const Status f = check_device_faults(nullptr);
+    EXPECT_NE(f.message.find("num_accepted_tokens (decode)"), std::string::npos) << f.message;
+  }
+}
+
 TEST(GpuDecode, UnsupportedHeadDimIsRejectedWithMessage) {
   skip_without_gpu();
   if (::testing::Test::IsSkipped()) return;

@@ -574,6 +574,20 @@ def test_allocated_out_padding_rows_are_zero(monkeypatch):
     assert torch.equal(outs[0], outs[1])
 
 
+def test_verify_with_one_column_is_the_plain_step():
+    # fla's serving form with no draft tokens: state_indices [N, 1] with
+    # num_accepted_tokens (all ones) is the plain [N] step; a count of 2 is named.
+    p = make_decode(N=3, K=32, P=6, seed=35)
+    idx = torch.tensor([4, -1, 1], dtype=torch.int64)
+    pool_ref, pool = p["pool"].clone(), p["pool"].clone()
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"])
+    ref = flash_kda.decode(*args, pool_ref, idx)
+    out = flash_kda.decode(*args, pool, idx[:, None], num_accepted_tokens=torch.ones(3, dtype=torch.int64))
+    assert torch.equal(out, ref) and torch.equal(pool, pool_ref)
+    with pytest.raises(ValueError, match=r"num_accepted_tokens: entry 2 is 2, expected a value in \[1, 1\]"):
+        flash_kda.decode(*args, p["pool"].clone(), idx[:, None], num_accepted_tokens=torch.tensor([1, 1, 2]))
+
+
 def kda_decode_two_steps(p):
     """A function of the pool running two chained kda_decode steps on problem p: the
     second must read the pool the first wrote (only true when the op declares its
