@@ -315,6 +315,35 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
                      checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries)
 
 
+# CUDA decode reads strided token views with its latency kernel at every size (the
+# bandwidth kernels take dense rows only). At K = 128 from this many (sequence, value
+# head) pairs, copying the views dense and running the bandwidth kernel is faster
+# (H200, 32 heads, a step with the copies in the graph: N = 64, bf16 pool, 58.1 us
+# strided against 47.4 copied; N = 256, fp32 pool, 309 against 296; at N = 8 the
+# copies lose, 12.4 against 7.8). At K = 64 the strided step is within 7 % of the
+# dense one at every N measured, and ahead of the copies.
+_DECODE_COPY_VIEWS_FROM_PAIRS = 2048
+
+
+def _decode_token_inputs(q, k, v, g, beta, state_indices):
+    """q, k, v, g, beta as decode reads them: strided CUDA views copied dense where
+    that is faster (see _DECODE_COPY_VIEWS_FROM_PAIRS); anything the binding would
+    refuse (a broadcast view, a wrong type) is passed on for it to name."""
+    tensors = (q, k, v, g, beta)
+    try:  # the common call, dense torch tensors, returns here
+        if q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and g.is_contiguous() and beta.is_contiguous():
+            return tensors
+    except (AttributeError, TypeError):  # not torch tensors
+        return tensors
+    if not all(_is_torch(t) for t in tensors) or not q.is_cuda or q.shape[-1] != 128 or v.ndim < 3 or any(0 in t.stride() for t in tensors):
+        return tensors
+    if not _is_torch(state_indices) or state_indices.ndim < 1:
+        return tensors
+    if state_indices.shape[0] * v.shape[-2] < _DECODE_COPY_VIEWS_FROM_PAIRS:
+        return tensors
+    return tuple(t.contiguous() for t in tensors)
+
+
 def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,
            lower_bound=None, cu_seqlens=None, state_out_pool=None, per_token_states=None,
            cu_seqlens_host=None, stream=None, pdl=None, num_accepted_tokens=None):
@@ -373,6 +402,7 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
         out = _torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     state_indices = _dense_indices(state_indices)
+    q, k, v, g, beta = _decode_token_inputs(q, k, v, g, beta, state_indices)
     _, stream = _runtime(q, stream, need_alloc=False)
     _C.decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound, cu_seqlens,
               cu_seqlens_host, state_out_pool, per_token_states, num_accepted_tokens, stream, pdl_mode)

@@ -375,3 +375,37 @@ def test_speculative_verify_matches_cpu_and_fla(state_dtype, head_dim):
     print(f"verify K={head_dim} {state_dtype}: against fla out {e_out:.2e}, pool {e_pool:.2e}")
     assert e_out <= 1e-2
     assert e_pool <= (1e-4 if state_dtype == torch.float32 else 1e-2)
+
+
+def fused_views(p):
+    """q, k, v, g, beta as slices of one fused projection output [T, width] (an
+    engine's layout): token stride = width, last dimension contiguous."""
+    T, H, Kq = p["q"].shape
+    HV, V = p["v"].shape[1:]
+    parts = [p["q"].reshape(T, -1), p["k"].reshape(T, -1), p["v"].reshape(T, -1), p["g"].reshape(T, -1), p["beta"]]
+    fused = torch.cat(parts + [torch.zeros(T, 8, dtype=torch.bfloat16, device=p["q"].device)], dim=1)
+    views, at = [], 0
+    for x, shape in zip(parts, [(T, H, Kq), (T, H, Kq), (T, HV, V), (T, HV, Kq), (T, HV)]):
+        views.append(fused[:, at:at + x.shape[1]].view(shape) if len(shape) == 3 else fused[:, at:at + x.shape[1]])
+        at += x.shape[1]
+    return dict(p, q=views[0], k=views[1], v=views[2], g=views[3], beta=views[4])
+
+
+@pytest.mark.parametrize("N", [8, 64])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_strided_views_decode_as_the_dense_call(N, state_dtype):
+    # Views of a fused projection at K = 128, 32 heads: from 2048 (sequence, head)
+    # pairs decode copies them dense and runs the dense call's kernel (bitwise the
+    # dense call); below that the strided latency kernel runs them, to the state bars.
+    p = to(make_decode(N=N, H=32, K=K, P=N + 3, state_dtype=state_dtype, seed=130), "cuda")
+    pv = fused_views(p)
+    assert not pv["q"].is_contiguous() and not pv["beta"].is_contiguous()
+    pool_d, pool_v = p["pool"].clone(), p["pool"].clone()
+    out_d, out_v = call(p, pool_d), call(pv, pool_v)
+    torch.cuda.synchronize()
+    if N * 32 >= flash_kda._DECODE_COPY_VIEWS_FROM_PAIRS:
+        assert torch.equal(out_v, out_d) and torch.equal(pool_v, pool_d)
+    else:
+        bar = FP32_STATE_BAR if state_dtype == torch.float32 else BF16_STATE_BAR
+        assert rel_rms(pool_v.float(), pool_d.float()) <= bar
+        assert rel_rms(out_v.float(), out_d.float()) <= 1e-2
