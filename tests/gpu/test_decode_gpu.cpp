@@ -487,6 +487,25 @@ DecodeResult run_verify(const DecodeProblem& p, const VerifyCase& vc, Backend ba
   return r;
 }
 
+// How far a verify's GPU result is from the CPU's: the pool's relative RMS error, the
+// outputs more than one bf16 ulp apart, and the rows written by one side only (0xFFFF
+// marks an unwritten output).
+struct VerifyGap {
+  double pool;
+  size_t beyond_ulp = 0, written_mismatch = 0;
+};
+VerifyGap verify_gap(const DecodeResult& gpu, const DecodeResult& cpu, DType state_dtype) {
+  const auto gs = state_bytes_to_float(gpu.pool, state_dtype), cs = state_bytes_to_float(cpu.pool, state_dtype);
+  VerifyGap gap{rel_rms(gs.data(), cs.data(), cs.size())};
+  for (size_t i = 0; i < cpu.out.size(); ++i) {
+    if ((cpu.out[i] == 0xFFFF) != (gpu.out[i] == 0xFFFF)) ++gap.written_mismatch;
+    if (cpu.out[i] == 0xFFFF) continue;
+    const float a = bf16_to_float(gpu.out[i]), b = bf16_to_float(cpu.out[i]);
+    if (!(std::abs(a - b) <= std::abs(b) / 128 + 1e-6f)) ++gap.beyond_ulp;
+  }
+  return gap;
+}
+
 class GpuDecodeVerify : public ::testing::TestWithParam<std::tuple<DType, bool, int64_t>> {
  protected:
   void SetUp() override { skip_without_gpu(); }
@@ -511,15 +530,9 @@ TEST_P(GpuDecodeVerify, MatchesTheCpuVerify) {
     const DecodeResult gpu = run_verify(p, vc, Backend::kCuda), cpu = run_verify(p, vc, Backend::kCpuReference);
     ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
     ASSERT_TRUE(cpu.status.ok()) << cpu.status.message;
-    const auto gs = state_bytes_to_float(gpu.pool, spec.state_dtype), cs = state_bytes_to_float(cpu.pool, spec.state_dtype);
-    const double es = rel_rms(gs.data(), cs.data(), cs.size());
-    size_t beyond_ulp = 0, written_mismatch = 0;
-    for (size_t i = 0; i < cpu.out.size(); ++i) {
-      if ((cpu.out[i] == 0xFFFF) != (gpu.out[i] == 0xFFFF)) ++written_mismatch;
-      if (cpu.out[i] == 0xFFFF) continue;
-      const float a = bf16_to_float(gpu.out[i]), b = bf16_to_float(cpu.out[i]);
-      if (!(std::abs(a - b) <= std::abs(b) / 128 + 1e-6f)) ++beyond_ulp;
-    }
+    const VerifyGap gap = verify_gap(gpu, cpu, spec.state_dtype);
+    const double es = gap.pool;
+    const size_t beyond_ulp = gap.beyond_ulp, written_mismatch = gap.written_mismatch;
     const std::vector<uint8_t> initial = p.pool_bytes();
     const size_t slot_bytes = static_cast<size_t>(p.per_slot) * state_elem_bytes(p);
     for (int64_t s = 14; s < p.pool_size; ++s)
@@ -607,15 +620,9 @@ TEST(GpuDecodeVerify1, OneColumnIsThePlainStep) {
     const DecodeResult gpu = run_verify(p, vc, Backend::kCuda), cpu = run_verify(p, vc, Backend::kCpuReference);
     ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
     ASSERT_TRUE(cpu.status.ok()) << cpu.status.message;
-    const auto gs = state_bytes_to_float(gpu.pool, spec.state_dtype), cs = state_bytes_to_float(cpu.pool, spec.state_dtype);
-    const double es = rel_rms(gs.data(), cs.data(), cs.size());
-    size_t beyond_ulp = 0, written_mismatch = 0;
-    for (size_t i = 0; i < cpu.out.size(); ++i) {
-      if ((cpu.out[i] == 0xFFFF) != (gpu.out[i] == 0xFFFF)) ++written_mismatch;
-      if (cpu.out[i] == 0xFFFF) continue;
-      const float a = bf16_to_float(gpu.out[i]), b = bf16_to_float(cpu.out[i]);
-      if (!(std::abs(a - b) <= std::abs(b) / 128 + 1e-6f)) ++beyond_ulp;
-    }
+    const VerifyGap gap = verify_gap(gpu, cpu, spec.state_dtype);
+    const double es = gap.pool;
+    const size_t beyond_ulp = gap.beyond_ulp, written_mismatch = gap.written_mismatch;
     std::printf("[ errors ] decode verify, one column, K=%lld: pool %.2e\n", static_cast<long long>(dim), es);
     EXPECT_LE(es, 1e-5);
     EXPECT_EQ(beyond_ulp, 0u) << "outputs more than one bf16 ulp apart";
