@@ -179,6 +179,23 @@ def test_fused_recurrent_kda_serving_form_is_decode_on_the_pool():
     assert torch.equal(pool[[0, 1, 3, 4, 5, 6, 7]], pool0[[0, 1, 3, 4, 5, 6, 7]])
 
 
+def test_fused_recurrent_kda_serving_form_without_draft_tokens():
+    # ssm_state_indices [N, 1] with num_accepted_tokens (fla's serving form when no
+    # draft tokens are proposed): the plain step on ssm_state_indices [N].
+    p = make_problem(B=1, H=2, K=32, seqlens=[1, 1, 1], seed=35)
+    pool0 = 0.1 * torch.randn(6, 2, 32, 32, generator=torch.Generator().manual_seed(36))
+    outs = []
+    for idx, acc in ((torch.tensor([4, -1, 1]), None), (torch.tensor([[4], [-1], [1]]), torch.ones(3, dtype=torch.int64))):
+        pool = pool0.clone()
+        o, _ = flash_kda.fused_recurrent_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], A_log=p["A_log"],
+                                             dt_bias=p["dt_bias"], initial_state=pool, lower_bound=-5.0,
+                                             state_v_first=True, cu_seqlens=p["cu_seqlens"], ssm_state_indices=idx,
+                                             num_accepted_tokens=acc, inplace_final_state=True, **RFLAGS)
+        outs.append((o, pool))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert not torch.equal(outs[0][1], pool0)
+
+
 def test_fused_recurrent_kda_within_the_bars_of_the_float64_recurrence():
     from kda_reference import reference, rel_rms
     p = make_problem(B=1, H=2, HV=4, K=32, seqlens=[40, 1, 17], seed=34)
