@@ -162,7 +162,8 @@ typedef struct flashkda_decode_args {
   float lower_bound;              /* in [-5, 0) */
   int32_t reserved;               /* must be 0 (kept for a later ABI) */
   const int32_t* cu_seqlens_int32; /* int32 [N+1] instead of cu_seqlens, or NULL (every backend) */
-  int64_t verify_slots;            /* >= 2: speculative verify, state_indices [N, verify_slots] */
+  int64_t verify_slots;            /* >= 2 (or 1 with num_accepted_tokens): speculative verify,
+                                    * state_indices [N, verify_slots] */
   const void* num_accepted_tokens; /* [N] of index_type, or NULL */
   /* Strided token tensors (elements between tokens and between heads; 0: dense),
    * as in flashkda_forward_args. */

@@ -134,7 +134,40 @@ int decode_variant_count() { return kNumDecodeVariants; }
 const char* decode_variant_name(int v) { return v >= 0 && v < kNumDecodeVariants ? kDecodeVariants[v].name : nullptr; }
 void set_decode_variant_override(int v) { g_decode_variant_override.store(v >= 0 && v < kNumDecodeVariants ? v : -1); }
 
+// The token tensors' strides as the kernels take them: 32-bit, and a head's offset
+// h·head_stride (int × int32, decode_common.cuh) below 2^31 for every head h. The
+// token offset t·token_stride is 64-bit. Arguments only: checked before the device.
+Status check_decode_strides(const DecodeArgs& args) {
+  const int64_t H = args.num_heads, hv = args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;
+  const struct {
+    const char* name;
+    int64_t given, dense, heads;  // heads: how many heads the stride steps over (0: a token stride)
+  } strides[] = {{"q_token_stride", args.q_token_stride, H * args.head_dim_k, 0},
+                 {"k_token_stride", args.k_token_stride, H * args.head_dim_k, 0},
+                 {"v_token_stride", args.v_token_stride, hv * args.head_dim_v, 0},
+                 {"g_token_stride", args.g_token_stride, hv * args.head_dim_k, 0},
+                 {"beta_token_stride", args.beta_token_stride, hv, 0},
+                 {"q_head_stride", args.q_head_stride, 0, H}, {"k_head_stride", args.k_head_stride, 0, H},
+                 {"v_head_stride", args.v_head_stride, 0, hv}, {"g_head_stride", args.g_head_stride, 0, hv},
+                 {"beta_head_stride", args.beta_head_stride, 0, hv}};
+  for (const auto& s : strides) {
+    const int64_t stride = s.given != 0 ? s.given : s.dense;
+    if (stride > int64_t{0x7fffffff})
+      return Status::NotSupported(std::string(s.name) + ": the CUDA decode needs strides below 2^31 elements (got " +
+                                  std::to_string(stride) + ")");
+    // A dense head stride (0 here) is bounded by its token stride's check. By
+    // division: a huge head count would overflow the product.
+    if (s.heads > 1 && stride > 0 && s.heads - 1 > int64_t{0x7fffffff} / stride)
+      return Status::NotSupported(std::string(s.name) + ": the CUDA decode needs (heads - 1) x head stride below 2^31 " +
+                                  "elements (got " + std::to_string(s.heads - 1) + " x " + std::to_string(stride) +
+                                  "); pass a dense tensor");
+  }
+  return Status::Ok();
+}
+
 Status check_decode_supported(const DecodeArgs& args) {
+  const Status strides = check_decode_strides(args);
+  if (!strides.ok()) return strides;
   std::string why;
   if (!device_supported(&why)) return Status::NotSupported(why);
   if (args.head_dim_k != args.head_dim_v || (args.head_dim_k != 64 && args.head_dim_k != kDecodeDim))
@@ -142,23 +175,6 @@ Status check_decode_supported(const DecodeArgs& args) {
                                 std::to_string(args.head_dim_k) + ", V=" + std::to_string(args.head_dim_v) +
                                 "); the CPU backends run any head dim");
   const int64_t hv = args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;
-  // The kernels address token t, head h of a token tensor as t·token_stride +
-  // h·head_stride with 32-bit strides.
-  const struct {
-    const char* name;
-    int64_t given, dense;
-  } strides[] = {{"q_token_stride", args.q_token_stride, args.num_heads * args.head_dim_k},
-                 {"k_token_stride", args.k_token_stride, args.num_heads * args.head_dim_k},
-                 {"v_token_stride", args.v_token_stride, hv * args.head_dim_v},
-                 {"g_token_stride", args.g_token_stride, hv * args.head_dim_k},
-                 {"beta_token_stride", args.beta_token_stride, hv},
-                 {"q_head_stride", args.q_head_stride, 0}, {"k_head_stride", args.k_head_stride, 0},
-                 {"v_head_stride", args.v_head_stride, 0}, {"g_head_stride", args.g_head_stride, 0},
-                 {"beta_head_stride", args.beta_head_stride, 0}};
-  for (const auto& s : strides)
-    if ((s.given != 0 ? s.given : s.dense) > int64_t{0x7fffffff})
-      return Status::NotSupported(std::string(s.name) + ": the CUDA decode needs strides below 2^31 elements (got " +
-                                  std::to_string(s.given != 0 ? s.given : s.dense) + ")");
   // num_seqs is bounded by nothing else when cu_seqlens is given: compare by
   // division, the product may overflow int64 (and wrap below the limit).
   if (args.num_seqs > int64_t{0x7fffffff} / (hv * kDecodeSlices))

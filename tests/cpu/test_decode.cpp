@@ -111,6 +111,34 @@ TEST(Decode, StridedTokenViewsAreTheDenseDecode) {
   }
 }
 
+// Head-major views (x.view(H, T, K).transpose(0, 1): token stride K, head stride
+// T·K). The CUDA decode's kernels add h·head_stride in 32 bits, so it refuses a view
+// whose last head starts 2^31 elements or more in, naming the stride, before it
+// asks for a device (an argument check); one head less is accepted. The CPU
+// backends take any.
+TEST(Decode, HeadStridesPastTheCudaOffsetsAreNamed) {
+  DecodeSpec spec;
+  spec.num_seqs = 2;
+  spec.heads = 65;
+  spec.head_dim = 16;
+  const DecodeProblem p = make_decode_problem(spec, 18);
+  std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
+  std::vector<uint8_t> pool = p.pool_bytes();
+  DecodeArgs a = p.args(out.data(), pool.data(), nullptr);
+  a.q_token_stride = 16;
+  a.q_head_stride = int64_t{1} << 25;  // 64 x 2^25 = 2^31: one past the last offset
+  const Status st = validate_decode(a, Backend::kCuda);
+  if (st.message.find("no CUDA kernels") != std::string::npos) GTEST_SKIP() << st.message;
+  EXPECT_EQ(st.code, StatusCode::kNotSupported) << st.message;
+  EXPECT_NE(st.message.find("q_head_stride: the CUDA decode needs (heads - 1) x head stride below 2^31 elements "
+                            "(got 64 x 33554432)"),
+            std::string::npos)
+      << st.message;
+  a.q_head_stride = (int64_t{1} << 25) - 1;  // 64 x (2^25 - 1) < 2^31
+  const Status ok = validate_decode(a, Backend::kCuda);
+  EXPECT_EQ(ok.message.find("q_head_stride"), std::string::npos) << ok.message;
+}
+
 TEST(Decode, PerTokenStatesAndOutPool) {
   DecodeSpec spec;
   spec.num_seqs = 3;

@@ -40,7 +40,7 @@ struct DecodeParams {
   int32_t index_is_64;
   int32_t num_heads, num_v_heads;
   float scale, lower_bound;
-  // Speculative verify (DecodeArgs::verify_slots >= 2; the verify kernel only):
+  // Speculative verify (speculative_verify(DecodeArgs); the verify kernel only):
   // sequence n starts from slot indices[n, num_accepted[n] − 1] (column 0
   // without num_accepted) and token t's state goes to slot indices[n, t − t0].
   int64_t verify_slots;
