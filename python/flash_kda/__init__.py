@@ -38,6 +38,7 @@ results with torch).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import sys
@@ -140,6 +141,23 @@ def _runtime(q, stream, need_alloc=True):
             stream = cupy.cuda.get_current_stream().ptr
         return alloc, int(stream)
     return None, int(stream or 0)
+
+
+_SAME_STREAM = contextlib.nullcontext()
+
+
+def _on_stream(q, stream):
+    """Where a call's own allocations and copies (a dense copy of the indices or of
+    token views, a zero-filled out) go: on the kernels' stream. torch queues them on
+    its current stream; when `stream` names another, nothing would order them before
+    the kernel, and torch could hand their memory to the next allocation while the
+    kernel still reads it. Inside this context both follow `stream`."""
+    if stream is None or not _is_torch(q) or not q.is_cuda:
+        return _SAME_STREAM
+    stream = int(stream)
+    if stream == _current_raw_stream(q.get_device()):
+        return _SAME_STREAM
+    return _torch.cuda.stream(_torch.cuda.ExternalStream(stream, device=q.device))
 
 
 def _dense_indices(x):
@@ -279,7 +297,8 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     alloc, stream = _runtime(q, stream)
     if state_indices is not None:
-        state_indices = _dense_indices(state_indices)
+        with _on_stream(q, stream):
+            state_indices = _dense_indices(state_indices)
     # Positional: the cheapest call into the extension (this is on every step's path).
     try:
         _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
@@ -325,6 +344,16 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
 _DECODE_COPY_VIEWS_FROM_PAIRS = 2048
 
 
+def _readable_view(t):
+    # The views the binding takes (and so those a copy may stand for): no broadcast
+    # dimension, the last one contiguous, and a rank-4 [N, t, ...] tensor whose two
+    # leading dimensions flatten to tokens.
+    st = t.stride()
+    if 0 in st or st[-1] != 1:
+        return False
+    return t.ndim != 4 or st[0] == t.shape[1] * st[1]
+
+
 def _decode_token_inputs(q, k, v, g, beta, state_indices):
     """q, k, v, g, beta as decode reads them: strided CUDA views copied dense where
     that is faster (see _DECODE_COPY_VIEWS_FROM_PAIRS); anything the binding would
@@ -335,9 +364,9 @@ def _decode_token_inputs(q, k, v, g, beta, state_indices):
             return tensors
     except (AttributeError, TypeError):  # not torch tensors
         return tensors
-    if not all(_is_torch(t) for t in tensors) or not q.is_cuda or q.shape[-1] != 128 or v.ndim < 3 or any(0 in t.stride() for t in tensors):
+    if not all(_is_torch(t) for t in tensors) or not q.is_cuda or q.shape[-1] != 128 or v.ndim < 3:
         return tensors
-    if not _is_torch(state_indices) or state_indices.ndim < 1:
+    if not all(_readable_view(t) for t in tensors) or not _is_torch(state_indices) or state_indices.ndim < 1:
         return tensors
     if state_indices.shape[0] * v.shape[-2] < _DECODE_COPY_VIEWS_FROM_PAIRS:
         return tensors
@@ -398,11 +427,13 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
                 raise TypeError(f"v: expected a tensor, got {type(v).__name__}")
             raise TypeError("out: pass an output array (bf16, the shape of v) for non-torch inputs; "
                             "only torch tensors are allocated automatically")
-        # Zeros: a padding entry's rows are not written, and must not read as garbage.
-        out = _torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
-    state_indices = _dense_indices(state_indices)
-    q, k, v, g, beta = _decode_token_inputs(q, k, v, g, beta, state_indices)
+    with _on_stream(q, stream):
+        if out is None:
+            # Zeros: a padding entry's rows are not written, and must not read as garbage.
+            out = _torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+        state_indices = _dense_indices(state_indices)
+        q, k, v, g, beta = _decode_token_inputs(q, k, v, g, beta, state_indices)
     _, stream = _runtime(q, stream, need_alloc=False)
     _C.decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound, cu_seqlens,
               cu_seqlens_host, state_out_pool, per_token_states, num_accepted_tokens, stream, pdl_mode)

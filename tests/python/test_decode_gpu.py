@@ -409,3 +409,27 @@ def test_strided_views_decode_as_the_dense_call(N, state_dtype):
         bar = FP32_STATE_BAR if state_dtype == torch.float32 else BF16_STATE_BAR
         assert rel_rms(pool_v.float(), pool_d.float()) <= bar
         assert rel_rms(out_v.float(), out_d.float()) <= 1e-2
+
+
+@pytest.mark.parametrize("views", [False, True])
+def test_side_stream_call_allocates_and_copies_on_its_stream(views):
+    # decode(stream=s) with s not torch's current stream: the zero-filled out, the
+    # dense copy of a strided index column and (views, 2048 pairs) of the token views
+    # must be made on s. The current stream is kept busy, so anything queued there
+    # would land after the kernel on s: out zeros, or copies read before written.
+    N = 64 if views else 4
+    p = to(make_decode(N=N, H=32, K=K, P=N + 3, seed=131), "cuda")
+    pv = fused_views(p) if views else p
+    table = torch.stack([p["indices"], torch.zeros_like(p["indices"])], dim=1)  # a block table
+    idx = table[:, 0]
+    assert not idx.is_contiguous()
+    pool_ref, pool = p["pool"].clone(), p["pool"].clone()
+    ref = flash_kda.decode(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], pool_ref, p["indices"])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # the inputs are ready on the side stream
+    torch.cuda._sleep(200_000_000)  # the current stream busy for ~0.1 s
+    out = flash_kda.decode(pv["q"], pv["k"], pv["v"], pv["g"], pv["beta"], p["A_log"], p["dt_bias"], pool, idx,
+                           stream=side.cuda_stream)
+    side.synchronize()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref) and torch.equal(pool, pool_ref)
