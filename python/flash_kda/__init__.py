@@ -407,7 +407,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
             num_accepted_tokens ``[N]`` (the dtype of state_indices, values in [1, 1 + S]): sequence n starts from slot
             ``state_indices[n, num_accepted_tokens[n] - 1]`` (column 0 without it) and the
             state after its token t goes to slot ``state_indices[n, t]``.
-        stream: cudaStream_t as int; default torch's current stream on q's device.
+        stream: cudaStream_t as int; default torch's current stream on q's device. The
+            call's own allocations and copies (a zero-filled out, dense copies) go on it too.
         pdl: programmatic dependent launch of the CUDA kernel: it may then be scheduled
             while the previous kernel on the stream still runs (it waits for that kernel
             before touching memory), hiding part of the launch latency between
