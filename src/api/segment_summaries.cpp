@@ -146,6 +146,34 @@ Status validate_compose(const ComposeSummariesArgs& a, Backend backend) {
     if (x.p == nullptr) return Status::Invalid(cat(x.name, ": null pointer"));
     if (!aligned(x.p, 4)) return Status::Invalid(cat(x.name, ": expected a 4-byte aligned pointer"));
   }
+  // An output is one of its own kind's inputs itself (in place) or shares no byte with
+  // any input or the other output: a partial overlap would read what was just written.
+  const int64_t m_bytes = a.count * a.head_dim_k * a.head_dim_k * 4, b_bytes = a.count * a.head_dim_v * a.head_dim_k * 4;
+  struct Span {
+    const char* name;
+    uintptr_t p;
+    int64_t bytes;
+  };
+  auto span = [](const char* name, const void* p, int64_t bytes) { return Span{name, reinterpret_cast<uintptr_t>(p), bytes}; };
+  auto overlap = [](const Span& x, const Span& y) {
+    return x.p < y.p + static_cast<uintptr_t>(y.bytes) && y.p < x.p + static_cast<uintptr_t>(x.bytes);
+  };
+  const Span inputs[] = {span("M1", a.M1, m_bytes), span("B1", a.B1, b_bytes), span("M2", a.M2, m_bytes),
+                         span("B2", a.B2, b_bytes)};
+  const struct {
+    Span out;
+    const char *in_place_1, *in_place_2;
+  } outs[] = {{span("M", a.M, m_bytes), "M1", "M2"}, {span("B", a.B, b_bytes), "B1", "B2"}};
+  for (const auto& o : outs) {
+    for (const Span& in : inputs) {
+      const bool own = std::string(in.name) == o.in_place_1 || std::string(in.name) == o.in_place_2;
+      if (own && in.p == o.out.p) continue;
+      if (overlap(o.out, in))
+        return Status::Invalid(cat(o.out.name, ": overlaps ", in.name, "; expected ", o.in_place_1, " or ",
+                                   o.in_place_2, " itself (in place) or memory apart from the inputs"));
+    }
+  }
+  if (overlap(outs[0].out, outs[1].out)) return Status::Invalid("M, B: the two outputs overlap");
   if (backend == Backend::kCuda) {
     std::string why;
     if (!sm90::device_supported(&why)) return Status::NotSupported(why);

@@ -533,9 +533,10 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
              nb::handle state_indices, nb::handle has_initial_state, nb::handle checkpoints,
              int64_t checkpoint_interval, bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
              nb::handle slot_checkpoint_slots, nb::handle summaries, bool resume_from_summaries,
-             const std::string& backend) {
+             const std::string& backend, bool no_out = false) {
   Call c;
-  // The summaries call of a split forward writes nothing but the summaries: out may be None.
+  // The summaries call of a split forward writes nothing but the summaries: out may be
+  // None. segment_summaries has no out at all (no_out).
   const bool summaries_call = !summaries.is_none();
   // dtypes first (TypeError), in argument order.
   c.q = take("q", q, {DT::kBF16}, false);
@@ -543,7 +544,7 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   c.v = take("v", v, {DT::kBF16}, false);
   c.g = take("g", g, {DT::kBF16}, false);
   c.beta = take("beta", beta, {DT::kBF16}, false);
-  c.out = take("out", out, {DT::kBF16}, summaries_call);
+  c.out = take("out", out, {DT::kBF16}, summaries_call || no_out);
   c.A_log = take("A_log", A_log, {DT::kF32}, false);
   c.dt_bias = take("dt_bias", dt_bias, {DT::kF32}, false);
   c.s0 = take("initial_state", initial_state, {DT::kBF16, DT::kF32}, true);
@@ -1016,9 +1017,9 @@ void decode_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handl
 void segment_summaries_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
                           nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle cu_seqlens,
                           nb::handle segments, nb::handle M, nb::handle B, const std::string& backend) {
-  Call c = prepare(q, k, v, g, beta, 1.0, v, A_log, dt_bias, lower_bound, nb::none(), nb::none(), cu_seqlens,
-                   nb::none(), nb::none(), nb::none(), nb::none(), nb::none(), 0, false, nb::none(), nb::none(),
-                   nb::none(), false, backend);
+  Call c = prepare(q, k, v, g, beta, 1.0, nb::none(), A_log, dt_bias, lower_bound, nb::none(), nb::none(),
+                   cu_seqlens, nb::none(), nb::none(), nb::none(), nb::none(), nb::none(), 0, false, nb::none(),
+                   nb::none(), nb::none(), false, backend, /*no_out=*/true);
   Arg seg = take("segments", segments, {DT::kI64}, false);
   Arg m = take("M", M, {DT::kF32}, false);
   Arg b = take("B", B, {DT::kF32}, false);

@@ -267,6 +267,27 @@ TEST(SegmentSummariesApi, ComposeIsAssociativeAndInPlace) {
   compose(&s.M[0], &s.B[0], M2.data(), B2.data(), M2.data(), B2.data());
   EXPECT_EQ(M2, abM);
   EXPECT_EQ(B2, abB);
+
+  // Other overlaps are refused by name: an output one element into an input, the
+  // two outputs on one buffer, M in place of a B.
+  auto refused = [&](const float* M1, const float* B1, float* M, float* B, const std::string& needle) {
+    ComposeSummariesArgs c;
+    c.count = HV;
+    c.head_dim_k = K;
+    c.head_dim_v = V;
+    c.M1 = M1; c.B1 = B1; c.M2 = bcM.data(); c.B2 = bcB.data(); c.M = M; c.B = B;
+    for (Backend be : {Backend::kCpuReference, Backend::kCpuChunked, Backend::kCuda}) {
+      const Status st = compose_summaries(c, be);
+      if (be == Backend::kCuda && st.code == StatusCode::kNotSupported) continue;  // checked before the device
+      EXPECT_EQ(st.code, StatusCode::kInvalidArgument) << to_string(be) << ": " << st.message;
+      EXPECT_NE(st.message.find(needle), std::string::npos) << to_string(be) << ": " << st.message;
+    }
+  };
+  std::vector<float> big(static_cast<size_t>(2 * m + 2 * b + 8));
+  refused(big.data(), &s.B[0], big.data() + 1, abB.data(), "M: overlaps M1; expected M1 or M2 itself");
+  refused(&s.M[0], &s.B[0], big.data(), big.data() + m - 4, "M, B: the two outputs overlap");
+  std::vector<float> sq(static_cast<size_t>(std::max(m, b)));
+  refused(&s.M[0], sq.data(), sq.data(), abB.data(), "M: overlaps B1");
 }
 
 // ---- bad arguments -------------------------------------------------------------

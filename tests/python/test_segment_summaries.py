@@ -100,6 +100,28 @@ def test_compose_leading_dims_and_in_place():
     M2c, B2c = M2.clone(), B2.clone()
     flash_kda.compose_summaries(M1, B1, M2c, B2c, out=(M2c, B2c))
     assert torch.equal(M2c, M) and torch.equal(B2c, B)
+    # Any other overlap is refused by name: the outputs on one buffer, an output
+    # partly over an input.
+    buf = torch.zeros(3 * 2 * (8 + 6) * 8)
+    with pytest.raises(ValueError, match=r"^M, B: the two outputs overlap"):
+        flash_kda.compose_summaries(M1, B1, M2, B2, out=(buf[:384].view(3, 2, 8, 8), buf[128:416].view(3, 2, 6, 8)))
+    base = torch.randn(4 * 2 * 8 * 8, generator=gen)
+    with pytest.raises(ValueError, match=r"^M: overlaps M1; expected M1 or M2 itself"):
+        flash_kda.compose_summaries(base[:384].view(3, 2, 8, 8), B1, M2, B2,
+                                    out=(base[128:512].view(3, 2, 8, 8), torch.empty_like(B1)))
+
+
+def test_strided_token_views_are_the_dense_call():
+    # As fwd: q..beta may be views (here v as half of a wider buffer); the summaries
+    # have no out to name.
+    p = slow_decay_problem(seed=13)
+    seg = torch.tensor([[0, 40], [40, 97]])
+    kw = dict(lower_bound=-5.0, cu_seqlens=p["cu_seqlens"])
+    dense = flash_kda.segment_summaries(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], seg, **kw)
+    v_view = torch.cat([p["v"], torch.zeros_like(p["v"])], dim=-1)[..., :p["v"].shape[-1]]
+    assert not v_view.is_contiguous()
+    view = flash_kda.segment_summaries(p["q"], p["k"], v_view, p["g"], p["beta"], p["A_log"], p["dt_bias"], seg, **kw)
+    assert torch.equal(view[0], dense[0]) and torch.equal(view[1], dense[1])
 
 
 def test_bad_arguments_are_named():
