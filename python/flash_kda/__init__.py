@@ -184,11 +184,11 @@ def _resolve_scalars(q, scale, lower_bound):
         lower_bound = DEFAULT_LOWER_BOUND
     try:
         return float(scale), float(lower_bound)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past the float range
         for name, x in (("scale", scale), ("lower_bound", lower_bound)):
             try:
                 float(x)
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError, OverflowError) as e:
                 raise TypeError(f"{name}: expected a float (or None for the default), got {x!r}") from e
         raise
 

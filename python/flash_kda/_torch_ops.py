@@ -18,6 +18,25 @@ from . import DEFAULT_LOWER_BOUND, _pdl_mode, _resolve_scalars, decode, fwd
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def _check_op_tensors(required, optional=()):
+    """The ops' tensor arguments, named: each of `required` ((name, value) pairs) a
+    torch.Tensor, each of `optional` one or None, and all on the device of the first.
+    Checked before the op is called: torch sends a call with a tensor on another
+    device (meta, say) to the fake implementation, which would return an unwritten
+    out and leave the pool as it was, and a non-tensor gets the op's whole schema."""
+    for name, x in required:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    for name, x in optional:
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(x).__name__}")
+    first, device = required[0][0], required[0][1].device
+    for name, x in (*required, *optional):
+        # cu_seqlens_host is a host copy by definition.
+        if x is not None and name != "cu_seqlens_host" and x.device != device:
+            raise ValueError(f"{name}: expected a tensor on the device of {first} ({device}), got {x.device}")
+
+
 def _num_seqs(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
     return cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
 
@@ -92,6 +111,10 @@ def kda_forward(
     ``final_state`` is new ``[N,HV,V,K]`` of ``state_dtype`` (default: initial_state's
     dtype, else fp32) when ``output_final_state``, else None. Forward only (no autograd).
     """
+    _check_op_tensors((("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log),
+                       ("dt_bias", dt_bias)), (("initial_state", initial_state), ("cu_seqlens", cu_seqlens)))
+    if not isinstance(output_final_state, bool):
+        raise TypeError(f"output_final_state: expected a bool, got {type(output_final_state).__name__}")
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     # The outputs are allocated from these shapes: name what cannot give them.
     for name, x in (("q", q), ("v", v)):
@@ -182,9 +205,19 @@ def kda_prefill(
     mutates, so a compiled engine step (prefill, then :func:`kda_decode` on the same pool)
     sees the pool's updates in order. Forward only (no autograd).
     """
+    _check_op_tensors((("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log),
+                       ("dt_bias", dt_bias), ("state_pool", state_pool), ("state_indices", state_indices)),
+                      (("has_initial_state", has_initial_state), ("cu_seqlens", cu_seqlens),
+                       ("cu_seqlens_host", cu_seqlens_host), ("checkpoints", checkpoints),
+                       ("slot_checkpoint_offsets", slot_checkpoint_offsets),
+                       ("slot_checkpoint_slots", slot_checkpoint_slots)))
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     if not isinstance(checkpoint_interval, int) or isinstance(checkpoint_interval, bool):
         raise TypeError(f"checkpoint_interval: expected an int, got {type(checkpoint_interval).__name__}")
+    if not -2**63 <= checkpoint_interval < 2**63:  # the op's int is int64
+        raise ValueError(f"checkpoint_interval: expected a multiple of 16 within int64, got {checkpoint_interval}")
+    if not isinstance(checkpoints_value_major, bool):  # bool("False") would be True
+        raise TypeError(f"checkpoints_value_major: expected a bool, got {type(checkpoints_value_major).__name__}")
     return _kda_prefill_op(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, has_initial_state,
                            cu_seqlens, cu_seqlens_host, checkpoints, checkpoint_interval,
                            bool(checkpoints_value_major), slot_checkpoint_offsets, slot_checkpoint_slots, scale,
@@ -249,6 +282,10 @@ def kda_decode(
     True (on) or False (off); see :func:`flash_kda.decode`.
     """
     _pdl_mode(pdl)  # the TypeError naming pdl here, not from inside the op
+    _check_op_tensors((("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log),
+                       ("dt_bias", dt_bias), ("state_pool", state_pool), ("state_indices", state_indices)),
+                      (("cu_seqlens", cu_seqlens), ("per_token_states", per_token_states),
+                       ("num_accepted_tokens", num_accepted_tokens)))
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     return _kda_decode_op(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, cu_seqlens,
                           per_token_states, scale, lower_bound, pdl, num_accepted_tokens)

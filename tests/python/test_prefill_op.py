@@ -148,3 +148,43 @@ def test_prefill_op_errors_name_the_argument():
     with pytest.raises(ValueError, match="checkpoint_interval"):
         flash_kda.kda_prefill(*args, torch.tensor([0, 1]), cu_seqlens=p["cu_seqlens"],
                               checkpoints=torch.zeros(8, HV, K, K), checkpoint_interval=24)
+
+
+def test_op_wrappers_name_bad_tensors_devices_and_flags():
+    # Checked before the op is called: a tensor on another device (meta) would send
+    # the call to the fake implementation (an unwritten out, the pool untouched), and a
+    # non-tensor would get the op's whole schema.
+    p, pool = pool_problem(45, seqlens=(20, 33))
+    q, k, v, g, beta = tokens(p)
+    slots = torch.tensor([0, 1])
+    pre = dict(cu_seqlens=p["cu_seqlens"])
+    args = [q, k, v, g, beta, p["A_log"], p["dt_bias"], pool, slots]
+    for i, name in enumerate(["q", "k", "v", "g", "beta", "A_log", "dt_bias", "state_pool", "state_indices"]):
+        bad = list(args)
+        bad[i] = bad[i].to("meta")
+        with pytest.raises(ValueError, match=rf"^{name}: expected a tensor on the device of q \(cpu\), got meta"
+                           if i else r"^k: expected a tensor on the device of q \(meta\), got cpu"):
+            flash_kda.kda_prefill(*bad, **pre)
+        with pytest.raises(ValueError, match="expected a tensor on the device of q"):
+            flash_kda.kda_decode(*bad, cu_seqlens=p["cu_seqlens"])
+        bad[i] = None if i != 0 else [1.0]
+        with pytest.raises(TypeError, match=rf"^{name}: expected a torch.Tensor, got"):
+            flash_kda.kda_prefill(*bad, **pre)
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected a tensor on the device of q"):
+        flash_kda.kda_prefill(*args, cu_seqlens=p["cu_seqlens"].to("meta"))
+    with pytest.raises(TypeError, match=r"^checkpoints: expected a torch.Tensor or None, got list"):
+        flash_kda.kda_prefill(*args, checkpoints=[0], **pre)
+    with pytest.raises(TypeError, match=r"^checkpoints_value_major: expected a bool, got str"):
+        flash_kda.kda_prefill(*args, checkpoints=torch.zeros(8, HV, K, K), checkpoint_interval=16,
+                              checkpoints_value_major="False", **pre)
+    with pytest.raises(ValueError, match=r"^checkpoint_interval: expected a multiple of 16 within int64"):
+        flash_kda.kda_prefill(*args, checkpoint_interval=2**63, **pre)
+    for kw in (dict(scale=10**400), dict(lower_bound=-10**400)):
+        with pytest.raises(TypeError, match=rf"^{next(iter(kw))}: expected a float"):
+            flash_kda.kda_prefill(*args, **kw, **pre)
+    with pytest.raises(ValueError, match=r"^initial_state: expected a tensor on the device of q"):
+        flash_kda.kda_forward(q, k, v, g, beta, p["A_log"], p["dt_bias"], initial_state=torch.zeros(2, HV, K, K,
+                              device="meta"), cu_seqlens=p["cu_seqlens"])
+    with pytest.raises(TypeError, match=r"^output_final_state: expected a bool, got str"):
+        flash_kda.kda_forward(q, k, v, g, beta, p["A_log"], p["dt_bias"], cu_seqlens=p["cu_seqlens"],
+                              output_final_state="False")
