@@ -44,6 +44,11 @@ def shard_pieces(cu_seqlens, shard_starts):
     for a position at the very end), so that its final state (its initial state) has an
     owner.
     """
+    cu_seqlens = _boundaries(cu_seqlens, "cu_seqlens")
+    shard_starts = _boundaries(shard_starts, "shard_starts")
+    if cu_seqlens[-1] != shard_starts[-1]:
+        raise ValueError(f"shard_starts: the shards end at {shard_starts[-1]}, the sequences at {cu_seqlens[-1]}; "
+                         "expected the same token count")
     R = len(shard_starts) - 1
     pieces = [[] for _ in range(R)]
     for n in range(len(cu_seqlens) - 1):
@@ -64,7 +69,53 @@ def _as_int_list(x, name):
         if x.dim() != 1 or x.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{name}: expected a 1-d int32 or int64 tensor, got shape {tuple(x.shape)} {x.dtype}")
         return [int(v) for v in x.tolist()]
-    return [int(v) for v in x]
+    try:
+        values = list(x)
+    except TypeError:
+        raise TypeError(f"{name}: expected a 1-d int tensor or a list of ints, got {type(x).__name__}") from None
+    for v in values:  # int() would truncate 70.9 to 70
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name}: expected ints, got {v!r}")
+    return values
+
+
+def _boundaries(x, name):
+    """Boundaries as ints: [M+1] values, M >= 1, from 0, non-decreasing."""
+    xs = _as_int_list(x, name)
+    if len(xs) < 2:
+        raise ValueError(f"{name}: expected [M+1] boundaries with M >= 1, got {len(xs)} values")
+    if xs[0] != 0 or any(b < a for a, b in zip(xs, xs[1:])):
+        raise ValueError(f"{name}: expected 0 = {name}[0] <= {name}[1] <= ... (non-decreasing), got {xs}")
+    return xs
+
+
+def _check_shard_args(q, v, initial_state, final_state, cu_seqlens):
+    """cp_fwd's arguments that this rank can check alone, before any collective (the
+    forward's own checks name the rest). Returns cu_seqlens as ints."""
+    for name, x in (("q", q), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4 or x.shape[0] != 1:
+            raise ValueError(f"{name}: expected this rank's shard as [1, T_r, heads, dim], got shape {tuple(x.shape)}")
+    if cu_seqlens is None:
+        raise TypeError("cu_seqlens: expected the global boundaries [N+1], got None")
+    cu = _boundaries(cu_seqlens, "cu_seqlens")
+    want = (len(cu) - 1, int(v.shape[2]), int(v.shape[3]), int(q.shape[3]))
+    for name, x in (("initial_state", initial_state), ("final_state", final_state)):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(x).__name__}")
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"{name}: expected dtype torch.float32 or torch.bfloat16, got {x.dtype}")
+        if tuple(x.shape) != want:
+            raise ValueError(f"{name}: expected shape [N, HV, V, K] = {list(want)}, got {list(x.shape)}")
+        if x.device != q.device:
+            raise ValueError(f"{name}: expected a tensor on the device of q ({q.device}), got {x.device}")
+    # Written entry by entry: a broadcast view would take every sequence's state in one place.
+    if final_state is not None and not final_state.is_contiguous():
+        raise ValueError(f"final_state: expected a C-contiguous tensor, got strides {final_state.stride()}")
+    return cu
 
 
 def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bound=None, initial_state=None,
@@ -92,6 +143,7 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
     every rank of the group must call it, with the same ``cu_seqlens``. CPU tensors (gloo)
     or CUDA tensors (NCCL).
     """
+    cu_seqlens = _check_shard_args(q, v, initial_state, final_state, cu_seqlens)
     plan = _plan(q, v, cu_seqlens, group)
     local = _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backend)
     M_list, B_list = _exchange(plan, local, group)
@@ -121,15 +173,14 @@ class _Plan:
 def _plan(q, v, cu_seqlens, group):
     import torch.distributed as dist
 
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group: expected a torch.distributed ProcessGroup or None, got {type(group).__name__}")
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    cu = _as_int_list(cu_seqlens, "cu_seqlens")
-    if len(cu) < 2:
-        raise ValueError(f"cu_seqlens: expected [N+1] with N >= 1, got {len(cu)} values")
+    cu = _boundaries(cu_seqlens, "cu_seqlens")
     if q.dim() != 4 or q.shape[0] != 1:
         raise ValueError(f"q: expected this rank's shard as [1, T_r, H, K], got shape {tuple(q.shape)}")
     T_r = int(q.shape[1])
-    N = len(cu) - 1
     dev = q.device
     # Shard boundaries from every rank's token count (one small all-gather).
     counts = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
@@ -140,8 +191,6 @@ def _plan(q, v, cu_seqlens, group):
     if starts[-1] != cu[-1]:
         raise ValueError(f"cu_seqlens: cu_seqlens[N] = {cu[-1]}, but the ranks hold {starts[-1]} tokens in all "
                          f"(per rank: {[s1 - s0 for s0, s1 in zip(starts, starts[1:])]})")
-    if any(cu[i + 1] < cu[i] for i in range(N)) or cu[0] != 0:
-        raise ValueError("cu_seqlens: expected 0 = cu_seqlens[0] <= cu_seqlens[1] <= ... (non-decreasing)")
     return _Plan(world, rank, cu, starts, int(v.shape[2]), int(v.shape[3]), int(q.shape[3]), dev)
 
 

@@ -145,3 +145,56 @@ def test_shard_pieces():
         for r, ps in enumerate(shard_pieces(cu, starts)):
             assert [b for _, b, _ in ps[:1]] in ([starts[r]], []) and (not ps or ps[-1][2] == starts[r + 1])
             assert all(ps[i][2] == ps[i + 1][1] for i in range(len(ps) - 1))
+
+
+def test_shard_pieces_bad_arguments_are_named():
+    for cu, starts, err, match in [
+            ([0, 10], [], ValueError, r"^shard_starts: expected \[M\+1\] boundaries"),
+            ([0, 10], [0], ValueError, r"^shard_starts: expected \[M\+1\] boundaries"),
+            ([0, 10], [0, 7, 3, 10], ValueError, r"^shard_starts: expected 0 = shard_starts\[0\] <= "),
+            ([0, 12, 10], [0, 10], ValueError, r"^cu_seqlens: expected 0 = cu_seqlens\[0\] <= "),
+            ([0, 10], [0, 5, 8], ValueError, r"^shard_starts: the shards end at 8, the sequences at 10"),
+            ([0, 7.5, 10], [0, 10], TypeError, r"^cu_seqlens: expected ints, got 7.5"),
+            (5, [0, 10], TypeError, r"^cu_seqlens: expected a 1-d int tensor or a list of ints, got int")]:
+        with pytest.raises(err, match=match):
+            shard_pieces(cu, starts)
+
+
+def test_cp_fwd_names_bad_arguments_before_any_collective():
+    # Checked on each rank before the first collective (no process group is needed
+    # to see them): a final_state that would be written wrongly (a broadcast view,
+    # int64, another shape), an initial_state of another dtype or length, boundaries
+    # that are not ints.
+    p = make_problem(H=2, HV=4, K=32, seqlens=[20, 13], seed=7, state_dtype=torch.float32)
+    out = torch.empty_like(p["v"])
+    good_state = torch.zeros(2, 4, 32, 32)
+
+    def call(**kw):
+        args = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"], final_state=good_state)
+        args.update(kw)
+        return flash_kda.distributed.cp_fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, **args)
+
+    cases = [
+        (dict(final_state=torch.zeros(1, 4, 32, 32).expand(2, 4, 32, 32)), ValueError,
+         r"^final_state: expected a C-contiguous tensor"),
+        (dict(final_state=torch.zeros(2, 4, 32, 32, dtype=torch.int64)), TypeError, r"^final_state: expected dtype"),
+        (dict(final_state=torch.zeros(2, 2, 4, 32, 32)), ValueError, r"^final_state: expected shape \[N, HV, V, K\]"),
+        (dict(final_state=torch.zeros(3, 4, 32, 32)), ValueError, r"^final_state: expected shape"),
+        (dict(final_state=torch.zeros(2, 4, 32, 32, device="meta")), ValueError,
+         r"^final_state: expected a tensor on the device of q"),
+        (dict(initial_state=torch.zeros(2, 4, 32, 32, dtype=torch.float16)), TypeError,
+         r"^initial_state: expected dtype"),
+        (dict(initial_state=torch.zeros(5, 4, 32, 32)), ValueError, r"^initial_state: expected shape"),
+        (dict(cu_seqlens=[0, 19.9, 33]), TypeError, r"^cu_seqlens: expected ints"),
+        (dict(cu_seqlens=None), TypeError, r"^cu_seqlens: expected the global boundaries"),
+        (dict(cu_seqlens=[0, 20, 13]), ValueError, r"^cu_seqlens: expected 0 = cu_seqlens\[0\] <="),
+    ]
+    for kw, err, match in cases:
+        with pytest.raises(err, match=match):
+            call(**kw)
+    with pytest.raises(TypeError, match=r"^q: expected a torch.Tensor, got NoneType"):
+        flash_kda.distributed.cp_fwd(None, p["k"], p["v"], p["g"], p["beta"], p["scale"], out, A_log=p["A_log"],
+                                     dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"])
+    with pytest.raises(ValueError, match=r"^v: expected this rank's shard as \[1, T_r, heads, dim\]"):
+        flash_kda.distributed.cp_fwd(p["q"], p["k"], p["v"][0], p["g"], p["beta"], p["scale"], out,
+                                     A_log=p["A_log"], dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"])
