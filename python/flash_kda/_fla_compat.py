@@ -68,26 +68,34 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     # checkpoint capacity, and the CUDA launch plan splits long sequences by the
     # real lengths on the host (without them, the device plans the split).
     B, T, H, K, HV, V = _fla_shapes(q, v)
+    for name, x in (("cu_seqlens", cu_seqlens), ("cu_seqlens_cpu", cu_seqlens_cpu)):
+        if x is not None and (not isinstance(x, torch.Tensor) or x.ndim != 1 or x.shape[0] < 2):
+            raise (ValueError if isinstance(x, torch.Tensor) else TypeError)(
+                f"{name}: expected a 1-d tensor [N+1] with N >= 1, got "
+                f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"q: expected batch size 1 with cu_seqlens (flattened sequences), got {B}")
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
     dt_bias = _dt_bias_2d(dt_bias, HV, K)
     out = torch.empty_like(v)
     extra = {}
     if cu_seqlens is not None and cu_seqlens_cpu is not None:
         extra["cu_seqlens_host"] = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64)
-    if cu_seqlens is not None and not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"cu_seqlens: expected a torch.Tensor, got {type(cu_seqlens).__name__}")
     if return_intermediate_states:
         if cu_seqlens is not None:
             lengths = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()
-            if any(b < a for a, b in zip(lengths[:-1], lengths[1:])):
-                raise ValueError(f"cu_seqlens: expected non-decreasing values, got {lengths}")
+            # Checked before sizing the buffer from them (fwd checks them again).
+            if lengths[0] != 0 or lengths[-1] != T or any(b < a for a, b in zip(lengths[:-1], lengths[1:])):
+                raise ValueError(f"cu_seqlens: expected 0 = cu_seqlens[0] <= ... <= cu_seqlens[N] = T = {T}, "
+                                 f"got {lengths}")
             nt = sum(math.ceil((b - a) / CHUNK) for a, b in zip(lengths[:-1], lengths[1:]))
             shape = (1, nt)
         else:
             shape = (B, math.ceil(T / CHUNK))
         entry = (HV, V, K) if state_v_first else (HV, K, V)
         h = torch.empty(*shape, *entry, dtype=torch.bfloat16, device=q.device)
-        extra.update(checkpoints=h, checkpoint_interval=CHUNK, checkpoints_value_major=state_v_first)
+        if h.numel():  # no tokens, no entries: fla returns the empty h
+            extra.update(checkpoints=h, checkpoint_interval=CHUNK, checkpoints_value_major=state_v_first)
 
     final_state = None
     if initial_state_indices is not None:
@@ -96,8 +104,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if not state_v_first:
             raise NotImplementedError("chunk_kda: a state pool (initial_state_indices) needs state_v_first=True "
                                       "([P, HV, V, K] slots, flash_kda's layout)")
-        fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-            cu_seqlens=cu_seqlens, state_pool=initial_state, state_indices=initial_state_indices, **extra)
+        try:
+            fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                cu_seqlens=cu_seqlens, state_pool=initial_state, state_indices=initial_state_indices, **extra)
+        except (TypeError, ValueError) as e:  # fwd's name for it is state_indices
+            if str(e).startswith("state_indices"):
+                raise type(e)("initial_state_indices" + str(e)[len("state_indices"):]) from None
+            raise
     else:
         s0 = initial_state
         if s0 is not None and not state_v_first:
@@ -116,7 +129,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if final_state is not None and not state_v_first:
             final_state = final_state.transpose(-1, -2).contiguous()
     if return_intermediate_states:
-        return out, final_state, extra["checkpoints"]
+        return out, final_state, h
     return out, final_state
 
 
@@ -132,6 +145,8 @@ def _fla_shapes(q, v):
 
 
 def _dt_bias_2d(dt_bias, HV, K):
+    if not isinstance(dt_bias, torch.Tensor):
+        raise TypeError(f"dt_bias: expected a torch.Tensor, got {type(dt_bias).__name__}")
     if dt_bias.ndim == 1:
         if dt_bias.numel() != HV * K:
             raise ValueError(f"dt_bias: expected shape [HV * K] = [{HV * K}] (or [HV, K]), "

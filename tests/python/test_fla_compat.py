@@ -109,6 +109,31 @@ def test_shapes_outside_flas_layout_are_named():
 
 
 
+
+def test_chunk_kda_bad_boundaries_and_types_are_named():
+    p = make_problem(B=1, T=150, H=2, HV=4, K=32, seqlens=[150, 0, 70], seed=25)
+    T = p["q"].shape[1]
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"])
+    kw = dict(FLAGS, A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=p["lower_bound"])
+    cu = p["cu_seqlens"]
+    for extra, err, match in [
+            (dict(cu_seqlens=5), TypeError, r"^cu_seqlens: expected a 1-d tensor \[N\+1\] with N >= 1, got int"),
+            (dict(cu_seqlens=torch.tensor(5)), ValueError, r"^cu_seqlens: expected a 1-d tensor"),
+            (dict(cu_seqlens=cu[:0], output_final_state=True), ValueError, r"^cu_seqlens: expected a 1-d tensor"),
+            (dict(cu_seqlens=cu, cu_seqlens_cpu=cu.tolist()), TypeError, r"^cu_seqlens_cpu: expected a 1-d tensor"),
+            (dict(cu_seqlens=torch.tensor([0, 150, 150, 2**62]), return_intermediate_states=True), ValueError,
+             rf"^cu_seqlens: expected 0 = cu_seqlens\[0\] <= ... <= cu_seqlens\[N\] = T = {T}"),
+            (dict(dt_bias=p["dt_bias"].tolist()), TypeError, r"^dt_bias: expected a torch.Tensor, got list"),
+            (dict(cu_seqlens=cu, initial_state=p["initial_state"], state_v_first=True,
+                  initial_state_indices=torch.tensor([0, 1, 99])), ValueError, r"^initial_state_indices: "),
+    ]:
+        with pytest.raises(err, match=match):
+            flash_kda.chunk_kda(*args, **{**kw, **extra})
+    # No tokens: fla's empty h, not an error about the buffer.
+    z = [x[:, :0] for x in args]
+    o, _, h = flash_kda.chunk_kda(*z, cu_seqlens=torch.tensor([0, 0]), return_intermediate_states=True, **kw)
+    assert o.shape[1] == 0 and h.shape[:2] == (1, 0)
+
 # ---- fused_recurrent_kda: fla's token-by-token entry point ---------------------------
 
 RFLAGS = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
