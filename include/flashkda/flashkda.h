@@ -381,8 +381,9 @@ struct SegmentSummaryArgs {
 Status segment_summaries(const SegmentSummaryArgs& args, Backend backend);
 
 // count compositions at once: (M, B)[i] = (M1, B1)[i] ∘ (M2, B2)[i], the run of
-// summary 1 followed by the run of summary 2. Sums in float64. The outputs may be
-// the memory of either input (in place). Every backend; on kCuda (K, V <= 128) the
+// summary 1 followed by the run of summary 2. Sums in float64. M may be M1 or M2
+// itself and B may be B1 or B2 itself (in place); any other overlap of an output with
+// an input or with the other output is refused. Every backend; on kCuda (K, V <= 128) the
 // call is asynchronous on `stream` and safe to capture in a CUDA graph.
 struct ComposeSummariesArgs {
   int64_t count = 0;

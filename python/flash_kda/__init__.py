@@ -499,8 +499,9 @@ def compose_summaries(M1, B1, M2, B2, *, out=None, stream=None, backend="auto"):
     fp32 ``M*`` ``[..., K, K]`` and ``B*`` ``[..., V, K]`` with the same leading dims
     (up to 3), all on one device: CPU tensors run on the CPU, CUDA tensors on the GPU
     (K, V <= 128; asynchronous on ``stream``, torch's current stream when None, and
-    safe to capture in a CUDA graph). ``out``: a ``(M, B)`` pair to write (may be
-    either input, in place), else new torch tensors (which needs torch).
+    safe to capture in a CUDA graph). ``out``: a ``(M, B)`` pair to write (M may be M1
+    or M2 itself, B may be B1 or B2 itself: in place; any other overlap is a ValueError),
+    else new torch tensors (which needs torch).
     Returns ``(M, B)``.
     """
     if out is None:
