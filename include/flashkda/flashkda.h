@@ -259,8 +259,10 @@ struct DecodeArgs {
   // Strided token tensors, as ForwardArgs' (views of one fused projection output):
   // element strides between consecutive tokens and between heads, the last
   // dimension contiguous; 0 means dense (q, k: H·K and K; v: HV·V and V; g: HV·K
-  // and K; beta: HV and 1). Every backend takes any (the decode kernels read
-  // elements, 2-byte aligned).
+  // and K; beta: HV and 1). The CPU backends take any; kCuda any below 2^31 whose
+  // last head starts below 2^31 elements in ((heads - 1) x head stride), since its
+  // kernels add the head offset in 32 bits (no 16-byte row rule: the decode kernels
+  // read elements).
   int64_t q_token_stride = 0, q_head_stride = 0;
   int64_t k_token_stride = 0, k_head_stride = 0;
   int64_t v_token_stride = 0, v_head_stride = 0;
@@ -292,7 +294,7 @@ struct DecodeArgs {
   // kCuda the indices and counts live on the device: a count outside [1, C], a
   // slot past the pool and the tokens of a sequence longer than C (without
   // cu_seqlens_host) are skipped and reported by check_device_faults.
-  int64_t verify_slots = 0;                   // 0 or 1: [N] indices, the final state to the one slot
+  int64_t verify_slots = 0;                   // 0, or 1 without num_accepted_tokens: [N] indices
   const void* num_accepted_tokens = nullptr;  // [N], index_type, or null
 
   int64_t num_heads = 0;

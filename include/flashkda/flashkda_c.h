@@ -223,7 +223,8 @@ typedef struct flashkda_segment_summary_args {
 
 int32_t flashkda_segment_summaries(const flashkda_segment_summary_args* args, int32_t backend);
 
-/* (M, B)[i] = (M1, B1)[i] o (M2, B2)[i] for i < count; outputs may alias inputs. */
+/* (M, B)[i] = (M1, B1)[i] o (M2, B2)[i] for i < count; M may be M1 or M2 itself and B
+ * may be B1 or B2 itself (in place); any other overlap is refused. */
 typedef struct flashkda_compose_summaries_args {
   int64_t count;
   int64_t head_dim_k; /* K */

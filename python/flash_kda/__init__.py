@@ -270,7 +270,8 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     "align" prefix caching; needs state_pool);
     ``workspace`` (uint8 scratch; default: allocated per call from
     torch's caching allocator), ``stream`` (cudaStream_t as int; default: torch's current
-    stream), ``backend`` ('auto', 'cuda', 'cpu', 'reference').
+    stream; the workspace and a dense copy of a strided state_indices follow it),
+    ``backend`` ('auto', 'cuda', 'cpu', 'reference').
 
     A forward in two calls around an exchange of summaries (``summaries=``,
     ``resume_from_summaries=``): what :func:`flash_kda.distributed.cp_fwd` makes for context
@@ -388,6 +389,9 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
         q, k: bf16 ``[T, H, K]``, or ``[N, t, H, K]`` (read as the flattened ``[N*t, H, K]``;
             every token tensor then has the same two leading dims).
         v: bf16 ``[T, HV, V]``.  g: bf16 ``[T, HV, K]``.  beta: bf16 ``[T, HV]``.
+            q, k, v, g, beta may be strided views (last dimension contiguous, e.g. of one
+            fused projection); on CUDA at K = 128 from 2,048 (sequence, value head) pairs
+            they are copied dense first, where that is faster than reading them strided.
         A_log: fp32 ``[HV]``.  dt_bias: fp32 ``[HV, K]``.
         state_pool: fp32 or bf16 ``[P, HV, V, K]``; each slot dense, any stride >= HV*V*K
             elements between slots (e.g. a slice of a bigger buffer). Updated in place.
@@ -408,7 +412,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
             ``state_indices[n, num_accepted_tokens[n] - 1]`` (column 0 without it) and the
             state after its token t goes to slot ``state_indices[n, t]``.
         stream: cudaStream_t as int; default torch's current stream on q's device. The
-            call's own allocations and copies (a zero-filled out, dense copies) go on it too.
+            call's own allocations and copies (a zero-filled out, the dense copies of a
+            strided state_indices or of token views) go on it too.
         pdl: programmatic dependent launch of the CUDA kernel: it may then be scheduled
             while the previous kernel on the stream still runs (it waits for that kernel
             before touching memory), hiding part of the launch latency between

@@ -272,7 +272,8 @@ def kda_decode(
     pdl: Optional[bool] = None,
     num_accepted_tokens: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """One decode step as a custom op: returns a new ``out``; ``state_pool`` (and
+    """One decode step as a custom op: returns a new ``out`` (zero-filled first, so a padding
+    entry's rows read 0); ``state_pool`` (and
     ``per_token_states`` when given) are updated in place, as by :func:`flash_kda.decode`,
     whose tensors and rules these are (speculative verify too: ``state_indices``
     ``[N, 1 + S]`` with ``num_accepted_tokens``). Traceable by torch.compile (``fullgraph=True``):

@@ -133,7 +133,7 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
       sum of every rank's ``T_r``.
     - initial_state: the global ``[N, HV, V, K]`` (fp32 or bf16), the same on every rank,
       or None (every sequence starts from zero).
-    - final_state: ``[N, HV, V, K]`` (fp32 or bf16) or None. The rank holding a
+    - final_state: C-contiguous ``[N, HV, V, K]`` (fp32 or bf16) or None. The rank holding a
       sequence's last token (for an empty sequence: the rank where it sits, see
       :func:`shard_pieces`) writes its final state there; other entries are untouched.
     - A_log, dt_bias, lower_bound, scale, backend: as for :func:`flash_kda.fwd`.

@@ -244,8 +244,9 @@ Status decode(const DecodeArgs& a, void* stream) {
   // one CTA per pair from kTwoRowsFromPairs64 on.
   const bool two_rows = K == 64 && pairs >= kTwoRowsFromPairs64;
   // Strided token tensors: the latency kernel's strided build at every size (the
-  // other builds keep the dense addressing they were tuned with; not yet measured
-  // against them at large N).
+  // other builds keep the dense addressing they were tuned with; with the strides
+  // they spilled). At K = 128 from ~2,048 pairs the bandwidth kernels on dense
+  // copies are faster (docs/perf-log.md): the Python decode copies there.
   const bool strided = has_strided_inputs(a);
   const DecodeKernel kernel =
       strided   ? (K == 64 ? (two_rows ? latency_build<64, 2, true>(fp32, verify) : latency_build<64, 1, true>(fp32, verify))
