@@ -37,6 +37,11 @@ def _check_op_tensors(required, optional=()):
             raise ValueError(f"{name}: expected a tensor on the device of {first} ({device}), got {x.device}")
 
 
+def _token_args(q, k, v, g, beta, A_log, dt_bias):
+    # The (name, value) pairs every op starts with, for _check_op_tensors.
+    return (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log), ("dt_bias", dt_bias))
+
+
 def _num_seqs(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
     return cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
 
@@ -111,19 +116,17 @@ def kda_forward(
     ``final_state`` is new ``[N,HV,V,K]`` of ``state_dtype`` (default: initial_state's
     dtype, else fp32) when ``output_final_state``, else None. Forward only (no autograd).
     """
-    _check_op_tensors((("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log),
-                       ("dt_bias", dt_bias)), (("initial_state", initial_state), ("cu_seqlens", cu_seqlens)))
+    _check_op_tensors(_token_args(q, k, v, g, beta, A_log, dt_bias),
+                      (("initial_state", initial_state), ("cu_seqlens", cu_seqlens)))
     if not isinstance(output_final_state, bool):
         raise TypeError(f"output_final_state: expected a bool, got {type(output_final_state).__name__}")
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     # The outputs are allocated from these shapes: name what cannot give them.
     for name, x in (("q", q), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         if x.ndim != 4:
             raise ValueError(f"{name}: expected a 4-d tensor, got shape {list(x.shape)}")
-    if cu_seqlens is not None and (not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1):
-        raise ValueError(f"cu_seqlens: expected a 1-d tensor [N+1], got {getattr(cu_seqlens, 'shape', cu_seqlens)!r}")
+    if cu_seqlens is not None and cu_seqlens.ndim != 1:
+        raise ValueError(f"cu_seqlens: expected a 1-d tensor [N+1], got {tuple(cu_seqlens.shape)!r}")
     if state_dtype is None:
         state_dtype = initial_state.dtype if initial_state is not None else torch.float32
         if state_dtype not in _STATE_DTYPES:
@@ -205,8 +208,8 @@ def kda_prefill(
     mutates, so a compiled engine step (prefill, then :func:`kda_decode` on the same pool)
     sees the pool's updates in order. Forward only (no autograd).
     """
-    _check_op_tensors((("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log),
-                       ("dt_bias", dt_bias), ("state_pool", state_pool), ("state_indices", state_indices)),
+    _check_op_tensors((*_token_args(q, k, v, g, beta, A_log, dt_bias), ("state_pool", state_pool),
+                       ("state_indices", state_indices)),
                       (("has_initial_state", has_initial_state), ("cu_seqlens", cu_seqlens),
                        ("cu_seqlens_host", cu_seqlens_host), ("checkpoints", checkpoints),
                        ("slot_checkpoint_offsets", slot_checkpoint_offsets),
@@ -283,8 +286,8 @@ def kda_decode(
     True (on) or False (off); see :func:`flash_kda.decode`.
     """
     _pdl_mode(pdl)  # the TypeError naming pdl here, not from inside the op
-    _check_op_tensors((("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log),
-                       ("dt_bias", dt_bias), ("state_pool", state_pool), ("state_indices", state_indices)),
+    _check_op_tensors((*_token_args(q, k, v, g, beta, A_log, dt_bias), ("state_pool", state_pool),
+                       ("state_indices", state_indices)),
                       (("cu_seqlens", cu_seqlens), ("per_token_states", per_token_states),
                        ("num_accepted_tokens", num_accepted_tokens)))
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)

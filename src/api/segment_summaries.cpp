@@ -152,28 +152,22 @@ Status validate_compose(const ComposeSummariesArgs& a, Backend backend) {
   struct Span {
     const char* name;
     uintptr_t p;
-    int64_t bytes;
+    uintptr_t bytes;
+    bool is_m;  // an M (else a B)
   };
-  auto span = [](const char* name, const void* p, int64_t bytes) { return Span{name, reinterpret_cast<uintptr_t>(p), bytes}; };
-  auto overlap = [](const Span& x, const Span& y) {
-    return x.p < y.p + static_cast<uintptr_t>(y.bytes) && y.p < x.p + static_cast<uintptr_t>(x.bytes);
+  auto span = [&](const char* name, const void* p, bool is_m) {
+    return Span{name, reinterpret_cast<uintptr_t>(p), static_cast<uintptr_t>(is_m ? m_bytes : b_bytes), is_m};
   };
-  const Span inputs[] = {span("M1", a.M1, m_bytes), span("B1", a.B1, b_bytes), span("M2", a.M2, m_bytes),
-                         span("B2", a.B2, b_bytes)};
-  const struct {
-    Span out;
-    const char *in_place_1, *in_place_2;
-  } outs[] = {{span("M", a.M, m_bytes), "M1", "M2"}, {span("B", a.B, b_bytes), "B1", "B2"}};
-  for (const auto& o : outs) {
-    for (const Span& in : inputs) {
-      const bool own = std::string(in.name) == o.in_place_1 || std::string(in.name) == o.in_place_2;
-      if (own && in.p == o.out.p) continue;
-      if (overlap(o.out, in))
-        return Status::Invalid(cat(o.out.name, ": overlaps ", in.name, "; expected ", o.in_place_1, " or ",
-                                   o.in_place_2, " itself (in place) or memory apart from the inputs"));
-    }
-  }
-  if (overlap(outs[0].out, outs[1].out)) return Status::Invalid("M, B: the two outputs overlap");
+  auto overlap = [](const Span& x, const Span& y) { return x.p < y.p + y.bytes && y.p < x.p + x.bytes; };
+  const Span inputs[] = {span("M1", a.M1, true), span("B1", a.B1, false), span("M2", a.M2, true),
+                         span("B2", a.B2, false)};
+  const Span outs[] = {span("M", a.M, true), span("B", a.B, false)};
+  for (const Span& o : outs)
+    for (const Span& in : inputs)
+      if (!(in.is_m == o.is_m && in.p == o.p) && overlap(o, in))
+        return Status::Invalid(cat(o.name, ": overlaps ", in.name, "; expected ", o.is_m ? "M1 or M2" : "B1 or B2",
+                                   " itself (in place) or memory apart from the inputs"));
+  if (overlap(outs[0], outs[1])) return Status::Invalid("M, B: the two outputs overlap");
   if (backend == Backend::kCuda) {
     std::string why;
     if (!sm90::device_supported(&why)) return Status::NotSupported(why);
