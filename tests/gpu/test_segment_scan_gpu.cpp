@@ -1041,6 +1041,8 @@ TEST(SegmentPlan, CutOnlyWhereItPays) {
       {12, batch(2000, 63, 64), false},
       {24, batch(2000, 63, 64), false},
       {24, batch(4000, 60, 64), false},
+      // the model's tie (cut 185 steps against 188): one pass measured 0.260 ms, cut 0.285
+      {12, [] { std::vector<int64_t> t = {3000, 3000, 3000}; t.insert(t.end(), 40, 64); return t; }(), false},
       // the cut measured faster: 0.237 / 0.262 / 0.200 / 0.407 / 1.458 ms against
       // 0.263 / 0.409 / 0.211 / 0.459 / 1.729 in one pass
       {12, batch(4000, 60, 64), true},
