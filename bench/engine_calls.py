@@ -16,9 +16,20 @@ each form on the same inputs, and the µs saved.
                             of the wanted ones into their slots; native:
                             fwd(slot_checkpoint_offsets=, slot_checkpoint_slots=)
   decode, int32 cu_seqlens  glue: cu_seqlens.to(int64), decode; native: int32 as given
+  decode on fused views     glue: .contiguous() of q, k, v, g, beta sliced from one
+                            [N, width] projection, decode; native: decode on the views
+  speculative verify        glue: fla's Triton fused_recurrent_kda in its serving form
+                            (ssm_state_indices [N, 1 + S], num_accepted_tokens, in place;
+                            the fallback without a native verify); native: decode with
+                            2-D state_indices and num_accepted_tokens
+  fla's chunk_kda call      glue: fla's Triton chunk_kda; native: flash_kda.chunk_kda,
+                            the same arguments (one import changed)
+  head dim 64               glue: fla's Triton chunk_kda at K = V = 64 (FlashKDA has no
+                            head dim 64); native: fwd at K = V = 64
 
 Shape: --seqs sequences of --tokens tokens (default 8 x 1024), --heads value heads
-(default 32), K = V = 128, fp32 states.
+(default 32), K = V = 128 (the head-dim-64 row: 64), fp32 states; decode and verify:
+--seqs sequences of one token (verify: 1 + --draft tokens).
 Each form: --warmup calls, then --iters calls with CUDA events around each (the
 glue's own kernels included), median. Exits 0 with a message when no CUDA device or
 no usable CUDA backend is present.
@@ -39,6 +50,7 @@ import torch
 import flash_kda
 
 K = V = 128
+K64 = 64
 
 
 def timed(fn, warmup, iters):
@@ -56,7 +68,7 @@ def timed(fn, warmup, iters):
     return statistics.median(ms) * 1e3  # µs
 
 
-def problem(N, L, HV):
+def problem(N, L, HV, D=K):
     dev = "cuda"
     T = N * L
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -64,12 +76,30 @@ def problem(N, L, HV):
     def normal(*shape):
         return torch.randn(*shape, generator=gen, device=dev)
 
-    q = torch.nn.functional.normalize(normal(1, T, HV, K), dim=-1).bfloat16()
-    k = torch.nn.functional.normalize(normal(1, T, HV, K), dim=-1).bfloat16()
-    return dict(q=q, k=k, v=normal(1, T, HV, V).bfloat16(), g=normal(1, T, HV, K).bfloat16(),
+    q = torch.nn.functional.normalize(normal(1, T, HV, D), dim=-1).bfloat16()
+    k = torch.nn.functional.normalize(normal(1, T, HV, D), dim=-1).bfloat16()
+    return dict(q=q, k=k, v=normal(1, T, HV, D).bfloat16(), g=normal(1, T, HV, D).bfloat16(),
                 beta=normal(1, T, HV).bfloat16(), A_log=torch.rand(HV, device=dev),
-                dt_bias=torch.rand(HV, K, device=dev), scale=K ** -0.5, lower_bound=-5.0,
+                dt_bias=torch.rand(HV, D, device=dev), scale=D ** -0.5, lower_bound=-5.0,
                 cu=torch.arange(0, T + 1, L, dtype=torch.int64, device=dev))
+
+
+def fla_chunk_kda_call(p, s0, **extra):
+    """fla's Triton chunk_kda on problem p with fla's [N, HV, K, V] initial state s0
+    (or None when fla is not importable: the row then has no glue column)."""
+    try:
+        from fla.ops.kda import chunk_kda as fla_chunk_kda
+    except Exception as e:  # fla missing or broken: the row says so
+        print(f"  fla not importable ({type(e).__name__}: {e}): no fallback column", file=sys.stderr)
+        return None
+
+    def call():
+        with torch.inference_mode():
+            fla_chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], scale=p["scale"], initial_state=s0,
+                          output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                          use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=p["lower_bound"],
+                          cu_seqlens=p["cu"], A_log=p["A_log"], dt_bias=p["dt_bias"].reshape(-1), **extra)
+    return call
 
 
 def main():
@@ -79,6 +109,7 @@ def main():
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--draft", type=int, default=3, help="speculative verify: draft tokens a sequence")
     ap.add_argument("--md", default=None)
     a = ap.parse_args()
     ok, why = flash_kda.cuda_status()
@@ -158,23 +189,9 @@ def main():
         flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, initial_state=init,
                       final_state=fin, cu_seqlens=p["cu"], checkpoints=ck, checkpoint_interval=64, **common)
 
-    fla_glue = None
-    try:
-        from fla.ops.kda import chunk_kda as fla_chunk_kda
-
-        s0 = init.transpose(-1, -2).contiguous()
-
-        def fla_glue():
-            with torch.inference_mode():
-                fla_chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], scale=p["scale"], initial_state=s0,
-                              output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                              use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=p["lower_bound"],
-                              cu_seqlens=p["cu"], A_log=p["A_log"], dt_bias=p["dt_bias"].reshape(-1),
-                              return_intermediate_states=True)
-    except Exception as e:  # fla missing or broken: the row says so
-        print(f"  fla not importable ({type(e).__name__}: {e}): no fallback column for checkpoints",
-              file=sys.stderr)
-    row("checkpoints every 64 (fallback: fla chunk_kda)", fla_glue, ck_native)
+    s0 = init.transpose(-1, -2).contiguous()  # fla's [N, HV, K, V]
+    row("checkpoints every 64 (fallback: fla chunk_kda)",
+        fla_chunk_kda_call(p, s0, return_intermediate_states=True), ck_native)
 
     # 5. Slot checkpoints (vLLM's align mode): two offsets per sequence.
     offsets = torch.tensor([[L // 2 // 16 * 16, L // 16 * 16]] * N, dtype=torch.int64, device="cuda")
@@ -210,8 +227,81 @@ def main():
 
     row("decode step, int32 cu_seqlens", lambda: decode_call(dcu32.to(torch.int64)), lambda: decode_call(dcu32))
 
+    # 7. A decode step on views of one fused projection [N, width].
+    dwidths = [HV * K, HV * K, HV * V, HV * K, HV]
+    dfused = torch.randn(N, (sum(dwidths) + 7) // 8 * 8, device="cuda").bfloat16()
+    dviews, at = [], 0
+    for name, w in zip(["q", "k", "v", "g", "beta"], dwidths):
+        view = dfused[:, at:at + w]
+        dviews.append(view if name == "beta" else view.unflatten(-1, (HV, -1)))
+        at += w
+
+    def dviews_call(xs):
+        flash_kda.decode(*xs, p["A_log"], p["dt_bias"], pool, idx, out=dout, cu_seqlens=dcu32, scale=p["scale"],
+                         lower_bound=p["lower_bound"])
+
+    row("decode step on fused projection views", lambda: dviews_call([x.contiguous() for x in dviews]),
+        lambda: dviews_call(dviews))
+
+    # 8. Speculative verify: 1 + S tokens a sequence, a slot per token, num_accepted_tokens.
+    S1 = 1 + a.draft
+    vq, vk = (torch.nn.functional.normalize(torch.randn(N * S1, HV, K, device="cuda"), dim=-1).bfloat16()
+              for _ in "qk")
+    vv, vg = torch.randn(N * S1, HV, V, device="cuda").bfloat16(), torch.randn(N * S1, HV, K, device="cuda").bfloat16()
+    vbeta = torch.randn(N * S1, HV, device="cuda").bfloat16()
+    vout = torch.empty_like(vv)
+    vpool = 0.1 * torch.randn(N * S1, HV, V, K, device="cuda")
+    vidx = torch.arange(N * S1, dtype=torch.int32, device="cuda").view(N, S1)
+    vacc = (torch.arange(N, dtype=torch.int32, device="cuda") % S1) + 1
+    vcu = torch.arange(0, N * S1 + 1, S1, dtype=torch.int32, device="cuda")
+
+    def verify_native():
+        flash_kda.decode(vq, vk, vv, vg, vbeta, p["A_log"], p["dt_bias"], vpool, vidx, out=vout, cu_seqlens=vcu,
+                         scale=p["scale"], lower_bound=p["lower_bound"], num_accepted_tokens=vacc)
+
+    verify_glue = None
+    try:
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+        vout4, vcu64 = vout.unsqueeze(0), vcu.to(torch.int64)
+        verify_glue = lambda: fused_recurrent_kda_fwd(  # noqa: E731
+            q=vq[None], k=vk[None], v=vv[None], g=vg[None], beta=vbeta[None], A_log=p["A_log"],
+            dt_bias=p["dt_bias"].reshape(-1), initial_state=vpool, scale=p["scale"], inplace_final_state=True,
+            state_v_first=True, cu_seqlens=vcu64, ssm_state_indices=vidx, num_accepted_tokens=vacc,
+            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+            lower_bound=p["lower_bound"], out=vout4)
+    except Exception as e:  # fla missing or broken: the row says so
+        print(f"  fla not importable ({type(e).__name__}: {e}): no fallback column for verify", file=sys.stderr)
+    row(f"speculative verify, {a.draft} draft tokens (fallback: fla fused_recurrent_kda)", verify_glue,
+        verify_native)
+
+    # 9. fla's chunk_kda call site with one import changed.
+    def fla_style_native():
+        flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], scale=p["scale"], initial_state=s0,
+                            output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                            use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=p["lower_bound"],
+                            cu_seqlens=p["cu"], A_log=p["A_log"], dt_bias=p["dt_bias"].reshape(-1))
+
+    row("fla's chunk_kda call, one import changed (fallback: fla chunk_kda)", fla_chunk_kda_call(p, s0),
+        fla_style_native)
+
+    # 10. Head dim 64: FlashKDA has none, so the fallback is fla's Triton kernel.
+    p64 = problem(N, L, HV, K64)
+    out64 = torch.empty_like(p64["v"])
+    init64 = 0.1 * torch.randn(N, HV, K64, K64, device="cuda")
+    fin64 = torch.empty_like(init64)
+
+    def hd64_native():
+        flash_kda.fwd(p64["q"], p64["k"], p64["v"], p64["g"], p64["beta"], p64["scale"], out64, initial_state=init64,
+                      final_state=fin64, cu_seqlens=p64["cu"], A_log=p64["A_log"], dt_bias=p64["dt_bias"],
+                      lower_bound=p64["lower_bound"])
+
+    row("prefill at head dim 64 (fallback: fla chunk_kda)",
+        fla_chunk_kda_call(p64, init64.transpose(-1, -2).contiguous()), hd64_native)
+
     head = (f"Engine calls, median µs of {a.iters} after {a.warmup} warm-up ({torch.cuda.get_device_name()}, "
-            f"{N} x {L} tokens, HV = {HV}, K = V = 128, fp32 states)\n\n"
+            f"{N} x {L} tokens, HV = {HV}, K = V = 128 unless noted, fp32 states; decode: {N} x 1 token, "
+            f"verify: {N} x {1 + a.draft})\n\n"
             "| engine call | with glue | native | saved |\n|---|---|---|---|\n")
     lines = []
     for name, g, n in rows:

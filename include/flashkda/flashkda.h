@@ -60,6 +60,7 @@ enum class IndexType : int32_t { kInt32 = 0, kInt64 = 1 };
 //   A_log       fp32 [HV]
 //   dt_bias     fp32 [HV, K]
 //   initial_state, final_state   bf16 or fp32 [N, HV, V, K], each optional
+//                                ([N, HV, K, V] with states_key_major)
 //   cu_seqlens  int64 [N+1]        optional (or cu_seqlens_int32); requires B == 1
 // N is the number of sequences: num_seqs with cu_seqlens, else B.
 // HV (value heads) is a multiple of H; value head hv reads q/k head hv / (HV/H).
@@ -78,6 +79,13 @@ struct ForwardArgs {
   DType initial_state_dtype = DType::kNone;
   void* final_state = nullptr;
   DType final_state_dtype = DType::kNone;
+  // initial_state and final_state as [N, HV, K, V] (key-major: fla's layout of
+  // chunk_kda's initial_state and final state) instead of [N, HV, V, K]: value
+  // row i, key j of sequence n, value head hv at ((n·HV + hv)·K + j)·V + i. So a
+  // caller holding fla's layout passes its tensors as they are, instead of a
+  // transposed copy in and out. Not with state_pool (slots are [HV, V, K]).
+  // Every backend takes it.
+  bool states_key_major = false;
 
   // Sequence boundaries, in the backend's memory (device memory for kCuda).
   const int64_t* cu_seqlens = nullptr;

@@ -9,7 +9,8 @@
  * The struct layouts are part of the ABI (on 64-bit platforms, no padding):
  * flashkda_forward_args is 21 pointers, 21 int64, 8 int32 and 2 float, 376 bytes
  * (ABI 2 appended the state-pool, checkpoint and split-forward fields to ABI 1's
- * 168 bytes);
+ * 168 bytes; ABI 5 gave its last int32, reserved until then, a meaning:
+ * states_key_major);
  * flashkda_decode_args is 16 pointers, 21 int64, 3 int32, 2 float and a reserved
  * int32, 320 bytes (ABI 2 appended cu_seqlens_int32, verify_slots,
  * num_accepted_tokens; ABI 4 the token tensors' strides to ABI 3's 240 bytes);
@@ -30,7 +31,7 @@ extern "C" {
 #define FLASHKDA_VERSION_MAJOR 0
 #define FLASHKDA_VERSION_MINOR 1
 #define FLASHKDA_VERSION_PATCH 0
-#define FLASHKDA_C_ABI_VERSION 4
+#define FLASHKDA_C_ABI_VERSION 5
 
 /* Status codes (= flashkda::StatusCode). */
 #define FLASHKDA_STATUS_OK 0
@@ -61,8 +62,8 @@ typedef struct flashkda_forward_args {
   const float* A_log;          /* fp32 [HV] */
   const float* dt_bias;        /* fp32 [HV, K] */
   void* out;                   /* bf16 [B, T, HV, V] */
-  const void* initial_state;   /* bf16/fp32 [N, HV, V, K] or NULL */
-  void* final_state;           /* bf16/fp32 [N, HV, V, K] or NULL */
+  const void* initial_state;   /* bf16/fp32 [N, HV, V, K] ([N, HV, K, V] with states_key_major) or NULL */
+  void* final_state;           /* bf16/fp32 [N, HV, V, K] ([N, HV, K, V] with states_key_major) or NULL */
   const int64_t* cu_seqlens;   /* [N+1] in the backend's memory, or NULL */
   const int64_t* cu_seqlens_host; /* optional host copy (kCuda) */
   int64_t num_seqs;            /* N with cu_seqlens */
@@ -112,7 +113,7 @@ typedef struct flashkda_forward_args {
   float* summaries_M;             /* fp32 [N, HV, K, K], or NULL */
   float* summaries_B;             /* fp32 [N, HV, V, K], or NULL */
   int32_t resume_from_summaries;  /* 0 or 1 */
-  int32_t reserved;               /* must be 0 (kept for a later ABI) */
+  int32_t states_key_major;       /* 0: initial_state / final_state [N, HV, V, K]; 1: [N, HV, K, V] (ABI 5) */
 } flashkda_forward_args;
 
 /* Zeroes *args and sets lower_bound = -5 (the C++ defaults). */

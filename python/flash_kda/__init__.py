@@ -197,7 +197,7 @@ def _resolve_scalars(q, scale, lower_bound):
 # check runs: a value of another type gets nanobind's "incompatible function
 # arguments" with the whole signature. _raise_named names the argument instead.
 _PARAMETER_TYPES = (("backend", str), ("checkpoint_interval", int), ("checkpoints_value_major", bool),
-                    ("resume_from_summaries", bool))
+                    ("resume_from_summaries", bool), ("states_key_major", bool))
 
 
 def _raise_named(err, **given):
@@ -233,7 +233,7 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
         cu_seqlens_host=None, state_pool=None, state_indices=None, has_initial_state=None,
         checkpoints=None, checkpoint_interval=64, checkpoints_value_major=False,
         slot_checkpoint_offsets=None, slot_checkpoint_slots=None,
-        summaries=None, resume_from_summaries=False,
+        summaries=None, resume_from_summaries=False, states_key_major=False,
         workspace=None, stream=None, backend="auto") -> None:
     """KDA forward into ``out`` (and ``final_state``), in place. FlashKDA's signature.
 
@@ -258,7 +258,9 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     optionally ``has_initial_state`` (bool/uint8 ``[N]``): sequence n starts from slot
     ``state_indices[n]`` (from zero when the index is negative or its flag is false) and its final
     state is written back to that slot in place (none for a negative index), instead of
-    initial_state / final_state;
+    initial_state / final_state; ``states_key_major=True``: initial_state and final_state are
+    ``[N, HV, K, V]`` (fla's layout of chunk_kda's states) instead of ``[N, HV, V, K]``, read
+    and written as they are (no transposed copies; not with state_pool);
     ``checkpoints`` (bf16/fp32 ``[..., HV, K, V]``, or ``[..., HV, V, K]`` with
     ``checkpoints_value_major=True``; the leading dims hold at least sum(ceil(L_n / c))
     entries) receives each sequence's state after 0, c, 2c, ... tokens, c =
@@ -305,10 +307,11 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
         _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
                cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
                checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
-               resume_from_summaries, workspace, alloc, stream, backend)
+               resume_from_summaries, workspace, alloc, stream, backend, states_key_major)
     except TypeError as e:
         _raise_named(e, backend=backend, checkpoint_interval=checkpoint_interval,
-                     checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries)
+                     checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries,
+                     states_key_major=states_key_major)
 
 
 def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
@@ -316,7 +319,7 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
                    cu_seqlens_host=None, state_pool=None, state_indices=None, has_initial_state=None,
                    checkpoints=None, checkpoint_interval=64, checkpoints_value_major=False,
                    slot_checkpoint_offsets=None, slot_checkpoint_slots=None, summaries=None,
-                   resume_from_summaries=False, backend="auto") -> int:
+                   resume_from_summaries=False, states_key_major=False, backend="auto") -> int:
     """Bytes of scratch memory ``fwd`` needs for these arguments (checked as fwd checks them).
 
     A caller-provided ``workspace`` needs ``workspace_size(...) + 255`` bytes unless its
@@ -329,10 +332,11 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
                                      final_state, cu_seqlens, cu_seqlens_host, state_pool, state_indices,
                                      has_initial_state, checkpoints, checkpoint_interval, checkpoints_value_major,
                                      slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
-                                     resume_from_summaries, backend))
+                                     resume_from_summaries, backend, states_key_major))
     except TypeError as e:
         _raise_named(e, backend=backend, checkpoint_interval=checkpoint_interval,
-                     checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries)
+                     checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries,
+                     states_key_major=states_key_major)
 
 
 # CUDA decode reads strided token views with its latency kernel at every size (the

@@ -112,22 +112,21 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
                 raise type(e)("initial_state_indices" + str(e)[len("state_indices"):]) from None
             raise
     else:
+        # fla's default layout, [N, HV, K, V], is read and written as it is
+        # (states_key_major): no transposed copies in and out.
         s0 = initial_state
-        if s0 is not None and not state_v_first:
-            if not isinstance(s0, torch.Tensor) or s0.ndim != 4:
-                raise ValueError(f"initial_state: expected a tensor [N, HV, K, V], got "
-                                 f"{list(s0.shape) if isinstance(s0, torch.Tensor) else type(s0).__name__}")
-            s0 = s0.transpose(-1, -2).contiguous()
         if output_final_state:
             # fla returns an fp32 final state whatever the initial one's dtype; a bf16
             # initial state is widened (exactly) so that both are fp32.
-            if s0 is not None and s0.dtype != torch.float32:
+            if isinstance(s0, torch.Tensor) and s0.dtype != torch.float32:
                 s0 = s0.float()
-            final_state = torch.empty(N, HV, V, K, dtype=torch.float32, device=q.device)
+            final_state = torch.empty(N, HV, V if state_v_first else K, K if state_v_first else V,
+                                      dtype=torch.float32, device=q.device)
+        if isinstance(s0, torch.Tensor) and not s0.is_contiguous():  # e.g. a transposed view
+            s0 = s0.contiguous()
         fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-            initial_state=s0, final_state=final_state, cu_seqlens=cu_seqlens, **extra)
-        if final_state is not None and not state_v_first:
-            final_state = final_state.transpose(-1, -2).contiguous()
+            initial_state=s0, final_state=final_state, cu_seqlens=cu_seqlens, states_key_major=not state_v_first,
+            **extra)
     if return_intermediate_states:
         return out, final_state, h
     return out, final_state

@@ -2,6 +2,7 @@
 #include "flashkda/flashkda_c.h"
 
 #include <cstddef>
+#include <utility>
 #include <string>
 #include <type_traits>
 
@@ -66,7 +67,7 @@ static_assert(offsetof(flashkda_forward_args, beta_head_stride) == 344, "");
 static_assert(offsetof(flashkda_forward_args, summaries_M) == 352, "");
 static_assert(offsetof(flashkda_forward_args, summaries_B) == 360, "");
 static_assert(offsetof(flashkda_forward_args, resume_from_summaries) == 368, "");
-static_assert(offsetof(flashkda_forward_args, reserved) == 372, "");
+static_assert(offsetof(flashkda_forward_args, states_key_major) == 372, "");
 static_assert(sizeof(flashkda_forward_args) == 376, "");
 static_assert(offsetof(flashkda_decode_args, per_token_states) == 104, "");
 static_assert(offsetof(flashkda_decode_args, num_seqs) == 112, "");
@@ -147,6 +148,7 @@ ForwardArgs to_cpp(const flashkda_forward_args& c) {
   a.initial_state_dtype = static_cast<DType>(c.initial_state_dtype);  // unknown values: validate() rejects
   a.final_state = c.final_state;
   a.final_state_dtype = static_cast<DType>(c.final_state_dtype);
+  a.states_key_major = c.states_key_major != 0;
   a.batch = c.batch;
   a.seqlen = c.seqlen;
   a.state_pool = c.state_pool;
@@ -198,11 +200,10 @@ DecodeArgs to_cpp(const flashkda_decode_args& c) {
 // are 0 or 1, and `reserved` is 0, so that a later ABI can give it a meaning
 // without a caller's leftover value taking it.
 Status check_c_fields(const flashkda_forward_args& c) {
-  if (c.checkpoints_value_major != 0 && c.checkpoints_value_major != 1)
-    return Status::Invalid("checkpoints_value_major: expected 0 or 1, got " + std::to_string(c.checkpoints_value_major));
-  if (c.resume_from_summaries != 0 && c.resume_from_summaries != 1)
-    return Status::Invalid("resume_from_summaries: expected 0 or 1, got " + std::to_string(c.resume_from_summaries));
-  if (c.reserved != 0) return Status::Invalid("reserved: expected 0, got " + std::to_string(c.reserved));
+  for (const auto& [name, flag] : {std::pair<const char*, int32_t>{"checkpoints_value_major", c.checkpoints_value_major},
+                                   {"resume_from_summaries", c.resume_from_summaries},
+                                   {"states_key_major", c.states_key_major}})
+    if (flag != 0 && flag != 1) return Status::Invalid(std::string(name) + ": expected 0 or 1, got " + std::to_string(flag));
   return Status::Ok();
 }
 Status check_c_fields(const flashkda_decode_args& c) {

@@ -29,6 +29,7 @@ Status validate_inputs(const ForwardArgs& in, Backend backend) {
   f.initial_state_dtype = DType::kNone;
   f.final_state = nullptr;
   f.final_state_dtype = DType::kNone;
+  f.states_key_major = false;
   f.state_pool = nullptr;
   f.state_pool_dtype = DType::kNone;
   f.state_indices = nullptr;

@@ -166,6 +166,9 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
     if (a.initial_state != nullptr || a.final_state != nullptr)
       return Status::Invalid("state_pool: given together with initial_state / final_state (expected one or the "
                              "other: with a pool the states are read from and written to its slots)");
+    if (a.states_key_major)
+      return Status::Invalid("states_key_major: set with a state_pool (it is the layout of initial_state / "
+                             "final_state; pool slots are [HV, V, K])");
     if (a.state_pool_dtype != DType::kFP32 && a.state_pool_dtype != DType::kBF16)
       return Status::Invalid(cat("state_pool_dtype: expected kFP32 or kBF16 with a state_pool, got ",
                                  to_string(a.state_pool_dtype)));

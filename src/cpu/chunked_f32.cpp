@@ -336,12 +336,17 @@ void chunked_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, i
 
   S.assign(static_cast<size_t>(V * K), 0.f);
   const int64_t state_off = (n * HV + hv) * V * K;
+  // Row e, key j of the caller's state ([V, K], or [K, V] with states_key_major).
+  auto each_element = [&](auto&& f) {
+    for (int64_t e = 0; e < V; ++e)
+      for (int64_t j = 0; j < K; ++j) f(e * K + j, state_element(args, e, j));
+  };
   if (args.initial_state != nullptr && args.initial_state_dtype == DType::kFP32) {
     const float* s0 = static_cast<const float*>(args.initial_state) + state_off;
-    std::copy(s0, s0 + V * K, S.begin());
+    each_element([&](int64_t i, int64_t at) { S[i] = s0[at]; });
   } else if (args.initial_state != nullptr && args.initial_state_dtype == DType::kBF16) {
     const uint16_t* s0 = static_cast<const uint16_t*>(args.initial_state) + state_off;
-    for (int64_t i = 0; i < V * K; ++i) S[i] = bf16_to_float(s0[i]);
+    each_element([&](int64_t i, int64_t at) { S[i] = bf16_to_float(s0[at]); });
   }
 
   auto write_out = [&](const ChunkScratch& x, int64_t t0, int n_c) {
@@ -376,10 +381,10 @@ void chunked_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n, i
 
   if (args.final_state != nullptr && args.final_state_dtype == DType::kFP32) {
     float* s1 = static_cast<float*>(args.final_state) + state_off;
-    std::copy(S.begin(), S.end(), s1);
+    each_element([&](int64_t i, int64_t at) { s1[at] = S[i]; });
   } else if (args.final_state != nullptr && args.final_state_dtype == DType::kBF16) {
     uint16_t* s1 = static_cast<uint16_t*>(args.final_state) + state_off;
-    for (int64_t i = 0; i < V * K; ++i) s1[i] = float_to_bf16(S[i]);
+    each_element([&](int64_t i, int64_t at) { s1[at] = float_to_bf16(S[i]); });
   }
 }
 

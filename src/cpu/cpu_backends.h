@@ -9,6 +9,12 @@
 
 namespace flashkda::cpu {
 
+// Where value row i, key j of one (sequence, value head) state lies in its block
+// of initial_state / final_state: [V, K], or [K, V] with states_key_major.
+inline int64_t state_element(const ForwardArgs& a, int64_t i, int64_t j) {
+  return a.states_key_major ? j * a.head_dim_v + i : i * a.head_dim_k + j;
+}
+
 // The oracle: the token-by-token recurrence of the contract in float64.
 // `out_unrounded` (optional, host, same shape as out): also receives out before
 // its bf16 rounding, so that backends are judged against the oracle itself

@@ -100,13 +100,17 @@ void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n,
   // rows [row_begin, row_end) are read, updated and written.
   std::vector<double> S(static_cast<size_t>(V * K), 0.0);
   const int64_t state_off = (n * HV + hv) * V * K;
-  const int64_t first = row_begin * K, last = row_end * K;  // the rows' elements
+  // Row e, key j of the caller's state ([V, K], or [K, V] with states_key_major).
+  auto each_element = [&](auto&& f) {
+    for (int64_t e = row_begin; e < row_end; ++e)
+      for (int64_t j = 0; j < K; ++j) f(e * K + j, state_element(args, e, j));
+  };
   if (args.initial_state != nullptr && args.initial_state_dtype == DType::kFP32) {
     const float* s0 = static_cast<const float*>(args.initial_state) + state_off;
-    for (int64_t i = first; i < last; ++i) S[i] = s0[i];
+    each_element([&](int64_t i, int64_t at) { S[i] = s0[at]; });
   } else if (args.initial_state != nullptr && args.initial_state_dtype == DType::kBF16) {
     const uint16_t* s0 = static_cast<const uint16_t*>(args.initial_state) + state_off;
-    for (int64_t i = first; i < last; ++i) S[i] = bf16_to_float(s0[i]);
+    each_element([&](int64_t i, int64_t at) { S[i] = bf16_to_float(s0[at]); });
   }
 
   const double scale = args.scale;
@@ -131,10 +135,10 @@ void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n,
 
   if (args.final_state != nullptr && args.final_state_dtype == DType::kFP32) {
     float* s1 = static_cast<float*>(args.final_state) + state_off;
-    for (int64_t i = first; i < last; ++i) s1[i] = static_cast<float>(S[i]);
+    each_element([&](int64_t i, int64_t at) { s1[at] = static_cast<float>(S[i]); });
   } else if (args.final_state != nullptr && args.final_state_dtype == DType::kBF16) {
     uint16_t* s1 = static_cast<uint16_t*>(args.final_state) + state_off;
-    for (int64_t i = first; i < last; ++i) s1[i] = float_to_bf16(static_cast<float>(S[i]));
+    each_element([&](int64_t i, int64_t at) { s1[at] = float_to_bf16(static_cast<float>(S[i])); });
   }
 }
 

@@ -533,7 +533,7 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
              nb::handle state_indices, nb::handle has_initial_state, nb::handle checkpoints,
              int64_t checkpoint_interval, bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
              nb::handle slot_checkpoint_slots, nb::handle summaries, bool resume_from_summaries,
-             const std::string& backend, bool no_out = false) {
+             const std::string& backend, bool no_out = false, bool states_key_major = false) {
   Call c;
   // The summaries call of a split forward writes nothing but the summaries: out may be
   // None. segment_summaries has no out at all (no_out).
@@ -598,8 +598,15 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
     if (!c.cu.present) raise_value("cu_seqlens_host: given without cu_seqlens");
     expect_shape(c.cu_host, {N + 1}, "[N+1] (the shape of cu_seqlens)");
   }
-  if (c.s0.present) expect_shape(c.s0, {N, HV, V, K}, "[N, HV, V, K]");
-  if (c.s1.present) expect_shape(c.s1, {N, HV, V, K}, "[N, HV, V, K]");
+  // [N, HV, K, V] with states_key_major (fla's layout).
+  for (const Arg* s : {&c.s0, &c.s1})
+    if (s->present) {
+      if (states_key_major) expect_shape(*s, {N, HV, K, V}, "[N, HV, K, V] (states_key_major)");
+      else expect_shape(*s, {N, HV, V, K}, "[N, HV, V, K]");
+    }
+  if (states_key_major && c.pool.present)
+    raise_value("states_key_major: given with state_pool (it is the layout of initial_state / final_state; "
+                "pool slots are [HV, V, K])");
   // A state pool: slots of [HV, V, K] at any stride (expect_pool), one index per sequence.
   int64_t pool_stride = 0;
   if (c.pool.present) {
@@ -688,6 +695,7 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   a.out = c.out.data();
   a.initial_state = c.s0.cdata(); a.initial_state_dtype = state_dtype(c.s0);
   a.final_state = c.s1.data();    a.final_state_dtype = state_dtype(c.s1);
+  a.states_key_major = states_key_major;
   if (c.cu.present) {
     if (dtype_of(c.cu.dtype) == DT::kI32) a.cu_seqlens_int32 = static_cast<const int32_t*>(c.cu.cdata());
     else a.cu_seqlens = static_cast<const int64_t*>(c.cu.cdata());
@@ -770,11 +778,11 @@ size_t workspace_size_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g,
                          nb::handle has_initial_state, nb::handle checkpoints, int64_t checkpoint_interval,
                          bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
                          nb::handle slot_checkpoint_slots, nb::handle summaries, bool resume_from_summaries,
-                         const std::string& backend) {
+                         const std::string& backend, bool states_key_major) {
   Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
                    cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
                    checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
-                   resume_from_summaries, backend);
+                   resume_from_summaries, backend, false, states_key_major);
   return required_workspace(c);
 }
 
@@ -785,11 +793,12 @@ size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
               nb::handle state_indices, nb::handle has_initial_state, nb::handle checkpoints,
               int64_t checkpoint_interval, bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
               nb::handle slot_checkpoint_slots, nb::handle summaries, bool resume_from_summaries,
-              nb::handle workspace, nb::handle alloc, uintptr_t stream, const std::string& backend) {
+              nb::handle workspace, nb::handle alloc, uintptr_t stream, const std::string& backend,
+              bool states_key_major) {
   Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
                    cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
                    checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
-                   resume_from_summaries, backend);
+                   resume_from_summaries, backend, false, states_key_major);
   const size_t need = required_workspace(c);  // validates c.args: forward_prevalidated below relies on it
 
   void* ws = nullptr;
@@ -1114,21 +1123,21 @@ NB_MODULE(_C, m) {
         "checkpoint_interval"_a = 0, "checkpoints_value_major"_a = false, "slot_checkpoint_offsets"_a = nb::none(),
         "slot_checkpoint_slots"_a = nb::none(), "summaries"_a = nb::none(), "resume_from_summaries"_a = false,
         "workspace"_a = nb::none(),
-        "alloc"_a = nb::none(), "stream"_a = 0, "backend"_a = "auto",
+        "alloc"_a = nb::none(), "stream"_a = 0, "backend"_a = "auto", "states_key_major"_a = false,
         "Runs the KDA forward into `out` (and `final_state`), in place. Tensors: see flash_kda.fwd. "
         "`workspace`: uint8 scratch on the tensors' device, or `alloc(nbytes)` returning one. "
         "`stream`: cudaStream_t as an int (CUDA tensors). `backend`: 'auto' (CUDA tensors -> 'cuda', "
         "CPU tensors -> 'cpu'), 'cuda', 'cpu' (chunked fp32) or 'reference' (float64 oracle). "
         "`summaries`: None or a pair (M, B) (the summaries call of a split forward; `out` may then be None); "
-        "`resume_from_summaries`: the second call. "
-        "Returns the workspace bytes the call needed.");
+        "`resume_from_summaries`: the second call. `states_key_major`: initial_state / final_state are "
+        "[N, HV, K, V]. Returns the workspace bytes the call needed.");
   m.def("workspace_size", &workspace_size_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(),
         "beta"_a.none(), "scale"_a, "out"_a.none(), "A_log"_a.none(), "dt_bias"_a.none(), "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
         "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "state_pool"_a = nb::none(),
         "state_indices"_a = nb::none(), "has_initial_state"_a = nb::none(), "checkpoints"_a = nb::none(),
         "checkpoint_interval"_a = 0, "checkpoints_value_major"_a = false, "slot_checkpoint_offsets"_a = nb::none(),
         "slot_checkpoint_slots"_a = nb::none(), "summaries"_a = nb::none(), "resume_from_summaries"_a = false,
-        "backend"_a = "auto",
+        "backend"_a = "auto", "states_key_major"_a = false,
         "Bytes of scratch memory fwd needs for these arguments (0 on the CPU backends). "
         "Checks the arguments exactly as fwd does.");
   m.def("decode", &decode_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),

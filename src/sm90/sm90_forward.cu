@@ -589,6 +589,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   p.out = static_cast<uint16_t*>(args.out);
   p.initial_state = args.initial_state;
   p.final_state = args.final_state;
+  p.states_key_major = args.states_key_major ? 1 : 0;
   p.initial_state_type = state_type(args.initial_state ? args.initial_state_dtype : DType::kNone);
   p.final_state_type = state_type(args.final_state ? args.final_state_dtype : DType::kNone);
   p.cu_seqlens = args.cu_seqlens;

@@ -45,6 +45,7 @@ ForwardArgs range_call(const ForwardArgs& in, int64_t b, int64_t len, float* M, 
   f.out = nullptr;
   f.initial_state = f.final_state = nullptr;
   f.initial_state_dtype = f.final_state_dtype = DType::kNone;
+  f.states_key_major = false;
   f.summaries_M = M;
   f.summaries_B = B;
   f.resume_from_summaries = false;

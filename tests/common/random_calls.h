@@ -98,8 +98,9 @@ struct Call {
   std::string what;
   View q, k, v, g, beta;
   bool int32_cu = false, host_copy = true;
-  // Dense states (p.spec's dtypes), or a pool.
+  // Dense states (p.spec's dtypes; [N, HV, K, V] with states_key_major), or a pool.
   bool pool = false;
+  bool states_key_major = false;
   DType pool_dtype = DType::kNone;
   int64_t pool_size = 0, pool_stride = 0;
   IndexType index_type = IndexType::kInt32;
@@ -237,13 +238,16 @@ inline Call draw_call(uint64_t seed, HeadDims dims = HeadDims::kCuda) {
     c.plan.compose = r.pick<int>({1, 4, 8});
   }
 
+  // Drawn last, so that the calls drawn before this choice existed stay the same.
+  c.states_key_major = !c.pool && r.chance(0.5);
+
   char buf[512];
   std::string lens;
   if (varlen)
     for (int64_t n = 0; n < N; ++n) lens += (n ? "," : "") + std::to_string(p.cu_seqlens[n + 1] - p.cu_seqlens[n]);
   else lens = std::to_string(p.B) + "x" + std::to_string(p.T);
   std::snprintf(buf, sizeof(buf),
-                "K=%lld H=%lld HV=%lld lens=[%s] cu=%s%s views=%s states=%s%s ck=%lld%s%s slot_ck=%s plan=(v%d seg%lld "
+                "K=%lld H=%lld HV=%lld lens=[%s] cu=%s%s views=%s states=%s%s%s ck=%lld%s%s slot_ck=%s plan=(v%d seg%lld "
                 "out%d rec%d comp%d)",
                 static_cast<long long>(p.K), static_cast<long long>(p.H), static_cast<long long>(p.HV), lens.c_str(),
                 !varlen ? "none" : c.int32_cu ? "int32" : "int64", c.host_copy ? "+host" : "",
@@ -251,7 +255,7 @@ inline Call draw_call(uint64_t seed, HeadDims dims = HeadDims::kCuda) {
                 c.pool ? (c.pool_dtype == DType::kFP32 ? "pool-fp32" : "pool-bf16")
                        : (to_string(spec.initial_state) + std::string("->") + to_string(spec.final_state)).c_str(),
                 c.pool ? (c.index_type == IndexType::kInt64 ? "/i64" : "/i32") : "",
-                static_cast<long long>(c.interval), c.interval ? (c.ck_dtype == DType::kFP32 ? "/fp32" : "/bf16") : "",
+                c.states_key_major ? "/kv" : "", static_cast<long long>(c.interval), c.interval ? (c.ck_dtype == DType::kFP32 ? "/fp32" : "/bf16") : "",
                 c.interval && c.ck_value_major ? "/vk" : "", c.slot_ck_offsets.empty() ? "no" : "yes", c.plan.v_split,
                 static_cast<long long>(c.plan.seg_chunks), c.plan.outputs, c.plan.records, c.plan.compose);
   c.what = buf;
@@ -309,6 +313,7 @@ inline ForwardArgs call_args(const Call& c, const Buffers& b, bool cuda) {
   } else {
     a.initial_state = p.spec.initial_state == DType::kNone ? nullptr : b.init;
     a.final_state = p.spec.final_state == DType::kNone ? nullptr : b.fin;
+    a.states_key_major = c.states_key_major;
   }
   if (c.interval > 0) {
     a.checkpoints = b.ck;

@@ -28,6 +28,7 @@ flashkda_forward_args to_c(const flashkda::ForwardArgs& a) {
   c.A_log = a.A_log; c.dt_bias = a.dt_bias; c.out = a.out;
   c.initial_state = a.initial_state; c.initial_state_dtype = static_cast<int32_t>(a.initial_state_dtype);
   c.final_state = a.final_state; c.final_state_dtype = static_cast<int32_t>(a.final_state_dtype);
+  c.states_key_major = a.states_key_major ? 1 : 0;
   c.cu_seqlens = a.cu_seqlens; c.cu_seqlens_host = a.cu_seqlens_host; c.num_seqs = a.num_seqs;
   c.batch = a.batch; c.seqlen = a.seqlen; c.num_heads = a.num_heads; c.num_v_heads = a.num_v_heads;
   c.head_dim_k = a.head_dim_k; c.head_dim_v = a.head_dim_v;
@@ -74,7 +75,7 @@ TEST(CApi, LayoutAndVersion) {
   EXPECT_EQ(a.lower_bound, -5.f);
   EXPECT_EQ(a.summaries_M, nullptr);
   EXPECT_EQ(a.resume_from_summaries, 0);
-  EXPECT_EQ(a.reserved, 0);
+  EXPECT_EQ(a.states_key_major, 0);
   EXPECT_STREQ(flashkda_status_string(FLASHKDA_STATUS_INVALID_ARGUMENT), "kInvalidArgument");
   EXPECT_STREQ(flashkda_status_string(99), "unknown status");
 }
@@ -110,17 +111,16 @@ TEST(CApi, ErrorCodeAndMessage) {
   EXPECT_EQ(flashkda_validate(nullptr, FLASHKDA_BACKEND_CPU_CHUNKED), FLASHKDA_STATUS_INVALID_ARGUMENT);
   EXPECT_STREQ(flashkda_last_error(), "args: null pointer");
 
-  // The C struct's own fields: flags 0 or 1, reserved 0 (free for a later ABI), on
-  // every entry that takes the struct.
+  // The C struct's own fields: flags 0 or 1, on every entry that takes the struct.
   c.final_state_dtype = FLASHKDA_DTYPE_FP32;
   ASSERT_EQ(flashkda_validate(&c, FLASHKDA_BACKEND_CPU_CHUNKED), FLASHKDA_STATUS_OK) << flashkda_last_error();
   uint64_t bytes = 0;
   for (int field = 0; field < 3; ++field) {
     flashkda_forward_args b = c;
-    (field == 0 ? b.checkpoints_value_major : field == 1 ? b.resume_from_summaries : b.reserved) = 2;
+    (field == 0 ? b.checkpoints_value_major : field == 1 ? b.resume_from_summaries : b.states_key_major) = 2;
     const char* name = field == 0 ? "checkpoints_value_major: expected 0 or 1, got 2"
                        : field == 1 ? "resume_from_summaries: expected 0 or 1, got 2"
-                                    : "reserved: expected 0, got 2";
+                                    : "states_key_major: expected 0 or 1, got 2";
     EXPECT_EQ(flashkda_validate(&b, FLASHKDA_BACKEND_CPU_CHUNKED), FLASHKDA_STATUS_INVALID_ARGUMENT);
     EXPECT_STREQ(flashkda_last_error(), name);
     EXPECT_EQ(flashkda_forward(&b, FLASHKDA_BACKEND_CPU_CHUNKED, nullptr, 0, nullptr), FLASHKDA_STATUS_INVALID_ARGUMENT);

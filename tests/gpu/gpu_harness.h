@@ -127,12 +127,13 @@ inline Status run_forward(const ForwardArgs& a) {
 // replay (so the result is the last replay's, on a reused workspace).
 // split: the forward as the two calls of a context-parallel one (ForwardArgs::
 // summaries_M, then resume_from_summaries on the same workspace); the summaries
-// call's (M, B) come back in *split.
+// call's (M, B) come back in *split. states_key_major: p's states are [N, HV, K, V]
+// (ForwardArgs::states_key_major), and so is the result's.
 struct SplitSummaries {
   std::vector<float> M, B;  // [N, HV, K, K], [N, HV, V, K]
 };
 inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int graph_replays = 0,
-                          SplitSummaries* split = nullptr) {
+                          SplitSummaries* split = nullptr, bool states_key_major = false) {
   DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
   DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
   DeviceBuffer<int64_t> cu(p.cu_seqlens);
@@ -145,6 +146,7 @@ inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int grap
   if (fs_bytes) FKDA_CUDA_CHECK(cudaMemset(final_state.ptr, 0xFF, fs_bytes));
 
   ForwardArgs a = p.host_args(out.ptr, final_state.ptr);
+  a.states_key_major = states_key_major;
   a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
   a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
   if (p.spec.initial_state == DType::kBF16) a.initial_state = init_bf16.ptr;

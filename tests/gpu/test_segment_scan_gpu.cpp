@@ -87,6 +87,81 @@ ForwardArgs sizing_args(const HostProblem& p) {
   return a;
 }
 
+// [blocks] of [R, C] elements of `elem` bytes -> [C, R].
+std::vector<uint8_t> transpose_state_bytes(const std::vector<uint8_t>& x, int64_t blocks, int64_t R, int64_t C,
+                                           size_t elem) {
+  std::vector<uint8_t> y(x.size());
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c)
+        std::memcpy(&y[((b * C + c) * R + r) * elem], &x[((b * R + r) * C + c) * elem], elem);
+  return y;
+}
+
+// Key-major initial / final states (ForwardArgs::states_key_major, fla's layout):
+// bitwise the value-major run on transposed states, whichever kernel reads and
+// writes them: one chain a sequence (load before, store after the chunk loop),
+// the segment scan with out by chains (pass 3 stores the final state) and by
+// superposition (the composition stores it: staged and register forms), and the
+// split call (the resume's composition reads the initial state), K = 128 and 64,
+// fp32 and bf16 states.
+TEST_F(GpuSegmentScan, KeyMajorStatesAreTheValueMajorRunTransposed) {
+  struct Mode {
+    const char* name;
+    sm90::LaunchOverride o;
+    bool split;
+  };
+  auto forced = [](int64_t seg_chunks, int outputs, int compose) {
+    sm90::LaunchOverride o;
+    o.seg_chunks = seg_chunks;
+    o.outputs = outputs;
+    o.compose = compose;
+    return o;
+  };
+  const Mode modes[] = {{"one chain", forced(-1, 0, 0), false},
+                        {"segments, chains", forced(4, kOutputsByChains, 0), false},
+                        {"segments, superposed", forced(4, kOutputsBySuperposition, 0), false},
+                        {"segments, superposed, register compose", forced(4, kOutputsBySuperposition, 1), false},
+                        {"split call", sm90::LaunchOverride{}, true}};
+  for (int64_t K : {128, 64}) {
+    for (DType t : {DType::kFP32, DType::kBF16}) {
+      ProblemSpec spec;
+      spec.seqlens = {300, 17, 0, 129};
+      spec.heads = 2;
+      spec.v_heads = 4;
+      spec.head_dim = K;
+      spec.initial_state = spec.final_state = t;
+      const HostProblem p = make_problem(spec, 90 + K);
+      HostProblem km = p;
+      const int64_t blocks = p.N * p.HV;
+      if (t == DType::kFP32) {
+        std::vector<uint8_t> b(p.init_f32.size() * 4);
+        std::memcpy(b.data(), p.init_f32.data(), b.size());
+        b = transpose_state_bytes(b, blocks, p.V, p.K, 4);
+        std::memcpy(km.init_f32.data(), b.data(), b.size());
+      } else {
+        std::vector<uint8_t> b(p.init_bf16.size() * 2);
+        std::memcpy(b.data(), p.init_bf16.data(), b.size());
+        b = transpose_state_bytes(b, blocks, p.V, p.K, 2);
+        std::memcpy(km.init_bf16.data(), b.data(), b.size());
+      }
+      for (const Mode& m : modes) {
+        SCOPED_TRACE(std::string(m.name) + " K=" + std::to_string(K) + (t == DType::kFP32 ? " fp32" : " bf16"));
+        sm90::set_launch_override(m.o);
+        SplitSummaries s_vm, s_km;
+        const RunResult vm = run_cuda(p, nullptr, 0, m.split ? &s_vm : nullptr);
+        const RunResult kr = run_cuda(km, nullptr, 0, m.split ? &s_km : nullptr, /*states_key_major=*/true);
+        ASSERT_TRUE(vm.status.ok()) << vm.status.message;
+        ASSERT_TRUE(kr.status.ok()) << kr.status.message;
+        EXPECT_EQ(vm.out_bits, kr.out_bits);
+        EXPECT_EQ(transpose_state_bytes(vm.state_bytes, blocks, p.V, p.K, t == DType::kFP32 ? 4 : 2),
+                  kr.state_bytes);
+      }
+      sm90::set_launch_override({});
+    }
+  }
+}
+
 // The workspace of a split call holds the segment states: a forced split that
 // silently fell back to one chain would not show in the results.
 void expect_split(const HostProblem& p) {

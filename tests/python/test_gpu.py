@@ -377,3 +377,26 @@ def test_fla_env_switch_is_read_per_call():
     finally:
         if old is not None:
             os.environ["FLA_FLASH_KDA"] = old
+
+
+# ---- states in fla's layout --------------------------------------------------------
+
+@pytest.mark.parametrize("K", [128, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seqlens", [[4096], [3000, 17, 0, 900]])
+def test_key_major_states_are_the_value_major_run_transposed(K, dtype, seqlens):
+    """states_key_major=True on CUDA: initial_state / final_state [N, HV, K, V] read and
+    written in place, bitwise the value-major run on the transposed states; two heads
+    and a 4096-token sequence run the segment scan (the composition and pass 3 write
+    the final state), the varlen batch one chain a sequence or a mixed plan."""
+    p = gpu_problem(B=1, H=2, K=K, seqlens=seqlens, state_dtype=dtype, seed=77)
+    out_vm, fs_vm = run(p)
+    out_km = torch.full_like(out_vm, 3.0)
+    fs_km = torch.full(fs_vm.transpose(-1, -2).shape, 5.0, dtype=dtype, device="cuda")
+    kw = fwd_kwargs(p)
+    kw["initial_state"] = p["initial_state"].transpose(-1, -2).contiguous()
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out_km, final_state=fs_km,
+                  states_key_major=True, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(out_km, out_vm)
+    assert torch.equal(fs_km, fs_vm.transpose(-1, -2))

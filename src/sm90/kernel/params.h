@@ -54,10 +54,11 @@ struct FwdParams {
   const float* dt_bias;  // [HV, K]
   uint16_t* out;         // [B*T, HV, V]
 
-  const void* initial_state;  // [N, HV, V, K] or null
-  void* final_state;          // [N, HV, V, K] or null
+  const void* initial_state;  // [N, HV, V, K] ([N, HV, K, V] with states_key_major) or null
+  void* final_state;          // the same layout, or null
   int32_t initial_state_type;
   int32_t final_state_type;
+  int32_t states_key_major;   // ForwardArgs::states_key_major
 
   const int64_t* cu_seqlens;    // [N+1] device pointer, or null: sequence n = batch row n
   const int32_t* cu_seqlens32;  // the same as int32 (one of the two, or neither)

@@ -124,8 +124,13 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   CheckpointCursor mine{};
   if (kCheckpoints && w.true_state) mine = checkpoint_cursor(p, w);
   StateRows S;
-  if (w.from == StateFrom::kInitial) load_state<kDim>(S, state_location<kDim>(p, w.seq, w.v_head), row, lane);
-  else load_state_rows<kDim>(S, w.from, w.in_rows, row, lane);
+  if (w.from == StateFrom::kInitial) {
+    const StateLocation l = state_location<kDim>(p, w.seq, w.v_head);
+    if (l.key_major) load_state_key_major<kDim>(S, l, row, lane);
+    else load_state<kDim>(S, l, row, lane);
+  } else {
+    load_state_rows<kDim>(S, w.from, w.in_rows, row, lane);
+  }
   for (int c = 0; c < kStages - 1; ++c) issue_load(c, c);
   // Checkpoints: the cursor in shared memory; the next stop and the next
   // periodic entry in registers.
@@ -182,7 +187,11 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   }
   if (w.to == StateTo::kFinal) {
     const bool kept = !kCheckpoints || p.slot_ck_offsets == nullptr || final_state_kept(ck, p, w.seq);
-    if (kept) store_state<kDim>(S, state_location<kDim>(p, w.seq, w.v_head), row, lane);
+    if (kept) {
+      const StateLocation l = state_location<kDim>(p, w.seq, w.v_head);
+      if (l.key_major) store_state_key_major<kDim>(S, l, row, lane);
+      else store_state<kDim>(S, l, row, lane);
+    }
   } else if (w.to == StateTo::kBuffer) {
     store_state_rows<kDim>(S, w.out_rows, row, lane);
   }

@@ -116,6 +116,59 @@ __device__ __forceinline__ bool writes_back(const ComposeChain& c, int64_t j) {
   return c.write_back && !(c.to_final && j + 1 == c.j_end);
 }
 
+// Element (i, q) of a thread's tile (rows row.., columns col..) of a caller's
+// state at `l`: [V, K] rows, or [K, V] where key-major (a compile-time choice, so
+// that a row's columns stay one contiguous run for the value-major loads).
+template <int kDim, bool kKeyMajor>
+__device__ __forceinline__ int64_t state_tile_element(const StateLocation& l, int row, int col, int i, int q) {
+  return l.offset + (kKeyMajor ? static_cast<int64_t>(col + q) * kDim + row + i
+                               : static_cast<int64_t>(row + i) * kDim + col + q);
+}
+
+// A thread's tile of a caller's state (0 without one); the element type chosen once.
+template <int kDim, bool kKeyMajor, int kTR, int kTC>
+__device__ __forceinline__ void load_state_tile(const StateLocation& l, int row, int col, float (&x)[kTR][kTC]) {
+  if (l.in_type == kStateFP32) {
+    const float* in = static_cast<const float*>(l.in);
+#pragma unroll
+    for (int i = 0; i < kTR; ++i)
+#pragma unroll
+      for (int q = 0; q < kTC; ++q) x[i][q] = in[state_tile_element<kDim, kKeyMajor>(l, row, col, i, q)];
+  } else if (l.in_type == kStateBF16) {
+    const uint16_t* in = static_cast<const uint16_t*>(l.in);
+#pragma unroll
+    for (int i = 0; i < kTR; ++i)
+#pragma unroll
+      for (int q = 0; q < kTC; ++q)
+        x[i][q] = __uint_as_float(uint32_t(in[state_tile_element<kDim, kKeyMajor>(l, row, col, i, q)]) << 16);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kTR; ++i)
+#pragma unroll
+      for (int q = 0; q < kTC; ++q) x[i][q] = 0.f;
+  }
+}
+
+// A thread's tile into a caller's state, in its dtype.
+template <int kDim, bool kKeyMajor, int kTR, int kTC>
+__device__ __forceinline__ void store_state_tile(const StateLocation& l, int row, int col,
+                                                 const float (&x)[kTR][kTC]) {
+  if (l.out_type == kStateFP32) {
+    float* out = static_cast<float*>(l.out);
+#pragma unroll
+    for (int i = 0; i < kTR; ++i)
+#pragma unroll
+      for (int q = 0; q < kTC; ++q) out[state_tile_element<kDim, kKeyMajor>(l, row, col, i, q)] = x[i][q];
+  } else if (l.out_type == kStateBF16) {
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(l.out);
+#pragma unroll
+    for (int i = 0; i < kTR; ++i)
+#pragma unroll
+      for (int q = 0; q < kTC; ++q)
+        out[state_tile_element<kDim, kKeyMajor>(l, row, col, i, q)] = __float2bfloat16_rn(x[i][q]);
+  }
+}
+
 // A thread's tile (kTR rows from row, kTC columns from col) of the chain's
 // start: a resumed forward's initial state (0 without one), a summaries call's
 // X(1) (segment 0's M or B), or a forward's S_in(1) (segment 0's b). The source
@@ -127,25 +180,8 @@ __device__ __forceinline__ void load_tile_start(const FwdParams& p, const Compos
                                                 float (&x)[kTR][kTC]) {
   if (p.split_mode == kSplitResume) {
     const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
-    const int64_t at = l.offset + static_cast<int64_t>(row) * kDim + col;
-    if (l.in_type == kStateFP32) {
-      const float* in = static_cast<const float*>(l.in) + at;
-#pragma unroll
-      for (int i = 0; i < kTR; ++i)
-#pragma unroll
-        for (int q = 0; q < kTC; ++q) x[i][q] = in[i * kDim + q];
-    } else if (l.in_type == kStateBF16) {
-      const uint16_t* in = static_cast<const uint16_t*>(l.in) + at;
-#pragma unroll
-      for (int i = 0; i < kTR; ++i)
-#pragma unroll
-        for (int q = 0; q < kTC; ++q) x[i][q] = __uint_as_float(uint32_t(in[i * kDim + q]) << 16);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kTR; ++i)
-#pragma unroll
-        for (int q = 0; q < kTC; ++q) x[i][q] = 0.f;
-    }
+    if (l.key_major) load_state_tile<kDim, true>(l, row, col, x);
+    else load_state_tile<kDim, false>(l, row, col, x);
     return;
   }
   const SegmentState* st0 = segment_state(p, c.first_slot, c.v_head);
@@ -163,20 +199,8 @@ __device__ __forceinline__ void store_tile_result(const FwdParams& p, const Comp
                                                   const float (&x)[kTR][kTC]) {
   if (c.to_final) {
     const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
-    const int64_t at = l.offset + static_cast<int64_t>(row) * kDim + col;
-    if (l.out_type == kStateFP32) {
-      float* out = static_cast<float*>(l.out) + at;
-#pragma unroll
-      for (int i = 0; i < kTR; ++i)
-#pragma unroll
-        for (int q = 0; q < kTC; ++q) out[i * kDim + q] = x[i][q];
-    } else if (l.out_type == kStateBF16) {
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(l.out) + at;
-#pragma unroll
-      for (int i = 0; i < kTR; ++i)
-#pragma unroll
-        for (int q = 0; q < kTC; ++q) out[i * kDim + q] = __float2bfloat16_rn(x[i][q]);
-    }
+    if (l.key_major) store_state_tile<kDim, true>(l, row, col, x);
+    else store_state_tile<kDim, false>(l, row, col, x);
   }
   if (p.split_mode == kSplitSummaries) {
     float* out = (c.key_rows ? p.summaries_M : p.summaries_B) + (c.seq * p.num_v_heads + c.v_head) * kDim * kDim +
