@@ -7,8 +7,10 @@ beta sigmoid inside the kernel (``use_gate_in_kernel``, ``use_qk_l2norm_in_kerne
 ``use_beta_sigmoid_in_kernel`` all True) with the safe gate (``safe_gate=True``,
 ``lower_bound`` in [-5, 0), default -5). Anything else raises NotImplementedError
 naming the argument. States follow fla's ``state_v_first``: ``[N, HV, K, V]`` by
-default (transposed copies in and out), ``[N, HV, V, K]`` with ``state_v_first=True``
-(flash_kda's own layout, no copy).
+default, ``[N, HV, V, K]`` with ``state_v_first=True`` (flash_kda's own layout). chunk_kda
+reads and writes either in place (``fwd(states_key_major=)``); fused_recurrent_kda's
+dense ``[N, HV, K, V]`` states are transposed copies in and out (decode runs on a pool,
+whose slots are ``[HV, V, K]``).
 """
 from __future__ import annotations
 
