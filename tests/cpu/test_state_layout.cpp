@@ -1,7 +1,7 @@
 // Key-major initial / final states (ForwardArgs::states_key_major: [N, HV, K, V],
 // fla's layout) on the CPU backends: bitwise the value-major call on the transposed
-// states, for fp32 and bf16 states, either state alone, through the C ABI too; a
-// state pool with the flag is named.
+// states, for fp32 and bf16 states, either state alone, through the C ABI too (a
+// state pool with the flag: test_state_pool.cpp).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -102,26 +102,6 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(LayoutCase{DType::kFP32, DType::kFP32}, LayoutCase{DType::kBF16, DType::kBF16},
                                          LayoutCase{DType::kNone, DType::kFP32},
                                          LayoutCase{DType::kFP32, DType::kNone})));
-
-TEST(StatesKeyMajorArgs, APoolWithTheFlagIsNamed) {
-  const HostProblem p = varlen_gva_problem(72);
-  std::vector<uint16_t> out(p.out_elems());
-  std::vector<float> pool(static_cast<size_t>(3 * p.HV * p.V * p.K));
-  const std::vector<int32_t> idx = {0, 1, -1, 2};
-  ForwardArgs a = p.host_args(out.data(), nullptr);
-  a.initial_state = nullptr;
-  a.initial_state_dtype = DType::kNone;
-  a.final_state_dtype = DType::kNone;
-  a.state_pool = pool.data();
-  a.state_pool_dtype = DType::kFP32;
-  a.pool_size = 3;
-  a.state_indices = idx.data();
-  ASSERT_TRUE(validate(a, Backend::kCpuChunked).ok());
-  a.states_key_major = true;
-  const Status s = validate(a, Backend::kCpuChunked);
-  EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message.find("states_key_major"), std::string::npos) << s.message;
-}
 
 }  // namespace
 }  // namespace flashkda::testing

@@ -293,6 +293,9 @@ TEST(StatePoolValidation, BadArgumentsAreNamed) {
   };
   const auto expect = expect_invalid;
   EXPECT_TRUE(validate(base(), Backend::kCpuChunked).ok());
+  ForwardArgs key_major = base();  // the layout of dense states only: slots are [HV, V, K]
+  key_major.states_key_major = true;
+  expect(key_major, Backend::kCpuChunked, StatusCode::kInvalidArgument, "states_key_major: set with a state_pool");
   ForwardArgs a = base();
   a.initial_state = p.init_f32.data();
   a.initial_state_dtype = DType::kFP32;
