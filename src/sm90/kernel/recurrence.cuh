@@ -94,45 +94,6 @@ __device__ __forceinline__ void store_state(const StateRows& S, const StateLocat
   });
 }
 
-// Key-major states (checkpoint entries, ForwardArgs::states_key_major): element
-// (row, col) at offset + col·V + row, V = kDim. Per
-// key the warp's 16 rows are one 32-byte run (bf16), but a thread's fragment
-// holds two rows of two keys. So each 8x8 block is transposed in the registers
-// (movmatrix: then a thread holds key g, rows 2t, 2t + 1 of each half) and
-// neighbouring threads swap halves (t even takes rows 2t..2t + 3, t odd rows
-// 8 + 2(t − 1)..): one 8-byte store a tile a thread, whole sectors, a quarter of
-// the stores of element-wise writes. The entry (a multiple of K·V elements),
-// row0 (of 16) and the buffer (16-byte aligned: validate.cpp) keep them aligned.
-template <int kDim>
-__device__ __forceinline__ void store_state_key_major_bf16(const StateRows& S, __nv_bfloat16* entry, int row0,
-                                                           int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const bool odd = (t & 1) != 0;
-  __nv_bfloat16* at = entry + static_cast<int64_t>(g) * kDim + row0 + (odd ? 8 + 2 * (t - 1) : 2 * t);
-#pragma unroll
-  for (int j = 0; j < kDim / 8; ++j) {
-    uint32_t top, bottom;  // key 8j + g: rows 2t, 2t + 1 and 8 + 2t, 9 + 2t
-    cute::SM75_U32x1_MOVM_T::copy(pack_bf16(S.tile[j].x[0], S.tile[j].x[1]), top);
-    cute::SM75_U32x1_MOVM_T::copy(pack_bf16(S.tile[j].x[2], S.tile[j].x[3]), bottom);
-    const uint32_t theirs = __shfl_xor_sync(0xffffffffu, odd ? top : bottom, 1);
-    *reinterpret_cast<uint2*>(at + static_cast<int64_t>(8 * j) * kDim) =
-        odd ? make_uint2(theirs, bottom) : make_uint2(top, theirs);
-  }
-}
-
-// fp32 key-major entries: one 4-byte store an element.
-template <int kDim>
-__device__ __forceinline__ void store_state_key_major_fp32(const StateRows& S, float* entry, int row0, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  float* at = entry + static_cast<int64_t>(2 * t) * kDim + row0 + g;
-#pragma unroll
-  for (int j = 0; j < kDim / 8; ++j)
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) at[static_cast<int64_t>(8 * j + e) * kDim + 8 * hr] = S.tile[j].x[2 * hr + e];
-}
-
 // The warp's rows row0.. of a key-major state at `l` (row i, key j at
 // offset + j·kDim + i; zero where it has none). Once per CTA, element by element:
 // a thread's two rows of a key are 8 rows apart.
@@ -158,12 +119,27 @@ __device__ __forceinline__ void load_state_key_major(StateRows& S, const StateLo
       }
 }
 
-// The warp's rows row0.. into a key-major state at `l`, in its dtype.
+// The warp's rows row0.. into a key-major state at `l` (row i, key j at
+// offset + j·kDim + i), element by element in its dtype; once per CTA, after the
+// chunk loop. Written as a strided store (row stride 1, key stride kDim): in the
+// shape of the movmatrix form of the checkpoint entries, or of store_state's pairs,
+// the kernels' chunk loops took other registers and another schedule (2 more
+// registers, 96/8192 with checkpoints 0.8 % slower, docs/perf-log.md); this form
+// leaves them as without it (SASS compared loop by loop).
 template <int kDim>
 __device__ __forceinline__ void store_state_key_major(const StateRows& S, const StateLocation& l, int row0, int lane) {
-  if (l.out_type == kStateFP32) store_state_key_major_fp32<kDim>(S, static_cast<float*>(l.out) + l.offset, row0, lane);
-  else if (l.out_type == kStateBF16)
-    store_state_key_major_bf16<kDim>(S, static_cast<__nv_bfloat16*>(l.out) + l.offset, row0, lane);
+  constexpr int64_t kRowStride = 1, kKeyStride = kDim;
+  const int g = lane >> 2, t = lane & 3;
+  with_state_element(l.out_type, [&](auto element) {
+    using T = decltype(element);
+    T* at = static_cast<T*>(l.out) + l.offset + (row0 + g) * kRowStride + 2 * t * kKeyStride;
+#pragma unroll
+    for (int j = 0; j < kDim / 8; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) at[8 * hr * kRowStride + (8 * j + e) * kKeyStride] = T(S.tile[j].x[2 * hr + e]);
+  });
 }
 
 // The segment scan's starting rows (tile_scheduler.cuh, StateFrom): zero, the
