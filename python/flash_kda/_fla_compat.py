@@ -121,7 +121,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             # fla returns an fp32 final state whatever the initial one's dtype; a bf16
             # initial state is widened (exactly) so that both are fp32.
             if isinstance(s0, torch.Tensor) and s0.dtype != torch.float32:
-                s0 = s0.float()
+                s0 = s0.to(torch.float32, memory_format=torch.contiguous_format)
             final_state = torch.empty(N, HV, V if state_v_first else K, K if state_v_first else V,
                                       dtype=torch.float32, device=q.device)
         if isinstance(s0, torch.Tensor) and not s0.is_contiguous():  # e.g. a transposed view

@@ -197,8 +197,8 @@ DecodeArgs to_cpp(const flashkda_decode_args& c) {
 }
 
 // The C structs' fields that have no C++ counterpart to be checked by: the flags
-// are 0 or 1, and `reserved` is 0, so that a later ABI can give it a meaning
-// without a caller's leftover value taking it.
+// are 0 or 1, and the decode struct's `reserved` is 0, so that a later ABI can give
+// it a meaning without a caller's leftover value taking it.
 Status check_c_fields(const flashkda_forward_args& c) {
   for (const auto& [name, flag] : {std::pair<const char*, int32_t>{"checkpoints_value_major", c.checkpoints_value_major},
                                    {"resume_from_summaries", c.resume_from_summaries},

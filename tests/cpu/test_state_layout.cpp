@@ -37,10 +37,9 @@ TEST_P(StatesKeyMajor, IsTheValueMajorCallOnTransposedStates) {
   spec.seqlens = {37, 0, 64, 21};
   spec.heads = 2;
   spec.v_heads = 4;
-  spec.head_dim = 32;
   spec.initial_state = lc.initial;
   spec.final_state = lc.final_;
-  const HostProblem p = make_problem(spec, 71);
+  const HostProblem p = make_problem_kv(spec, 32, 48, 71);  // K != V: the layouts differ in shape too
   const int64_t blocks = p.N * p.HV;
   const size_t elem = lc.final_ == DType::kBF16 ? 2 : 4;
 

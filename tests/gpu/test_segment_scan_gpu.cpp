@@ -100,11 +100,11 @@ std::vector<uint8_t> transpose_state_bytes(const std::vector<uint8_t>& x, int64_
 
 // Key-major initial / final states (ForwardArgs::states_key_major, fla's layout):
 // bitwise the value-major run on transposed states, whichever kernel reads and
-// writes them: one chain a sequence (load before, store after the chunk loop),
-// the segment scan with out by chains (pass 3 stores the final state) and by
-// superposition (the composition stores it: staged and register forms), and the
-// split call (the resume's composition reads the initial state), K = 128 and 64,
-// fp32 and bf16 states.
+// writes them: one chain a sequence in 8- and 4-warp CTAs (load before, store after
+// the chunk loop), the segment scan with out by chains (pass 3 stores the final
+// state) and by superposition (the composition stores it: staged and register
+// forms), and the split call (the resume's composition reads the initial state),
+// K = 128 and 64, fp32 and bf16 states. (The checkpoint variants: random calls.)
 TEST_F(GpuSegmentScan, KeyMajorStatesAreTheValueMajorRunTransposed) {
   struct Mode {
     const char* name;
@@ -118,11 +118,19 @@ TEST_F(GpuSegmentScan, KeyMajorStatesAreTheValueMajorRunTransposed) {
     o.compose = compose;
     return o;
   };
-  const Mode modes[] = {{"one chain", forced(-1, 0, 0), false},
+  auto v_split = [&](int v) {
+    sm90::LaunchOverride o = forced(-1, 0, 0);
+    o.v_split = v;
+    return o;
+  };
+  // The split call with forced segments: its composition reads the initial state
+  // (with one segment a sequence, pass 3's chain reads it instead).
+  const Mode modes[] = {{"one chain, 8 warps", v_split(1), false},
+                        {"one chain, 4 warps", v_split(2), false},
                         {"segments, chains", forced(4, kOutputsByChains, 0), false},
                         {"segments, superposed", forced(4, kOutputsBySuperposition, 0), false},
                         {"segments, superposed, register compose", forced(4, kOutputsBySuperposition, 1), false},
-                        {"split call", sm90::LaunchOverride{}, true}};
+                        {"split call, segments", forced(4, 0, 0), true}};
   for (int64_t K : {128, 64}) {
     for (DType t : {DType::kFP32, DType::kBF16}) {
       ProblemSpec spec;

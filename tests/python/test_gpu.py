@@ -386,9 +386,9 @@ def test_fla_env_switch_is_read_per_call():
 @pytest.mark.parametrize("seqlens", [[4096], [3000, 17, 0, 900]])
 def test_key_major_states_are_the_value_major_run_transposed(K, dtype, seqlens):
     """states_key_major=True on CUDA: initial_state / final_state [N, HV, K, V] read and
-    written in place, bitwise the value-major run on the transposed states; two heads
-    and a 4096-token sequence run the segment scan (the composition and pass 3 write
-    the final state), the varlen batch one chain a sequence or a mixed plan."""
+    written in place, bitwise the value-major run on the transposed states, on the
+    plans the launch picks for one 4096-token sequence at two heads and for a varlen
+    batch (the C++ test forces each plan)."""
     p = gpu_problem(B=1, H=2, K=K, seqlens=seqlens, state_dtype=dtype, seed=77)
     out_vm, fs_vm = run(p)
     out_km = torch.full_like(out_vm, 3.0)
