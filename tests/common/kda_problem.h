@@ -69,6 +69,18 @@ struct HostProblem {
   }
 };
 
+// `blocks` blocks of [R, C] elements -> [C, R]: states [N, HV, V, K] <-> [N, HV, K, V]
+// (ForwardArgs::states_key_major).
+template <class T>
+std::vector<T> transpose_blocks(const std::vector<T>& x, int64_t blocks, int64_t R, int64_t C) {
+  std::vector<T> y(x.size());
+  if (x.empty()) return y;  // no state
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) y[(b * C + c) * R + r] = x[(b * R + r) * C + c];
+  return y;
+}
+
 inline HostProblem make_problem(const ProblemSpec& spec, uint64_t seed) {
   HostProblem p;
   p.spec = spec;

@@ -14,17 +14,6 @@
 namespace flashkda::testing {
 namespace {
 
-// [N·HV] blocks of [R, C] -> [C, R], element by element (any element type).
-template <class T>
-std::vector<T> transpose_blocks(const std::vector<T>& x, int64_t blocks, int64_t R, int64_t C) {
-  std::vector<T> y(x.size());
-  if (x.empty()) return y;  // no state of this dtype
-  for (int64_t b = 0; b < blocks; ++b)
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t c = 0; c < C; ++c) y[(b * C + c) * R + r] = x[(b * R + r) * C + c];
-  return y;
-}
-
 struct LayoutCase {
   DType initial, final_;
 };

@@ -140,6 +140,70 @@ void expect_checkpoints_match(const CkCase& c, const std::vector<int64_t>& seqle
 
 TEST_P(GpuCheckpoints, MatchTheOracleAndLeaveTheResultAlone) { expect_checkpoints_match(GetParam(), kSeqlens, 81); }
 
+// A checkpoint call of case c on the device with fp32 states `init` (value-major,
+// or key-major with states_key_major): out's bits, the final state's and the entries'.
+struct CkRun {
+  std::vector<uint16_t> out;
+  std::vector<float> fin;
+  std::vector<uint8_t> ck;
+};
+CkRun run_checkpoint_call(const HostProblem& p, const CkCase& c, int64_t entries, const std::vector<float>& init,
+                          bool states_key_major) {
+  const size_t ck_bytes = static_cast<size_t>(entries * p.HV * p.K * p.V) * (c.dtype == DType::kFP32 ? 4 : 2);
+  DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), out(p.out_elems());
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), s0(init), fin(p.state_elems());
+  DeviceBuffer<int64_t> cu(p.cu_seqlens);
+  GuardedDeviceBuffer ck(ck_bytes);
+  ForwardArgs a = p.host_args(out.ptr, fin.ptr);
+  a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
+  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr; a.initial_state = s0.ptr;
+  a.cu_seqlens = cu.ptr;
+  a.states_key_major = states_key_major;
+  a.checkpoints = ck.data();
+  a.checkpoints_dtype = c.dtype;
+  a.checkpoint_interval = c.interval;
+  a.checkpoints_capacity = entries;
+  a.checkpoints_value_major = c.value_major;
+  CkRun r;
+  const Status st = run_forward(a);
+  EXPECT_TRUE(st.ok()) << st.message;
+  EXPECT_EQ(ck.damaged(), 0u);
+  r.out = out.to_host();
+  r.fin = fin.to_host();
+  r.ck.resize(ck_bytes);
+  FKDA_CUDA_CHECK(cudaMemcpy(r.ck.data(), ck.data(), ck_bytes, cudaMemcpyDeviceToHost));
+  return r;
+}
+
+// Key-major states (ForwardArgs::states_key_major) in the checkpoint variants of the
+// recurrence, whose chunk loop holds the stops: the same out and entries, and the
+// final state transposed, as the call on value-major states, in each CTA shape and
+// record path, one chain and segments, K = 128 and 64.
+TEST_F(GpuCheckpoints, KeyMajorStatesAreTheValueMajorCallTransposed) {
+  for (const CkCase& c : {CkCase{DType::kBF16, false, 64, -1, 128, 1}, CkCase{DType::kBF16, false, 64, -1, 128, 2, 1},
+                          CkCase{DType::kBF16, false, 64, -1, 128, 2, 2}, CkCase{DType::kFP32, true, 16, 3},
+                          CkCase{DType::kBF16, false, 64, -1, 64}}) {
+    SCOPED_TRACE(c.name());
+    ProblemSpec spec;
+    spec.seqlens = kSeqlens;
+    spec.heads = 2;
+    spec.v_heads = 4;
+    spec.head_dim = c.head_dim;
+    const HostProblem p = make_problem(spec, 84);
+    int64_t entries = 0;
+    for (int64_t L : kSeqlens) entries += (L + c.interval - 1) / c.interval;
+    sm90::LaunchOverride plan = {c.v_split, 0, c.seg_chunks, c.records};
+    plan.outputs = 1;
+    sm90::set_launch_override(plan);
+    const int64_t blocks = p.N * p.HV;
+    const CkRun vm = run_checkpoint_call(p, c, entries, p.init_f32, false);
+    const CkRun km = run_checkpoint_call(p, c, entries, transpose_blocks(p.init_f32, blocks, p.V, p.K), true);
+    EXPECT_EQ(vm.out, km.out);
+    EXPECT_EQ(transpose_blocks(vm.fin, blocks, p.V, p.K), km.fin);
+    EXPECT_EQ(vm.ck, km.ck);
+  }
+}
+
 // An engine's prefill batch: many short sequences, empty ones among them, one
 // chain and through the segment scan. Each sequence's first entry comes from a
 // table the prologue's set-up CTA sums (checkpoints.cuh).
