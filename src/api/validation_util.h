@@ -1,5 +1,6 @@
 // Helpers shared by the argument validators (validate.cpp, validate_decode.cpp).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -118,33 +119,24 @@ inline Status check_host_copy(const int64_t* cu, const int64_t* copy, int64_t N)
 template <class Args>
 Status check_token_views(const Args& a, int64_t tokens, int64_t H, int64_t HV, int64_t K, int64_t V,
                          bool row_aligned) {
-  const struct {
-    const char* name;
-    int64_t token_stride, head_stride, heads, width;
-  } views[] = {{"q", a.q_token_stride, a.q_head_stride, H, K},
-               {"k", a.k_token_stride, a.k_head_stride, H, K},
-               {"v", a.v_token_stride, a.v_head_stride, HV, V},
-               {"g", a.g_token_stride, a.g_head_stride, HV, K},
-               {"beta", a.beta_token_stride, a.beta_head_stride, HV, 1}};
-  for (const auto& x : views) {
-    if (x.token_stride < 0 || x.head_stride < 0)
+  const std::array<TokenView, 5> views = token_views(a, H, HV, K, V);
+  for (const TokenView& x : views) {
+    if (x.given_token_stride < 0 || x.given_head_stride < 0)
       return Status::Invalid(cat(x.name, "_token_stride / ", x.name, "_head_stride: expected values >= 0 (0: dense), got ",
-                                 x.token_stride, " / ", x.head_stride));
-    const int64_t ts = x.token_stride != 0 ? x.token_stride : x.heads * x.width;
-    const int64_t hs = x.head_stride != 0 ? x.head_stride : x.width;
+                                 x.given_token_stride, " / ", x.given_head_stride));
     int64_t a1 = 0, a2 = 0;
-    if (!mul_ok(tokens > 0 ? tokens - 1 : 0, ts, &a1) || !mul_ok(x.heads - 1, hs, &a2) ||
+    if (!mul_ok(tokens > 0 ? tokens - 1 : 0, x.token_stride, &a1) || !mul_ok(x.heads - 1, x.head_stride, &a2) ||
         a1 > kInt64Max - a2 - x.width)
       return Status::Invalid(cat(x.name, "_token_stride: the farthest element (token ", tokens - 1, ", head ",
-                                 x.heads - 1, ") overflows int64 with strides ", ts, " / ", hs));
+                                 x.heads - 1, ") overflows int64 with strides ", x.token_stride, " / ", x.head_stride));
   }
   if (row_aligned)
-    for (const auto& x : views) {
+    for (const TokenView& x : views) {
       if (std::string(x.name) == "beta") continue;
-      if (x.token_stride % 8 != 0 || x.head_stride % 8 != 0)
+      if (x.given_token_stride % 8 != 0 || x.given_head_stride % 8 != 0)
         return Status::Invalid(cat(x.name, "_token_stride / ", x.name, "_head_stride: backend kCuda needs ",
-                                   "multiples of 8 elements (16-byte aligned rows), got ", x.token_stride, " / ",
-                                   x.head_stride));
+                                   "multiples of 8 elements (16-byte aligned rows), got ", x.given_token_stride, " / ",
+                                   x.given_head_stride));
     }
   return Status::Ok();
 }

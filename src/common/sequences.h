@@ -1,6 +1,7 @@
 // The sequences of one call: which tokens each one owns. Shared by every backend
 // so that "sequence n" means the same thing everywhere.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -43,6 +44,25 @@ ForwardArgs with_dense_inputs(const ForwardArgs& args, DenseInputs& storage);
 DecodeArgs with_dense_inputs(const DecodeArgs& args, DenseInputs& storage);
 bool has_strided_inputs(const ForwardArgs& args);
 bool has_strided_inputs(const DecodeArgs& args);
+
+// One token tensor as ForwardArgs / DecodeArgs give it: its strides as given (0:
+// dense), the same with "0 means dense" resolved, its heads and row width.
+struct TokenView {
+  const char* name;  // "q", "k", "v", "g", "beta"
+  int64_t given_token_stride, given_head_stride;
+  int64_t token_stride, head_stride;
+  int64_t heads, width;
+};
+// q, k, v, g, beta of `a` (H q/k heads, HV value heads, head dims K, V).
+template <class Args>
+std::array<TokenView, 5> token_views(const Args& a, int64_t H, int64_t HV, int64_t K, int64_t V) {
+  auto view = [](const char* name, int64_t ts, int64_t hs, int64_t heads, int64_t width) {
+    return TokenView{name, ts, hs, ts != 0 ? ts : heads * width, hs != 0 ? hs : width, heads, width};
+  };
+  return {view("q", a.q_token_stride, a.q_head_stride, H, K), view("k", a.k_token_stride, a.k_head_stride, H, K),
+          view("v", a.v_token_stride, a.v_head_stride, HV, V), view("g", a.g_token_stride, a.g_head_stride, HV, K),
+          view("beta", a.beta_token_stride, a.beta_head_stride, HV, 1)};
+}
 
 // Both of the above: the arguments as the CPU backends read them (int64
 // boundaries, dense token tensors), backed by `storage`.

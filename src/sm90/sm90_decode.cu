@@ -138,29 +138,22 @@ void set_decode_variant_override(int v) { g_decode_variant_override.store(v >= 0
 // h·head_stride (int × int32, decode_common.cuh) below 2^31 for every head h. The
 // token offset t·token_stride is 64-bit. Arguments only: checked before the device.
 Status check_decode_strides(const DecodeArgs& args) {
-  const int64_t H = args.num_heads, hv = args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;
-  const struct {
-    const char* name;
-    int64_t given, dense, heads;  // heads: how many heads the stride steps over (0: a token stride)
-  } strides[] = {{"q_token_stride", args.q_token_stride, H * args.head_dim_k, 0},
-                 {"k_token_stride", args.k_token_stride, H * args.head_dim_k, 0},
-                 {"v_token_stride", args.v_token_stride, hv * args.head_dim_v, 0},
-                 {"g_token_stride", args.g_token_stride, hv * args.head_dim_k, 0},
-                 {"beta_token_stride", args.beta_token_stride, hv, 0},
-                 {"q_head_stride", args.q_head_stride, 0, H}, {"k_head_stride", args.k_head_stride, 0, H},
-                 {"v_head_stride", args.v_head_stride, 0, hv}, {"g_head_stride", args.g_head_stride, 0, hv},
-                 {"beta_head_stride", args.beta_head_stride, 0, hv}};
-  for (const auto& s : strides) {
-    const int64_t stride = s.given != 0 ? s.given : s.dense;
-    if (stride > int64_t{0x7fffffff})
-      return Status::NotSupported(std::string(s.name) + ": the CUDA decode needs strides below 2^31 elements (got " +
-                                  std::to_string(stride) + ")");
-    // A dense head stride (0 here) is bounded by its token stride's check. By
+  const int64_t hv = args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;
+  const std::array<TokenView, 5> views = token_views(args, args.num_heads, hv, args.head_dim_k, args.head_dim_v);
+  for (const TokenView& x : views)
+    if (x.token_stride > int64_t{0x7fffffff})
+      return Status::NotSupported(std::string(x.name) + "_token_stride: the CUDA decode needs strides below 2^31 " +
+                                  "elements (got " + std::to_string(x.token_stride) + ")");
+  for (const TokenView& x : views) {
+    if (x.head_stride > int64_t{0x7fffffff})
+      return Status::NotSupported(std::string(x.name) + "_head_stride: the CUDA decode needs strides below 2^31 " +
+                                  "elements (got " + std::to_string(x.head_stride) + ")");
+    // A dense head stride (the row width) is bounded by its token stride's check. By
     // division: a huge head count would overflow the product.
-    if (s.heads > 1 && stride > 0 && s.heads - 1 > int64_t{0x7fffffff} / stride)
-      return Status::NotSupported(std::string(s.name) + ": the CUDA decode needs (heads - 1) x head stride below 2^31 " +
-                                  "elements (got " + std::to_string(s.heads - 1) + " x " + std::to_string(stride) +
-                                  "); pass a dense tensor");
+    if (x.given_head_stride != 0 && x.heads > 1 && x.heads - 1 > int64_t{0x7fffffff} / x.head_stride)
+      return Status::NotSupported(std::string(x.name) + "_head_stride: the CUDA decode needs (heads - 1) x head " +
+                                  "stride below 2^31 elements (got " + std::to_string(x.heads - 1) + " x " +
+                                  std::to_string(x.head_stride) + "); pass a dense tensor");
   }
   return Status::Ok();
 }
@@ -218,19 +211,17 @@ Status decode(const DecodeArgs& a, void* stream) {
   const bool verify = speculative_verify(a);
   p.verify_slots = verify ? a.verify_slots : 0;
   p.num_accepted = a.num_accepted_tokens;
-  // 0: dense (DecodeArgs' convention).
-  auto or_dense = [](int64_t stride, int64_t dense) { return static_cast<int32_t>(stride != 0 ? stride : dense); };
-  const int64_t H = a.num_heads;
-  p.q_token_stride = or_dense(a.q_token_stride, H * K);
-  p.q_head_stride = or_dense(a.q_head_stride, K);
-  p.k_token_stride = or_dense(a.k_token_stride, H * K);
-  p.k_head_stride = or_dense(a.k_head_stride, K);
-  p.v_token_stride = or_dense(a.v_token_stride, HV * K);
-  p.v_head_stride = or_dense(a.v_head_stride, K);
-  p.g_token_stride = or_dense(a.g_token_stride, HV * K);
-  p.g_head_stride = or_dense(a.g_head_stride, K);
-  p.beta_token_stride = or_dense(a.beta_token_stride, HV);
-  p.beta_head_stride = or_dense(a.beta_head_stride, 1);
+  // Strides, dense ones resolved; below 2^31: check_decode_strides.
+  {
+    const std::array<TokenView, 5> s = token_views(a, a.num_heads, HV, K, K);
+    int32_t* fields[5][2] = {{&p.q_token_stride, &p.q_head_stride}, {&p.k_token_stride, &p.k_head_stride},
+                             {&p.v_token_stride, &p.v_head_stride}, {&p.g_token_stride, &p.g_head_stride},
+                             {&p.beta_token_stride, &p.beta_head_stride}};
+    for (int i = 0; i < 5; ++i) {
+      *fields[i][0] = static_cast<int32_t>(s[i].token_stride);
+      *fields[i][1] = static_cast<int32_t>(s[i].head_stride);
+    }
+  }
 
   const int64_t pairs = a.num_seqs * HV;
   const bool fp32 = a.state_dtype == DType::kFP32;

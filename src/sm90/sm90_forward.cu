@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <utility>
 
 #include "common/sequences.h"
 #include "sm90/fwd_launch.h"
@@ -117,21 +118,12 @@ Status check_supported(const ForwardArgs& args) {
     return Status::NotSupported("seqlen x num_v_heads: the workspace would exceed 2^62 bytes (" +
                                 std::to_string(num_chunk_slots(n, args.batch * args.seqlen)) + " chunk slots x " +
                                 std::to_string(hv) + " value heads)");
-  {
-    const int64_t H = args.num_heads, K = args.head_dim_k;
-    const struct {
-      const char* name;
-      int64_t given, dense;
-    } strides[] = {{"q_token_stride", args.q_token_stride, H * K}, {"q_head_stride", args.q_head_stride, K},
-                   {"k_token_stride", args.k_token_stride, H * K}, {"k_head_stride", args.k_head_stride, K},
-                   {"v_token_stride", args.v_token_stride, hv * K}, {"v_head_stride", args.v_head_stride, K},
-                   {"g_token_stride", args.g_token_stride, hv * K}, {"g_head_stride", args.g_head_stride, K},
-                   {"beta_token_stride", args.beta_token_stride, hv}, {"beta_head_stride", args.beta_head_stride, 1}};
-    for (const auto& s : strides)
-      if ((s.given != 0 ? s.given : s.dense) > int64_t{0x7fffffff})
-        return Status::NotSupported(std::string(s.name) + ": the CUDA backend needs strides below 2^31 elements (got " +
-                                    std::to_string(s.given != 0 ? s.given : s.dense) + ")");
-  }
+  for (const TokenView& x : token_views(args, args.num_heads, hv, args.head_dim_k, args.head_dim_k))
+    for (const auto& [which, stride] : {std::pair<const char*, int64_t>{"_token_stride", x.token_stride},
+                                        {"_head_stride", x.head_stride}})
+      if (stride > int64_t{0x7fffffff})
+        return Status::NotSupported(std::string(x.name) + which + ": the CUDA backend needs strides below 2^31 " +
+                                    "elements (got " + std::to_string(stride) + ")");
   if (n * hv * 4 > int64_t{0x7fffffff})
     return Status::NotSupported("num_seqs x num_v_heads: too many (sequence, head) pairs for one launch (" +
                                 std::to_string(n * hv) + ")");
@@ -595,20 +587,17 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   p.cu_seqlens = args.cu_seqlens;
   p.cu_seqlens32 = args.cu_seqlens_int32;
   p.seqlen = args.seqlen;
-  // Strides: 0 means dense.
-  const int64_t H = args.num_heads, K = args.head_dim_k;  // = V: check_supported
-  // Below 2^31: check_supported.
-  auto stride = [](int64_t given, int64_t dense) { return static_cast<int32_t>(given != 0 ? given : dense); };
-  p.q_tok = stride(args.q_token_stride, H * K);
-  p.q_head = stride(args.q_head_stride, K);
-  p.k_tok = stride(args.k_token_stride, H * K);
-  p.k_head = stride(args.k_head_stride, K);
-  p.v_tok = stride(args.v_token_stride, hv * K);
-  p.v_head = stride(args.v_head_stride, K);
-  p.g_tok = stride(args.g_token_stride, hv * K);
-  p.g_head = stride(args.g_head_stride, K);
-  p.beta_tok = stride(args.beta_token_stride, hv);
-  p.beta_head = stride(args.beta_head_stride, 1);
+  const int64_t K = args.head_dim_k;  // = V: check_supported
+  // Strides, dense ones resolved; below 2^31: check_supported.
+  {
+    const std::array<TokenView, 5> s = token_views(args, args.num_heads, hv, K, K);
+    int32_t* fields[5][2] = {{&p.q_tok, &p.q_head}, {&p.k_tok, &p.k_head}, {&p.v_tok, &p.v_head},
+                             {&p.g_tok, &p.g_head}, {&p.beta_tok, &p.beta_head}};
+    for (int i = 0; i < 5; ++i) {
+      *fields[i][0] = static_cast<int32_t>(s[i].token_stride);
+      *fields[i][1] = static_cast<int32_t>(s[i].head_stride);
+    }
+  }
   if (args.state_pool != nullptr) {
     p.state_pool = args.state_pool;
     p.pool_type = state_type(args.state_pool_dtype);
