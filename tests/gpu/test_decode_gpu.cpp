@@ -487,23 +487,24 @@ DecodeResult run_verify(const DecodeProblem& p, const VerifyCase& vc, Backend ba
   return r;
 }
 
-// How far a verify's GPU result is from the CPU's: the pool's relative RMS error, the
-// outputs more than one bf16 ulp apart, and the rows written by one side only (0xFFFF
-// marks an unwritten output).
-struct VerifyGap {
-  double pool;
-  size_t beyond_ulp = 0, written_mismatch = 0;
-};
-VerifyGap verify_gap(const DecodeResult& gpu, const DecodeResult& cpu, DType state_dtype) {
+// The CUDA verify against the float64 CPU verify of the same call: the pool within
+// pool_bar, every written out within one bf16 ulp, and the same out rows written
+// (0xFFFF: a row left unwritten). `label` follows "decode verify" in the printed line.
+void expect_verify_agrees(const DecodeResult& gpu, const DecodeResult& cpu, DType state_dtype, double pool_bar,
+                          const std::string& label) {
   const auto gs = state_bytes_to_float(gpu.pool, state_dtype), cs = state_bytes_to_float(cpu.pool, state_dtype);
-  VerifyGap gap{rel_rms(gs.data(), cs.data(), cs.size())};
+  const double pool = rel_rms(gs.data(), cs.data(), cs.size());
+  size_t beyond_ulp = 0, written_mismatch = 0;
   for (size_t i = 0; i < cpu.out.size(); ++i) {
-    if ((cpu.out[i] == 0xFFFF) != (gpu.out[i] == 0xFFFF)) ++gap.written_mismatch;
+    if ((cpu.out[i] == 0xFFFF) != (gpu.out[i] == 0xFFFF)) ++written_mismatch;
     if (cpu.out[i] == 0xFFFF) continue;
     const float a = bf16_to_float(gpu.out[i]), b = bf16_to_float(cpu.out[i]);
-    if (!(std::abs(a - b) <= std::abs(b) / 128 + 1e-6f)) ++gap.beyond_ulp;
+    if (!(std::abs(a - b) <= std::abs(b) / 128 + 1e-6f)) ++beyond_ulp;
   }
-  return gap;
+  std::printf("[ errors ] decode verify%s: pool %.2e\n", label.c_str(), pool);
+  EXPECT_LE(pool, pool_bar);
+  EXPECT_EQ(beyond_ulp, 0u) << "outputs more than one bf16 ulp apart";
+  EXPECT_EQ(written_mismatch, 0u) << "padding outputs written, or real ones not";
 }
 
 class GpuDecodeVerify : public ::testing::TestWithParam<std::tuple<DType, bool, int64_t>> {
@@ -530,19 +531,14 @@ TEST_P(GpuDecodeVerify, MatchesTheCpuVerify) {
     const DecodeResult gpu = run_verify(p, vc, Backend::kCuda), cpu = run_verify(p, vc, Backend::kCpuReference);
     ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
     ASSERT_TRUE(cpu.status.ok()) << cpu.status.message;
-    const VerifyGap gap = verify_gap(gpu, cpu, spec.state_dtype);
-    const double es = gap.pool;
-    const size_t beyond_ulp = gap.beyond_ulp, written_mismatch = gap.written_mismatch;
     const std::vector<uint8_t> initial = p.pool_bytes();
     const size_t slot_bytes = static_cast<size_t>(p.per_slot) * state_elem_bytes(p);
     for (int64_t s = 14; s < p.pool_size; ++s)
       EXPECT_EQ(0, std::memcmp(gpu.pool.data() + s * slot_bytes, initial.data() + s * slot_bytes, slot_bytes))
           << "slot " << s << " is in no row, but was written";
-    std::printf("[ errors ] decode verify K=%lld HV=%lld %s %s: pool %.2e\n", static_cast<long long>(spec.head_dim),
-                static_cast<long long>(v_heads), to_string(spec.state_dtype), spec.int64_indices ? "int64" : "int32", es);
-    EXPECT_LE(es, spec.state_dtype == DType::kFP32 ? 1e-5 : 2e-3);
-    EXPECT_EQ(beyond_ulp, 0u) << "outputs more than one bf16 ulp apart";
-    EXPECT_EQ(written_mismatch, 0u) << "padding outputs written, or real ones not";
+    expect_verify_agrees(gpu, cpu, spec.state_dtype, spec.state_dtype == DType::kFP32 ? 1e-5 : 2e-3,
+                         " K=" + std::to_string(spec.head_dim) + " HV=" + std::to_string(v_heads) + " " +
+                             to_string(spec.state_dtype) + (spec.int64_indices ? " int64" : " int32"));
   }
 }
 INSTANTIATE_TEST_SUITE_P(Pools, GpuDecodeVerify,
@@ -620,13 +616,7 @@ TEST(GpuDecodeVerify1, OneColumnIsThePlainStep) {
     const DecodeResult gpu = run_verify(p, vc, Backend::kCuda), cpu = run_verify(p, vc, Backend::kCpuReference);
     ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
     ASSERT_TRUE(cpu.status.ok()) << cpu.status.message;
-    const VerifyGap gap = verify_gap(gpu, cpu, spec.state_dtype);
-    const double es = gap.pool;
-    const size_t beyond_ulp = gap.beyond_ulp, written_mismatch = gap.written_mismatch;
-    std::printf("[ errors ] decode verify, one column, K=%lld: pool %.2e\n", static_cast<long long>(dim), es);
-    EXPECT_LE(es, 1e-5);
-    EXPECT_EQ(beyond_ulp, 0u) << "outputs more than one bf16 ulp apart";
-    EXPECT_EQ(written_mismatch, 0u) << "padding outputs written, or real ones not";
+    expect_verify_agrees(gpu, cpu, spec.state_dtype, 1e-5, ", one column, K=" + std::to_string(dim));
 
     vc.accepted[3] = 2;  // no second column
     const DecodeResult bad = run_verify(p, vc, Backend::kCuda);
