@@ -52,6 +52,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     ``return_intermediate_states=True``: ``h`` holds each sequence's state at the start
     of every 64-token chunk, ``[B, NT, HV, K, V]`` (``[.., V, K]`` with state_v_first) in
     bf16, as fla's. ``final_state`` is fp32, or None without ``output_final_state``.
+    ``initial_state`` may be fp32, bf16 or fp16 (fp16 is widened exactly, as is bf16 when
+    a final state is returned); other dtypes are a TypeError naming it. fwd's errors name
+    chunk_kda's arguments (``cu_seqlens_cpu``, ``initial_state_indices``, ...).
 
     ``initial_state_indices`` (int32/int64 ``[N]``, an extension): ``initial_state`` is
     then an engine's state pool ``[P, HV, V, K]`` (requires ``state_v_first=True``);
@@ -106,29 +109,26 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if not state_v_first:
             raise NotImplementedError("chunk_kda: a state pool (initial_state_indices) needs state_v_first=True "
                                       "([P, HV, V, K] slots, flash_kda's layout)")
-        try:
-            fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                cu_seqlens=cu_seqlens, state_pool=initial_state, state_indices=initial_state_indices, **extra)
-        except (TypeError, ValueError) as e:  # fwd's name for it is state_indices
-            if str(e).startswith("state_indices"):
-                raise type(e)("initial_state_indices" + str(e)[len("state_indices"):]) from None
-            raise
+        _fwd_named(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                   cu_seqlens=cu_seqlens, state_pool=initial_state, state_indices=initial_state_indices, **extra)
     else:
         # fla's default layout, [N, HV, K, V], is read and written as it is
         # (states_key_major): no transposed copies in and out.
+        _check_state_dtype(initial_state)
         s0 = initial_state
+        # fla returns an fp32 final state whatever the initial one's dtype, so with one a
+        # bf16 initial state is widened (exactly) too; fp16, which fwd does not read, always.
+        if isinstance(s0, torch.Tensor) and (s0.dtype == torch.float16 or
+                                             (output_final_state and s0.dtype != torch.float32)):
+            s0 = s0.to(torch.float32, memory_format=torch.contiguous_format)
         if output_final_state:
-            # fla returns an fp32 final state whatever the initial one's dtype; a bf16
-            # initial state is widened (exactly) so that both are fp32.
-            if isinstance(s0, torch.Tensor) and s0.dtype != torch.float32:
-                s0 = s0.to(torch.float32, memory_format=torch.contiguous_format)
             final_state = torch.empty(N, HV, V if state_v_first else K, K if state_v_first else V,
                                       dtype=torch.float32, device=q.device)
         if isinstance(s0, torch.Tensor) and not s0.is_contiguous():  # e.g. a transposed view
             s0 = s0.contiguous()
-        fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-            initial_state=s0, final_state=final_state, cu_seqlens=cu_seqlens, states_key_major=not state_v_first,
-            **extra)
+        _fwd_named(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                   initial_state=s0, final_state=final_state, cu_seqlens=cu_seqlens,
+                   states_key_major=not state_v_first, **extra)
     if return_intermediate_states:
         return out, final_state, h
     return out, final_state
@@ -143,6 +143,36 @@ def _fla_shapes(q, v):
         if x.ndim != 4:
             raise ValueError(f"{name}: expected a tensor [B, T, heads, dim], got shape {list(x.shape)}")
     return (*q.shape, v.shape[2], v.shape[3])
+
+
+# fla's kernels read a state of any float dtype into fp32. These are the ones that
+# widen exactly: a float64 state would be rounded, and an integer one is a mistake.
+_STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_state_dtype(initial_state):
+    if isinstance(initial_state, torch.Tensor) and initial_state.dtype not in _STATE_DTYPES:
+        raise TypeError(f"initial_state: expected dtype float32, bfloat16 or float16 (widened exactly), "
+                        f"got {initial_state.dtype}")
+
+
+# fwd's names for what chunk_kda's caller passed under fla's names, in fwd's errors.
+_CHUNK_KDA_NAMES = (("state_indices", "initial_state_indices"), ("state_pool", "initial_state"),
+                    ("cu_seqlens_host", "cu_seqlens_cpu"), ("(states_key_major)", "(fla's layout, state_v_first=False)"))
+
+
+def _fwd_named(*args, **kwargs):
+    """fwd, with its errors naming chunk_kda's arguments (initial_state_indices, the pool
+    passed as initial_state, cu_seqlens_cpu, fla's state layout) where fwd names its own."""
+    try:
+        fwd(*args, **kwargs)
+    except (TypeError, ValueError) as e:
+        message = str(e)
+        for ours, theirs in _CHUNK_KDA_NAMES:
+            message = message.replace(ours, theirs)
+        if message == str(e):
+            raise
+        raise type(e)(message) from None
 
 
 def _dt_bias_2d(dt_bias, HV, K):
@@ -238,6 +268,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
             raise ValueError(f"initial_state: expected a tensor {list(want)} ([N, HV, {'V, K' if state_v_first else 'K, V'}]"
                              f", N = {N} sequences), got "
                              f"{list(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state).__name__}")
+        _check_state_dtype(initial_state)
         pool = initial_state if state_v_first else initial_state.transpose(-1, -2)
         if pool.dtype not in (torch.float32, torch.bfloat16) or (output_final_state and pool.dtype != torch.float32):
             pool = pool.float()

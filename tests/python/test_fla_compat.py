@@ -126,6 +126,15 @@ def test_chunk_kda_bad_boundaries_and_types_are_named():
             (dict(dt_bias=p["dt_bias"].tolist()), TypeError, r"^dt_bias: expected a torch.Tensor, got list"),
             (dict(cu_seqlens=cu, initial_state=p["initial_state"], state_v_first=True,
                   initial_state_indices=torch.tensor([0, 1, 99])), ValueError, r"^initial_state_indices: "),
+            # fwd's own names (cu_seqlens_host, state_pool, states_key_major) turned into
+            # the ones the caller passed
+            (dict(cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 100, 100, 220])), ValueError,
+             r"^cu_seqlens_cpu: expected a copy of cu_seqlens, but cu_seqlens_cpu\[1\]=100"),
+            (dict(cu_seqlens=cu, cu_seqlens_cpu=cu, return_intermediate_states=True,
+                  initial_state=torch.zeros(3, 4, 32, 33)), ValueError,
+             r"^initial_state: expected shape \[N, HV, K, V\] \(fla's layout, state_v_first=False\)"),
+            (dict(cu_seqlens=cu, initial_state=torch.zeros(5, 4, 16, 32), state_v_first=True,
+                  initial_state_indices=torch.tensor([0, 1, 2])), ValueError, r"^initial_state: "),
     ]:
         with pytest.raises(err, match=match):
             flash_kda.chunk_kda(*args, **{**kw, **extra})
@@ -133,6 +142,31 @@ def test_chunk_kda_bad_boundaries_and_types_are_named():
     z = [x[:, :0] for x in args]
     o, _, h = flash_kda.chunk_kda(*z, cu_seqlens=torch.tensor([0, 0]), return_intermediate_states=True, **kw)
     assert o.shape[1] == 0 and h.shape[:2] == (1, 0)
+
+@pytest.mark.parametrize("output_final_state", [False, True])
+def test_chunk_kda_state_dtypes(output_final_state):
+    """fla reads a state of any float dtype into fp32: fp16 and bf16 states are widened
+    exactly (the same numbers as the fp32 call on the widened state); a float64 state
+    (which would be rounded) or an integer one is an error naming initial_state."""
+    p = make_problem(B=1, T=70, H=2, HV=4, K=32, seqlens=[40, 30], seed=26)
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"])
+    kw = dict(FLAGS, A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"],
+              output_final_state=output_final_state)
+    s0 = p["initial_state"].transpose(-1, -2).contiguous()
+    for dtype in (torch.float16, torch.bfloat16):
+        narrow = s0.to(dtype)
+        o, fs = flash_kda.chunk_kda(*args, initial_state=narrow, **kw)
+        o_ref, fs_ref = flash_kda.chunk_kda(*args, initial_state=narrow.float(), **kw)
+        assert torch.equal(o, o_ref), dtype
+        assert (fs is None) == (not output_final_state)
+        if output_final_state:
+            assert fs.dtype == torch.float32 and torch.equal(fs, fs_ref), dtype
+    for dtype in (torch.float64, torch.int32):
+        with pytest.raises(TypeError, match=r"^initial_state: expected dtype float32, bfloat16 or float16"):
+            flash_kda.chunk_kda(*args, initial_state=s0.to(dtype), **kw)
+        with pytest.raises(TypeError, match=r"^initial_state: expected dtype float32, bfloat16 or float16"):
+            flash_kda.fused_recurrent_kda(*args, initial_state=s0.to(dtype), A_log=p["A_log"], dt_bias=p["dt_bias"],
+                                          lower_bound=-5.0, cu_seqlens=p["cu_seqlens"], **RFLAGS)
 
 # ---- fused_recurrent_kda: fla's token-by-token entry point ---------------------------
 
