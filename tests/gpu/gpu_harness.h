@@ -109,6 +109,13 @@ inline std::vector<float> state_to_float(const std::vector<uint8_t>& bytes, DTyp
   return f;
 }
 
+template <class T>
+std::vector<uint8_t> as_bytes(const std::vector<T>& x) {
+  std::vector<uint8_t> b(x.size() * sizeof(T));
+  if (!b.empty()) std::memcpy(b.data(), x.data(), b.size());
+  return b;
+}
+
 // forward(a) on kCuda with a fresh workspace of its size, synchronised.
 inline Status run_forward(const ForwardArgs& a) {
   size_t ws_bytes = 0;
@@ -128,12 +135,15 @@ inline Status run_forward(const ForwardArgs& a) {
 // split: the forward as the two calls of a context-parallel one (ForwardArgs::
 // summaries_M, then resume_from_summaries on the same workspace); the summaries
 // call's (M, B) come back in *split. states_key_major: p's states are [N, HV, K, V]
-// (ForwardArgs::states_key_major), and so is the result's.
+// (ForwardArgs::states_key_major), and so is the result's. state_in_place: the final
+// state goes over the initial state's buffer (final_state == initial_state, an
+// engine's in-place update; the two dtypes must match), read back from there.
 struct SplitSummaries {
   std::vector<float> M, B;  // [N, HV, K, K], [N, HV, V, K]
 };
 inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int graph_replays = 0,
-                          SplitSummaries* split = nullptr, bool states_key_major = false) {
+                          SplitSummaries* split = nullptr, bool states_key_major = false,
+                          bool state_in_place = false) {
   DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
   DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
   DeviceBuffer<int64_t> cu(p.cu_seqlens);
@@ -151,11 +161,18 @@ inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int grap
   a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
   if (p.spec.initial_state == DType::kBF16) a.initial_state = init_bf16.ptr;
   if (p.spec.initial_state == DType::kFP32) a.initial_state = init_f32.ptr;
+  RunResult r;
+  if (state_in_place) {
+    if (p.spec.initial_state == DType::kNone || p.spec.initial_state != p.spec.final_state) {
+      r.status = Status::Invalid("run_cuda: state_in_place needs initial and final states of one dtype");
+      return r;
+    }
+    a.final_state = const_cast<void*>(a.initial_state);
+  }
   if (!p.cu_seqlens.empty()) {
     a.cu_seqlens = cu.ptr;
     a.cu_seqlens_host = p.cu_seqlens.data();
   }
-  RunResult r;
   size_t ws_bytes = 0;
   a.resume_from_summaries = split != nullptr;  // the split calls plan (and size) their own workspace
   r.status = workspace_size(a, Backend::kCuda, &ws_bytes);
@@ -210,7 +227,9 @@ inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int grap
   r.out_bits = out.to_host();
   r.out.resize(r.out_bits.size());
   for (size_t i = 0; i < r.out.size(); ++i) r.out[i] = bf16_to_float(r.out_bits[i]);
-  r.state_bytes = final_state.to_host();
+  if (!state_in_place) r.state_bytes = final_state.to_host();
+  else if (p.spec.final_state == DType::kFP32) r.state_bytes = as_bytes(init_f32.to_host());
+  else r.state_bytes = as_bytes(init_bf16.to_host());
   r.final_state = state_to_float(r.state_bytes, p.spec.final_state);
   return r;
 }

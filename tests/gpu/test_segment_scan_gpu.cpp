@@ -98,19 +98,17 @@ std::vector<uint8_t> transpose_state_bytes(const std::vector<uint8_t>& x, int64_
   return y;
 }
 
-// Key-major initial / final states (ForwardArgs::states_key_major, fla's layout):
-// bitwise the value-major run on transposed states, whichever kernel reads and
-// writes them: one chain a sequence in 8- and 4-warp CTAs (load before, store after
-// the chunk loop), the segment scan with out by chains (pass 3 stores the final
-// state) and by superposition (the composition stores it: staged and register
-// forms), and the split call (the resume's composition reads the initial state),
-// K = 128 and 64, fp32 and bf16 states. (The checkpoint variants: random calls.)
-TEST_F(GpuSegmentScan, KeyMajorStatesAreTheValueMajorRunTransposed) {
-  struct Mode {
-    const char* name;
-    sm90::LaunchOverride o;
-    bool split;
-  };
+// The plans that read the initial state and write the final state in different
+// kernels or CTAs: one chain a sequence in 8- and 4-warp CTAs, the segment scan with
+// out by chains (pass 3 stores the final state) and by superposition (the
+// composition stores it: staged and register forms), and the split call (the
+// resume's composition reads the initial state).
+struct StatePlan {
+  const char* name;
+  sm90::LaunchOverride o;
+  bool split;
+};
+std::vector<StatePlan> state_plans() {
   auto forced = [](int64_t seg_chunks, int outputs, int compose) {
     sm90::LaunchOverride o;
     o.seg_chunks = seg_chunks;
@@ -125,12 +123,23 @@ TEST_F(GpuSegmentScan, KeyMajorStatesAreTheValueMajorRunTransposed) {
   };
   // The split call with forced segments: its composition reads the initial state
   // (with one segment a sequence, pass 3's chain reads it instead).
-  const Mode modes[] = {{"one chain, 8 warps", v_split(1), false},
-                        {"one chain, 4 warps", v_split(2), false},
-                        {"segments, chains", forced(4, kOutputsByChains, 0), false},
-                        {"segments, superposed", forced(4, kOutputsBySuperposition, 0), false},
-                        {"segments, superposed, register compose", forced(4, kOutputsBySuperposition, 1), false},
-                        {"split call, segments", forced(4, 0, 0), true}};
+  return {{"one chain, 8 warps", v_split(1), false},
+          {"one chain, 4 warps", v_split(2), false},
+          {"segments, chains", forced(4, kOutputsByChains, 0), false},
+          {"segments, superposed", forced(4, kOutputsBySuperposition, 0), false},
+          {"segments, superposed, register compose", forced(4, kOutputsBySuperposition, 1), false},
+          {"split call, segments", forced(4, 0, 0), true}};
+}
+
+// Key-major initial / final states (ForwardArgs::states_key_major, fla's layout):
+// bitwise the value-major run on transposed states, whichever kernel reads and
+// writes them: one chain a sequence in 8- and 4-warp CTAs (load before, store after
+// the chunk loop), the segment scan with out by chains (pass 3 stores the final
+// state) and by superposition (the composition stores it: staged and register
+// forms), and the split call (the resume's composition reads the initial state),
+// K = 128 and 64, fp32 and bf16 states. (The checkpoint variants: random calls.)
+TEST_F(GpuSegmentScan, KeyMajorStatesAreTheValueMajorRunTransposed) {
+  const std::vector<StatePlan> modes = state_plans();
   for (int64_t K : {128, 64}) {
     for (DType t : {DType::kFP32, DType::kBF16}) {
       ProblemSpec spec;
@@ -153,7 +162,7 @@ TEST_F(GpuSegmentScan, KeyMajorStatesAreTheValueMajorRunTransposed) {
         b = transpose_state_bytes(b, blocks, p.V, p.K, 2);
         std::memcpy(km.init_bf16.data(), b.data(), b.size());
       }
-      for (const Mode& m : modes) {
+      for (const StatePlan& m : modes) {
         SCOPED_TRACE(std::string(m.name) + " K=" + std::to_string(K) + (t == DType::kFP32 ? " fp32" : " bf16"));
         sm90::set_launch_override(m.o);
         SplitSummaries s_vm, s_km;
@@ -164,6 +173,42 @@ TEST_F(GpuSegmentScan, KeyMajorStatesAreTheValueMajorRunTransposed) {
         EXPECT_EQ(vm.out_bits, kr.out_bits);
         EXPECT_EQ(transpose_state_bytes(vm.state_bytes, blocks, p.V, p.K, t == DType::kFP32 ? 4 : 2),
                   kr.state_bytes);
+      }
+      sm90::set_launch_override({});
+    }
+  }
+}
+
+// An engine's in-place state update, final_state == initial_state: under every plan
+// above the same out and final state, bit for bit, as with a final state of its
+// own. A plan that read some of a sequence's initial state after another CTA or
+// kernel had written part of its final state over it would differ. Value- and
+// key-major, fp32 and bf16, K = 128 and 64.
+TEST_F(GpuSegmentScan, FinalStateOverTheInitialStateIsTheOutOfPlaceRun) {
+  const std::vector<StatePlan> modes = state_plans();
+  for (int64_t K : {128, 64}) {
+    for (DType t : {DType::kFP32, DType::kBF16}) {
+      ProblemSpec spec;
+      spec.seqlens = {300, 17, 0, 129, 64};
+      spec.heads = 2;
+      spec.v_heads = 4;
+      spec.head_dim = K;
+      spec.initial_state = spec.final_state = t;
+      const HostProblem p = make_problem(spec, 120 + K);
+      for (const bool key_major : {false, true}) {
+        for (const StatePlan& m : modes) {
+          SCOPED_TRACE(std::string(m.name) + " K=" + std::to_string(K) + (t == DType::kFP32 ? " fp32" : " bf16") +
+                       (key_major ? " key-major" : ""));
+          sm90::set_launch_override(m.o);
+          SplitSummaries s_out, s_in;
+          const RunResult apart = run_cuda(p, nullptr, 0, m.split ? &s_out : nullptr, key_major);
+          const RunResult over = run_cuda(p, nullptr, 0, m.split ? &s_in : nullptr, key_major,
+                                          /*state_in_place=*/true);
+          ASSERT_TRUE(apart.status.ok()) << apart.status.message;
+          ASSERT_TRUE(over.status.ok()) << over.status.message;
+          EXPECT_EQ(apart.out_bits, over.out_bits);
+          EXPECT_EQ(apart.state_bytes, over.state_bytes);
+        }
       }
       sm90::set_launch_override({});
     }
