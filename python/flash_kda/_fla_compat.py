@@ -109,8 +109,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if not state_v_first:
             raise NotImplementedError("chunk_kda: a state pool (initial_state_indices) needs state_v_first=True "
                                       "([P, HV, V, K] slots, flash_kda's layout)")
-        _fwd_named(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                   cu_seqlens=cu_seqlens, state_pool=initial_state, state_indices=initial_state_indices, **extra)
+        _call_named(fwd, _CHUNK_KDA_NAMES, q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias,
+                    lower_bound=lower_bound, cu_seqlens=cu_seqlens, state_pool=initial_state,
+                    state_indices=initial_state_indices, **extra)
     else:
         # fla's default layout, [N, HV, K, V], is read and written as it is
         # (states_key_major): no transposed copies in and out.
@@ -126,9 +127,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
                                       dtype=torch.float32, device=q.device)
         if isinstance(s0, torch.Tensor) and not s0.is_contiguous():  # e.g. a transposed view
             s0 = s0.contiguous()
-        _fwd_named(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                   initial_state=s0, final_state=final_state, cu_seqlens=cu_seqlens,
-                   states_key_major=not state_v_first, **extra)
+        _call_named(fwd, _CHUNK_KDA_NAMES, q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias,
+                    lower_bound=lower_bound, initial_state=s0, final_state=final_state, cu_seqlens=cu_seqlens,
+                    states_key_major=not state_v_first, **extra)
     if return_intermediate_states:
         return out, final_state, h
     return out, final_state
@@ -156,19 +157,21 @@ def _check_state_dtype(initial_state):
                         f"got {initial_state.dtype}")
 
 
-# fwd's names for what chunk_kda's caller passed under fla's names, in fwd's errors.
+# fwd's and decode's names for what the caller passed under fla's names, as the
+# errors of chunk_kda and fused_recurrent_kda's serving form name them.
 _CHUNK_KDA_NAMES = (("state_indices", "initial_state_indices"), ("state_pool", "initial_state"),
                     ("cu_seqlens_host", "cu_seqlens_cpu"), ("(states_key_major)", "(fla's layout, state_v_first=False)"))
+_SERVING_NAMES = (("state_indices", "ssm_state_indices"), ("state_pool", "initial_state"))
 
 
-def _fwd_named(*args, **kwargs):
-    """fwd, with its errors naming chunk_kda's arguments (initial_state_indices, the pool
-    passed as initial_state, cu_seqlens_cpu, fla's state layout) where fwd names its own."""
+def _call_named(fn, names, *args, **kwargs):
+    """fn(*args, **kwargs), its argument errors naming the caller's arguments (`names`:
+    pairs of fn's name and the caller's) where fn names its own."""
     try:
-        fwd(*args, **kwargs)
+        return fn(*args, **kwargs)
     except (TypeError, ValueError) as e:
         message = str(e)
-        for ours, theirs in _CHUNK_KDA_NAMES:
+        for ours, theirs in names:
             message = message.replace(ours, theirs)
         if message == str(e):
             raise
@@ -248,8 +251,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
         if cu_seqlens is None and ssm_state_indices.shape[0] != B:
             raise ValueError(f"ssm_state_indices: expected one row per batch row of q (B={B}) without cu_seqlens, "
                              f"got {ssm_state_indices.shape[0]}")
-        decode(q, k, v, g, beta, A_log, dt_bias, initial_state, ssm_state_indices,
-               num_accepted_tokens=num_accepted_tokens, **common)
+        _call_named(decode, _SERVING_NAMES, q, k, v, g, beta, A_log, dt_bias, initial_state, ssm_state_indices,
+                    num_accepted_tokens=num_accepted_tokens, **common)
         return out, initial_state
     if num_accepted_tokens is not None:
         raise ValueError("num_accepted_tokens: given without ssm_state_indices (speculative verify on pool slots)")

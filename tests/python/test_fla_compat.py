@@ -319,6 +319,17 @@ def test_fused_recurrent_kda_checks_shapes_by_name():
         flash_kda.fused_recurrent_kda(b["q"], b["k"], b["v"], b["g"], b["beta"], A_log=b["A_log"],
                                       dt_bias=b["dt_bias"], lower_bound=-5.0, initial_state=pool, state_v_first=True,
                                       inplace_final_state=True, ssm_state_indices=torch.tensor([0, 1, 2]), **RFLAGS)
+    # decode's own names (state_indices, state_pool) turned into the caller's.
+    serving = dict(A_log=b["A_log"], dt_bias=b["dt_bias"], lower_bound=-5.0, state_v_first=True,
+                   inplace_final_state=True, **RFLAGS)
+    for pool_, idx, err, match in [
+            (pool, torch.tensor([0, 9]), ValueError, r"^ssm_state_indices: entry 1 is 9, expected < pool_size=6"),
+            (pool, torch.tensor([0.0, 1.0]), TypeError, r"^ssm_state_indices: expected dtype int32 or int64"),
+            (torch.zeros(6, 2, 32, 16), torch.tensor([0, 1]), ValueError, r"^initial_state: expected shape \[P, HV, V, K\]"),
+            (pool.to(torch.int32), torch.tensor([0, 1]), TypeError, r"^initial_state: expected dtype float32 or bfloat16")]:
+        with pytest.raises(err, match=match):
+            flash_kda.fused_recurrent_kda(b["q"], b["k"], b["v"], b["g"], b["beta"], initial_state=pool_,
+                                          ssm_state_indices=idx, **serving)
 
 
 def test_fused_recurrent_kda_takes_strided_slot_indices():
