@@ -68,11 +68,12 @@ def parse_registers(text: str) -> dict[str, int]:
     return registers
 
 
-def chunk_loop(instructions: list[tuple[int, str]]) -> list[str]:
-    """The body of the backward branch spanning the most HGMMA (or HMMA) instructions."""
+def chunk_loop_span(instructions: list[tuple[int, str]]) -> tuple[int, int] | None:
+    """(first, last) index of the body of the backward branch spanning the most HGMMA
+    (or HMMA) instructions; None without one."""
     index = {address: i for i, (address, _) in enumerate(instructions)}
     for opcode in ("HGMMA", "HMMA"):
-        best: tuple[int, list[str]] = (0, [])
+        best: tuple[int, tuple[int, int] | None] = (0, None)
         for i, (address, text) in enumerate(instructions):
             m = _BRANCH_TARGET.search(text)
             if not m or "BSSY" in text:
@@ -80,13 +81,18 @@ def chunk_loop(instructions: list[tuple[int, str]]) -> list[str]:
             target = int(m.group(1), 16)
             if target >= address or target not in index:
                 continue
-            body = [t for _, t in instructions[index[target]:i + 1]]
-            count = sum(opcode in t for t in body)
+            count = sum(opcode in t for _, t in instructions[index[target]:i + 1])
             if count > best[0]:
-                best = (count, body)
-        if best[0] > 0:
+                best = (count, (index[target], i))
+        if best[1] is not None:
             return best[1]
-    return []
+    return None
+
+
+def chunk_loop(instructions: list[tuple[int, str]]) -> list[str]:
+    """The body of the backward branch spanning the most HGMMA (or HMMA) instructions."""
+    span = chunk_loop_span(instructions)
+    return [t for _, t in instructions[span[0]:span[1] + 1]] if span else []
 
 
 def _without_targets(body: list[str]) -> list[str]:

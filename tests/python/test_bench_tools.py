@@ -3,7 +3,8 @@ on stand-in binaries that print flashkda-bench's progress lines: rows parsed, ro
 interleaved with the order reversed every other round, medians and ratios against the
 first build. tools/sass_loops.py on hand-written cuobjdump text: functions and
 registers parsed, the chunk loop found (the backward branch over the most HGMMA, not an
-inner one), and its three verdicts."""
+inner one), and its three verdicts. tools/ncu_regions.py on a hand-written ncu source
+page: the sums before, in and after that loop."""
 from __future__ import annotations
 
 import importlib.util
@@ -106,6 +107,41 @@ def test_verdicts():
     longer = BASE[:3] + ["IMAD R7, R7, 0x3, RZ"] + BASE[3:]
     longer = [s.replace("BRA 0x0030", "BRA 0x0040").replace("BRA 0x0010", "BRA 0x0010") for s in longer]
     assert t.compare_loops(old, loop(longer)) == "differs (1)"
+
+
+# ---- tools/ncu_regions.py ---------------------------------------------------------
+
+def ncu_source_csv(body, samples, executed, long_sb):
+    """ncu's --page source --csv form: the kernel's name, the columns, a row an instruction."""
+    cols = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Warp Stall Sampling (Not-issued Samples)",
+            "Instructions Executed", "stall_long_sb", "stall_wait", "stall_long_sb (Not Issued)"]
+    lines = ['"Kernel Name","void k(Params)",', ",".join(f'"{c}"' for c in cols)]
+    for i, text in enumerate(body):
+        row = [f"0x{0x7f0000 + 16 * i:x}", text, samples[i], 0, executed[i], long_sb[i], samples[i] - long_sb[i], 0]
+        lines.append(",".join(f'"{x}"' for x in row))
+    return lines
+
+
+def test_ncu_regions_split_around_the_chunk_loop():
+    t = load_script("tools/ncu_regions.py")
+    # BASE with absolute addresses (ncu's): the branch targets move with them.
+    body = [s.replace("BRA 0x0030", "BRA 0x7f0030").replace("BRA 0x0010", "BRA 0x7f0010") for s in BASE]
+    samples = [5, 10, 1, 1, 1, 10, 2, 7]
+    executed = [4, 40, 40, 80, 80, 40, 40, 4]
+    long_sb = [5, 0, 0, 1, 0, 0, 0, 3]
+    rows = t.read_source_page(ncu_source_csv(body, samples, executed, long_sb))
+    assert [r["samples"] for r in rows] == samples
+    sums = t.regions(rows)
+    assert (sums["before"]["executed"], sums["before"]["samples"]) == (4, 5)
+    assert (sums["loop"]["executed"], sums["loop"]["samples"]) == (320, 25)
+    assert (sums["after"]["executed"], sums["after"]["samples"]) == (4, 7)
+    assert sums["before"]["stalls"] == {"long_sb": 5, "wait": 0}
+    assert sums["after"]["stalls"] == {"long_sb": 3, "wait": 4}
+    text = t.table("k", sums, warps=4)
+    assert "| before | 4 | 1 | 5 | 13.5 % | long_sb 5 |" in text
+    # No loop (no backward branch over a tensor-core instruction): all of it is set-up.
+    flat = t.regions(t.read_source_page(ncu_source_csv(["MOV R1, R2", "EXIT"], [1, 2], [3, 4], [0, 0])))
+    assert (flat["before"]["executed"], flat["loop"]["executed"], flat["after"]["executed"]) == (7, 0, 0)
 
 
 def test_registers_from_res_usage():
