@@ -64,6 +64,15 @@ std::array<TokenView, 5> token_views(const Args& a, int64_t H, int64_t HV, int64
           view("beta", a.beta_token_stride, a.beta_head_stride, HV, 1)};
 }
 
+// The views' resolved strides into the CUDA kernels' 32-bit parameters, {token,
+// head} for q, k, v, g, beta in turn; the callers check them below 2^31 first.
+inline void store_strides32(const std::array<TokenView, 5>& views, int32_t* const (&fields)[5][2]) {
+  for (int i = 0; i < 5; ++i) {
+    *fields[i][0] = static_cast<int32_t>(views[i].token_stride);
+    *fields[i][1] = static_cast<int32_t>(views[i].head_stride);
+  }
+}
+
 // Both of the above: the arguments as the CPU backends read them (int64
 // boundaries, dense token tensors), backed by `storage`.
 struct HostInputs {

@@ -14,6 +14,14 @@ namespace flashkda::cpu {
 inline int64_t state_element(const ForwardArgs& a, int64_t i, int64_t j) {
   return a.states_key_major ? j * a.head_dim_v + i : i * a.head_dim_k + j;
 }
+// f(i, at) for value rows [row_begin, row_end) and every key j: i = row·K + j, the
+// element's place in a [V, K] block, and at = state_element(a, row, j), its place
+// in the caller's state block.
+template <class F>
+void for_each_state_element(const ForwardArgs& a, int64_t row_begin, int64_t row_end, F&& f) {
+  for (int64_t e = row_begin; e < row_end; ++e)
+    for (int64_t j = 0; j < a.head_dim_k; ++j) f(e * a.head_dim_k + j, state_element(a, e, j));
+}
 
 // The oracle: the token-by-token recurrence of the contract in float64.
 // `out_unrounded` (optional, host, same shape as out): also receives out before

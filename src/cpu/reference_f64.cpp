@@ -100,11 +100,8 @@ void reference_one(const ForwardArgs& args, const SequenceSpan& span, int64_t n,
   // rows [row_begin, row_end) are read, updated and written.
   std::vector<double> S(static_cast<size_t>(V * K), 0.0);
   const int64_t state_off = (n * HV + hv) * V * K;
-  // Row e, key j of the caller's state ([V, K], or [K, V] with states_key_major).
-  auto each_element = [&](auto&& f) {
-    for (int64_t e = row_begin; e < row_end; ++e)
-      for (int64_t j = 0; j < K; ++j) f(e * K + j, state_element(args, e, j));
-  };
+  // The rows' elements of the caller's state ([V, K], or [K, V] with states_key_major).
+  auto each_element = [&](auto&& f) { for_each_state_element(args, row_begin, row_end, f); };
   if (args.initial_state != nullptr && args.initial_state_dtype == DType::kFP32) {
     const float* s0 = static_cast<const float*>(args.initial_state) + state_off;
     each_element([&](int64_t i, int64_t at) { S[i] = s0[at]; });

@@ -604,9 +604,6 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
       if (states_key_major) expect_shape(*s, {N, HV, K, V}, "[N, HV, K, V] (states_key_major)");
       else expect_shape(*s, {N, HV, V, K}, "[N, HV, V, K]");
     }
-  if (states_key_major && c.pool.present)
-    raise_value("states_key_major: given with state_pool (it is the layout of initial_state / final_state; "
-                "pool slots are [HV, V, K])");
   // A state pool: slots of [HV, V, K] at any stride (expect_pool), one index per sequence.
   int64_t pool_stride = 0;
   if (c.pool.present) {

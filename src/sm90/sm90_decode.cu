@@ -212,16 +212,10 @@ Status decode(const DecodeArgs& a, void* stream) {
   p.verify_slots = verify ? a.verify_slots : 0;
   p.num_accepted = a.num_accepted_tokens;
   // Strides, dense ones resolved; below 2^31: check_decode_strides.
-  {
-    const std::array<TokenView, 5> s = token_views(a, a.num_heads, HV, K, K);
-    int32_t* fields[5][2] = {{&p.q_token_stride, &p.q_head_stride}, {&p.k_token_stride, &p.k_head_stride},
-                             {&p.v_token_stride, &p.v_head_stride}, {&p.g_token_stride, &p.g_head_stride},
-                             {&p.beta_token_stride, &p.beta_head_stride}};
-    for (int i = 0; i < 5; ++i) {
-      *fields[i][0] = static_cast<int32_t>(s[i].token_stride);
-      *fields[i][1] = static_cast<int32_t>(s[i].head_stride);
-    }
-  }
+  store_strides32(token_views(a, a.num_heads, HV, K, K),
+                  {{&p.q_token_stride, &p.q_head_stride}, {&p.k_token_stride, &p.k_head_stride},
+                   {&p.v_token_stride, &p.v_head_stride}, {&p.g_token_stride, &p.g_head_stride},
+                   {&p.beta_token_stride, &p.beta_head_stride}});
 
   const int64_t pairs = a.num_seqs * HV;
   const bool fp32 = a.state_dtype == DType::kFP32;

@@ -589,15 +589,9 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   p.seqlen = args.seqlen;
   const int64_t K = args.head_dim_k;  // = V: check_supported
   // Strides, dense ones resolved; below 2^31: check_supported.
-  {
-    const std::array<TokenView, 5> s = token_views(args, args.num_heads, hv, K, K);
-    int32_t* fields[5][2] = {{&p.q_tok, &p.q_head}, {&p.k_tok, &p.k_head}, {&p.v_tok, &p.v_head},
-                             {&p.g_tok, &p.g_head}, {&p.beta_tok, &p.beta_head}};
-    for (int i = 0; i < 5; ++i) {
-      *fields[i][0] = static_cast<int32_t>(s[i].token_stride);
-      *fields[i][1] = static_cast<int32_t>(s[i].head_stride);
-    }
-  }
+  store_strides32(token_views(args, args.num_heads, hv, K, K),
+                  {{&p.q_tok, &p.q_head}, {&p.k_tok, &p.k_head}, {&p.v_tok, &p.v_head}, {&p.g_tok, &p.g_head},
+                   {&p.beta_tok, &p.beta_head}});
   if (args.state_pool != nullptr) {
     p.state_pool = args.state_pool;
     p.pool_type = state_type(args.state_pool_dtype);
