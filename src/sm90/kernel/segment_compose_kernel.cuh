@@ -3,7 +3,8 @@
 //   S_in(1)     = b of segment 0            (its final state, from pass 1)
 //   S_in(j + 1) = S_in(j) · M_j + B_j       j = 1 .. G − 2, written over b of segment j
 // Resuming a context-parallel forward (kSplitResume), from the initial state:
-//   S_in(0)     = the sequence's initial state (zero without one)
+//   S_in(0)     = the sequence's initial state (zero without one), copied for
+//                 pass 3's segment 0 (resumed_initial_state)
 //   S_in(j + 1) = S_in(j) · M_j + B_j       j = 0 .. G − 2, written over b of segment j
 // With outputs by superposition (p.superpose) pass 1 summarised the last segment
 // too, and the chain runs one step further, to the final state:
@@ -68,7 +69,8 @@ struct ComposeChain {
   bool to_final;    // the last step's result is the final state
   int v_head, row0;
   int64_t seq, first_slot, j_begin, j_end;
-  int64_t pieces;  // segment slots between segments (segment_pieces)
+  int64_t pieces;    // segment slots between segments (segment_pieces)
+  int64_t segments;  // the sequence's
 };
 
 // Grid: kDim / kRows CTAs per (sequence, value head) and per kind of rows; a
@@ -93,6 +95,7 @@ __device__ __forceinline__ ComposeChain compose_chain(const FwdParams& p) {
   const SegmentTile first = segment_of_sequence(p, c.seq, 0, segment_pieces(p));
   c.first_slot = first.slot;
   c.pieces = first.pieces;
+  c.segments = first.count;
   c.active = true;
   c.j_begin = 1;  // a forward: S_in(1) .. S_in(G − 1)
   c.j_end = first.count - 1;
@@ -182,6 +185,12 @@ __device__ __forceinline__ void load_tile_start(const FwdParams& p, const Compos
     const StateLocation l = state_location<kDim>(p, static_cast<int>(c.seq), c.v_head);
     if (l.key_major) load_state_tile<kDim, true>(l, row, col, x);
     else load_state_tile<kDim, false>(l, row, col, x);
+    // Pass 3's segment 0 starts from this copy, not from the caller's tensor.
+    float* copy = resumed_initial_state(p, c.first_slot, c.segments, c.pieces, c.v_head) + row * kHeadDim + col;
+#pragma unroll
+    for (int i = 0; i < kTR; ++i)
+#pragma unroll
+      for (int q = 0; q < kTC; ++q) copy[i * kHeadDim + q] = x[i][q];
     return;
   }
   const SegmentState* st0 = segment_state(p, c.first_slot, c.v_head);

@@ -336,13 +336,26 @@ __device__ __forceinline__ void plan_segments_on_device(const FwdParams& p, int6
 //   b  pass 1: B_j (segment 0 of a forward: its final state S_in(1), as it runs
 //      for real; of a summaries call: B_0); pass 2 of a forward or a resume
 //      overwrites it with S_in(j + 1); pass 3 of segment j + 1 starts from it
-//   m  pass 1: M_j
+//   m  pass 1: M_j; a resume's pass 2 puts S_in(0) in the last segment's
+//      (resumed_initial_state)
 struct SegmentState {
   float b[kHeadDim * kHeadDim];
   float m[kHeadDim * kHeadDim];
 };
 __device__ __forceinline__ SegmentState* segment_state(const FwdParams& p, int64_t slot, int v_head) {
   return reinterpret_cast<SegmentState*>(p.seg_states) + slot * p.num_v_heads + v_head;
+}
+
+// A resumed forward (kSplitResume): the sequence's initial state in fp32, as the
+// composition read it, for pass 3's segment 0 to start from. Not the caller's
+// tensor itself: with final_state == initial_state (an engine's in-place update)
+// the CTAs of the last segment, in the same launch, may already have written the
+// final state over it. The copy goes in m of the sequence's last segment: the
+// resume never reads M_{G−1} (the last segment runs for real in pass 3), and with
+// one segment the composition takes no step.
+__device__ __forceinline__ float* resumed_initial_state(const FwdParams& p, int64_t first_slot, int64_t segments,
+                                                        int64_t pieces, int v_head) {
+  return segment_state(p, first_slot + (segments - 1) * pieces, v_head)->m;
 }
 
 // Where a recurrence CTA's rows of the state start, and where they end up.
@@ -384,7 +397,8 @@ struct RecurrenceWork {
 //                     that pass 2 left in the previous segment's b.
 // A context-parallel forward's two calls (SplitMode, params.h) change two
 // things: kSplitSummaries summarises every segment in pass 1 (segment 0 and
-// the last too), kSplitResume runs segment 0 in pass 3 from its initial state.
+// the last too), kSplitResume runs segment 0 in pass 3 from a copy of its
+// initial state (resumed_initial_state).
 // kDim: the caller's head dim; rows past it (padding, shared_storage.cuh) are
 // never computed.
 template <int kRows, int kDim>
@@ -467,12 +481,14 @@ __device__ __forceinline__ RecurrenceWork get_recurrence_work(const FwdParams& p
       w.out_rows = w.value_rows ? st->b : st->m;
     }
   } else {
-    // Resuming, segment 0 runs here too, from its initial state.
+    // Resuming, segment 0 runs here too, from the composition's copy of its
+    // initial state (resumed_initial_state).
     const bool from_initial = first && p.split_mode == kSplitResume;
     w.active = !first || from_initial;
     w.write_out = w.true_state = true;
-    w.from = from_initial ? StateFrom::kInitial : StateFrom::kBuffer;
-    if (!from_initial) w.in_rows = segment_state(p, t.slot - t.pieces, w.v_head)->b;
+    w.from = StateFrom::kBuffer;
+    w.in_rows = from_initial ? resumed_initial_state(p, t.slot, t.count, t.pieces, w.v_head)
+                             : segment_state(p, t.slot - t.pieces, w.v_head)->b;
     w.to = last ? StateTo::kFinal : StateTo::kNone;
   }
   return w;
