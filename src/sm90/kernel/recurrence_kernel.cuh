@@ -143,19 +143,25 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     // no longer prove the chunk loop warp-uniform, and the stage's wgmma
     // descriptors left the uniform datapath (a broadcast of the stage, a
     // register-to-uniform move and a warp sync a chunk: 1-4 % of a call).
+    // The set-up works from those registers; the copy in shared memory is for
+    // the general stops in the loop (and the final store's slot test), which
+    // the chunk loop's first barrier publishes it to. A barrier of its own here
+    // held every warp behind warp 0's wait for the cursor's loads.
     if (tid == 0) ck = mine;
-    __syncthreads();
-    if (ck.any) {
+    if (mine.any) {
       // A CTA that starts after chunk 0 does not store the state it starts from
-      // (checkpoints.cuh): its first stop is after its first chunk.
+      // (checkpoints.cuh): its first stop is after its first chunk. From chunk 0
+      // the first entry is entry 0, without first_periodic_entry's 64-bit division.
       const int64_t from = w.first_chunk == 0 ? 0 : w.first_chunk + 1;
-      ck_entry = first_periodic_entry(ck, from);
-      ck_next = next_checkpoint_stop(ck, ck_entry, from);
+      ck_entry = from == 0 ? 0 : first_periodic_entry(mine, from);
+      ck_next = next_checkpoint_stop(mine, ck_entry, from);
     }
-    if (ck_next == 0) {
-      ck_next = store_checkpoints<kDim>(S, p, ck, 0, ck_entry, w.v_head, row, lane);
+    ck_periodic = PeriodicBf16Entries::from<kDim>(p, mine, ck_entry, w.v_head);
+    if (ck_next == 0) {  // the entry at token 0, by the loop's own kind of stop
+      ck_next = ck_periodic.at != nullptr ? ck_periodic.store<kDim>(S, p, 0, row, lane)
+                                          : store_checkpoints<kDim>(S, p, mine, 0, ck_entry, w.v_head, row, lane);
     }
-    ck_periodic = PeriodicBf16Entries::from<kDim>(p, ck, ck_entry, w.v_head);
+    if (num_chunks == 0) __syncthreads();  // no loop barrier to publish ck
   }
 
   int stage = 0;  // c % kStages, without 64-bit division
