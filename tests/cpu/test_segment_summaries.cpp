@@ -503,6 +503,39 @@ TEST(SplitForward, TwoRanksGiveTheStraightRun) {
   }
 }
 
+// The CPU twins of the GPU's in-place test: a resume call (and the ordinary
+// forward) with final_state == initial_state, an engine's in-place update, gives
+// the out-of-place call's out and final state bit for bit, on both backends, with
+// fp32 and bf16 states, varlen with an empty sequence.
+TEST(SplitForward, FinalStateOverTheInitialStateIsTheOutOfPlaceCall) {
+  for (const DType t : {DType::kFP32, DType::kBF16}) {
+    ProblemSpec spec = varlen_gva_spec();
+    spec.initial_state = spec.final_state = t;
+    const HostProblem p = slow_decay(make_problem(spec, 113));  // the initial state matters to the end
+    const size_t state_bytes = p.state_elems() * (t == DType::kFP32 ? 4 : 2);
+    for (const Backend backend : {Backend::kCpuReference, Backend::kCpuChunked}) {
+      for (const bool resume : {false, true}) {
+        SCOPED_TRACE(std::string(to_string(backend)) + (t == DType::kFP32 ? " fp32" : " bf16") +
+                     (resume ? " resume" : " forward"));
+        std::vector<uint16_t> out_apart(p.out_elems()), out_over(p.out_elems());
+        std::vector<uint8_t> apart(state_bytes);
+        ForwardArgs a = p.host_args(out_apart.data(), apart.data());
+        a.resume_from_summaries = resume;
+        ASSERT_TRUE(forward(a, backend, nullptr, 0, nullptr).ok());
+
+        HostProblem q = p;  // its initial state is overwritten
+        ForwardArgs b = q.host_args(out_over.data(), nullptr);
+        b.final_state = const_cast<void*>(b.initial_state);
+        b.resume_from_summaries = resume;
+        const Status st = forward(b, backend, nullptr, 0, nullptr);
+        ASSERT_TRUE(st.ok()) << st.message;
+        EXPECT_EQ(out_apart, out_over);
+        EXPECT_EQ(std::memcmp(apart.data(), b.initial_state, state_bytes), 0) << "final state";
+      }
+    }
+  }
+}
+
 // Every rule of the split forward, on both calls where it applies, by name.
 // The split fields belong to the forward: segment_summaries ignores them in its
 // inputs (a copy of a forward's arguments), and an ordinary forward is never
