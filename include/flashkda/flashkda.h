@@ -64,6 +64,10 @@ enum class IndexType : int32_t { kInt32 = 0, kInt64 = 1 };
 //   cu_seqlens  int64 [N+1]        optional (or cu_seqlens_int32); requires B == 1
 // N is the number of sequences: num_seqs with cu_seqlens, else B.
 // HV (value heads) is a multiple of H; value head hv reads q/k head hv / (HV/H).
+// final_state may be initial_state itself (the same pointer, dtype and layout): an
+// in-place update, on every backend and every call (the resume call included)
+// bitwise the call with a final state of its own. Any other overlap of an output
+// with an input or another output is unspecified.
 
 struct ForwardArgs {
   const void* q = nullptr;
