@@ -63,7 +63,8 @@ typedef struct flashkda_forward_args {
   const float* dt_bias;        /* fp32 [HV, K] */
   void* out;                   /* bf16 [B, T, HV, V] */
   const void* initial_state;   /* bf16/fp32 [N, HV, V, K] ([N, HV, K, V] with states_key_major) or NULL */
-  void* final_state;           /* bf16/fp32 [N, HV, V, K] ([N, HV, K, V] with states_key_major) or NULL */
+  void* final_state;           /* bf16/fp32 [N, HV, V, K] ([N, HV, K, V] with states_key_major) or NULL;
+                                  may be initial_state itself (in place) */
   const int64_t* cu_seqlens;   /* [N+1] in the backend's memory, or NULL */
   const int64_t* cu_seqlens_host; /* optional host copy (kCuda) */
   int64_t num_seqs;            /* N with cu_seqlens */

@@ -247,7 +247,8 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
         lower_bound: float in ``[-5, 0)``, or None for -5.0.
         initial_state: bf16/fp32 ``[N, HV, V, K]`` or None (zeros).
         final_state: bf16/fp32 ``[N, HV, V, K]`` written in place, or None; same dtype
-            as initial_state when both are given.
+            as initial_state when both are given. It may be ``initial_state`` itself
+            (an in-place state update: bitwise the call with a separate final state).
         cu_seqlens: int64 or int32 (vLLM's offsets) ``[N+1]`` on the tensors' device
             (requires B == 1), or None.
     Keyword-only extensions: ``cu_seqlens_host`` (an int64 CPU copy of cu_seqlens: validated, and
