@@ -1,7 +1,8 @@
 // Random calls of the forward with every feature drawn at once: head dim, value
 // heads grouped or not, a batch or varlen lengths (empty sequences, partial
 // chunks, whole chunks, long ones), int64 or int32 boundaries with or without a
-// host copy, strided token views, dense states or a state pool (int32 or int64
+// host copy, strided token views, dense states (in place, final_state ==
+// initial_state, or apart) or a state pool (int32 or int64
 // indices, negative ones, has_initial_state, padded slots, fp32 or bf16),
 // periodic checkpoints (either layout and dtype, any interval), slot checkpoints,
 // and, for kCuda, a launch plan (the heuristic's or a forced one). A call runs on
@@ -101,6 +102,7 @@ struct Call {
   // Dense states (p.spec's dtypes; [N, HV, K, V] with states_key_major), or a pool.
   bool pool = false;
   bool states_key_major = false;
+  bool state_in_place = false;  // final_state is the initial_state buffer
   DType pool_dtype = DType::kNone;
   int64_t pool_size = 0, pool_stride = 0;
   IndexType index_type = IndexType::kInt32;
@@ -240,6 +242,8 @@ inline Call draw_call(uint64_t seed, HeadDims dims = HeadDims::kCuda) {
 
   // Drawn last, so that the calls drawn before this choice existed stay the same.
   c.states_key_major = !c.pool && r.chance(0.5);
+  c.state_in_place = !c.pool && spec.initial_state != DType::kNone && spec.initial_state == spec.final_state &&
+                     r.chance(0.5);
 
   char buf[512];
   std::string lens;
@@ -247,7 +251,7 @@ inline Call draw_call(uint64_t seed, HeadDims dims = HeadDims::kCuda) {
     for (int64_t n = 0; n < N; ++n) lens += (n ? "," : "") + std::to_string(p.cu_seqlens[n + 1] - p.cu_seqlens[n]);
   else lens = std::to_string(p.B) + "x" + std::to_string(p.T);
   std::snprintf(buf, sizeof(buf),
-                "K=%lld H=%lld HV=%lld lens=[%s] cu=%s%s views=%s states=%s%s%s ck=%lld%s%s slot_ck=%s plan=(v%d seg%lld "
+                "K=%lld H=%lld HV=%lld lens=[%s] cu=%s%s views=%s states=%s%s%s%s ck=%lld%s%s slot_ck=%s plan=(v%d seg%lld "
                 "out%d rec%d comp%d)",
                 static_cast<long long>(p.K), static_cast<long long>(p.H), static_cast<long long>(p.HV), lens.c_str(),
                 !varlen ? "none" : c.int32_cu ? "int32" : "int64", c.host_copy ? "+host" : "",
@@ -255,7 +259,7 @@ inline Call draw_call(uint64_t seed, HeadDims dims = HeadDims::kCuda) {
                 c.pool ? (c.pool_dtype == DType::kFP32 ? "pool-fp32" : "pool-bf16")
                        : (to_string(spec.initial_state) + std::string("->") + to_string(spec.final_state)).c_str(),
                 c.pool ? (c.index_type == IndexType::kInt64 ? "/i64" : "/i32") : "",
-                c.states_key_major ? "/kv" : "", static_cast<long long>(c.interval), c.interval ? (c.ck_dtype == DType::kFP32 ? "/fp32" : "/bf16") : "",
+                c.states_key_major ? "/kv" : "", c.state_in_place ? "/in-place" : "", static_cast<long long>(c.interval), c.interval ? (c.ck_dtype == DType::kFP32 ? "/fp32" : "/bf16") : "",
                 c.interval && c.ck_value_major ? "/vk" : "", c.slot_ck_offsets.empty() ? "no" : "yes", c.plan.v_split,
                 static_cast<long long>(c.plan.seg_chunks), c.plan.outputs, c.plan.records, c.plan.compose);
   c.what = buf;
@@ -338,6 +342,13 @@ inline size_t state_size(const Call& c) {
   return c.p.spec.final_state == DType::kNone ? 0
                                                : static_cast<size_t>(c.p.N * c.per_state()) * c.esize(c.p.spec.final_state);
 }
+// What the final state's buffer holds before the call: the initial states where
+// the call updates them in place, else NaN bytes (an unwritten state shows).
+inline std::vector<uint8_t> final_state_start(const Call& c) {
+  std::vector<uint8_t> b(state_size(c), 0xff);
+  if (c.state_in_place && !b.empty()) std::memcpy(b.data(), initial_bytes(c.p), b.size());
+  return b;
+}
 inline size_t ck_size(const Call& c) {
   return c.interval > 0 ? static_cast<size_t>(c.capacity * c.per_state()) * c.esize(c.ck_dtype) : 0;
 }
@@ -367,14 +378,15 @@ struct HostGuarded {
 inline Results run_on_host(const Call& c, Backend backend) {
   const HostProblem& p = c.p;
   HostGuarded out(std::vector<uint8_t>(p.out_elems() * 2, 0xff));  // NaN: unwritten shows
-  HostGuarded fin(std::vector<uint8_t>(state_size(c), 0xff));
+  HostGuarded fin(final_state_start(c));
   HostGuarded pool(c.pool_bytes);
   HostGuarded ck(std::vector<uint8_t>(ck_size(c), kUntouched));
   const std::vector<int32_t> cu32(p.cu_seqlens.begin(), p.cu_seqlens.end());
   const std::vector<uint8_t> slots = index_bytes(c.slots, c.index_type);
   const std::vector<uint8_t> slot_ck_slots = index_bytes(c.slot_ck_slots, c.index_type);
   const Buffers b{c.q.ptr(), c.k.ptr(), c.v.ptr(), c.g.ptr(), c.beta.ptr(), p.A_log.data(), p.dt_bias.data(),
-                  p.cu_seqlens.data(), cu32.data(), out.data(), initial_bytes(p), fin.data(), pool.data(),
+                  p.cu_seqlens.data(), cu32.data(), out.data(), c.state_in_place ? fin.data() : initial_bytes(p),
+                  fin.data(), pool.data(),
                   slots.data(), c.has_state.data(), ck.data(), c.slot_ck_offsets.data(), slot_ck_slots.data()};
   ForwardArgs a = call_args(c, b, false);
   if (c.host_copy && !p.cu_seqlens.empty()) a.cu_seqlens_host = p.cu_seqlens.data();  // the same values

@@ -48,14 +48,15 @@ Results run_gpu(const Call& c) {
   DeviceBuffer<uint16_t> init_bf16(p.init_bf16);
   DeviceBuffer<float> init_f32(p.init_f32);
   GuardedDeviceBuffer out(std::vector<uint8_t>(p.out_elems() * 2, 0xff));  // NaN: unwritten shows
-  GuardedDeviceBuffer fin(std::vector<uint8_t>(state_size(c), 0xff));
+  GuardedDeviceBuffer fin(final_state_start(c));
   GuardedDeviceBuffer pool(c.pool_bytes);
   GuardedDeviceBuffer ck(std::vector<uint8_t>(ck_size(c), kUntouched));
   DeviceBuffer<uint8_t> slots(index_bytes(c.slots, c.index_type)), has(c.has_state);
   DeviceBuffer<int64_t> slot_ck_offsets(c.slot_ck_offsets);
   DeviceBuffer<uint8_t> slot_ck_slots(index_bytes(c.slot_ck_slots, c.index_type));
-  const void* init = p.spec.initial_state == DType::kBF16 ? static_cast<const void*>(init_bf16.ptr)
-                                                          : static_cast<const void*>(init_f32.ptr);
+  const void* init = c.state_in_place                       ? static_cast<const void*>(fin.data())
+                     : p.spec.initial_state == DType::kBF16 ? static_cast<const void*>(init_bf16.ptr)
+                                                            : static_cast<const void*>(init_f32.ptr);
   const Buffers b{q.ptr + c.q.offset, k.ptr + c.k.offset, v.ptr + c.v.offset, g.ptr + c.g.offset,
                   beta.ptr + c.beta.offset, A_log.ptr, dt_bias.ptr, cu.ptr, cu32.ptr, out.data(), init, fin.data(),
                   pool.data(), slots.ptr, has.ptr, ck.data(), slot_ck_offsets.ptr, slot_ck_slots.ptr};
