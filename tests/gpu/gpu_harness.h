@@ -137,7 +137,8 @@ inline Status run_forward(const ForwardArgs& a) {
 // call's (M, B) come back in *split. states_key_major: p's states are [N, HV, K, V]
 // (ForwardArgs::states_key_major), and so is the result's. state_in_place: the final
 // state goes over the initial state's buffer (final_state == initial_state, an
-// engine's in-place update; the two dtypes must match), read back from there.
+// engine's in-place update; the two dtypes must match; not with graph replays,
+// each of which would advance the state again), read back from there.
 struct SplitSummaries {
   std::vector<float> M, B;  // [N, HV, K, K], [N, HV, V, K]
 };
@@ -165,6 +166,10 @@ inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int grap
   if (state_in_place) {
     if (p.spec.initial_state == DType::kNone || p.spec.initial_state != p.spec.final_state) {
       r.status = Status::Invalid("run_cuda: state_in_place needs initial and final states of one dtype");
+      return r;
+    }
+    if (graph_replays > 0) {  // each replay would advance the state again: not one call's result
+      r.status = Status::Invalid("run_cuda: state_in_place with graph_replays");
       return r;
     }
     a.final_state = const_cast<void*>(a.initial_state);
