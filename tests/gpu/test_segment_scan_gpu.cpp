@@ -577,8 +577,10 @@ TEST_F(GpuSegmentScan, GraphReplayAndRepeatAreBitwiseIdentical) {
 }
 
 // The composition's two forms (segment_compose_kernel.cuh) run the same FMAs in
-// the same order: the register form and the staged form with each of its row
-// counts (4, 8, 16, 32 a CTA, forced) give the same bits, in a forward (both ways
+// the same order (ComposeQuarters: four key quarters, whether one thread runs
+// them or groups of warps hand theirs over): the register form and the staged
+// form with each of its row counts (4, 8, 16, 32 a CTA, forced; one, two and
+// four groups of warps) give the same bits, in a forward (both ways
 // of forming out, every state read and written) and in a summaries call with its
 // resumed forward. The plan itself takes the staged form for these few chains.
 TEST_F(GpuSegmentScan, CompositionFormsAreBitwiseEqual) {

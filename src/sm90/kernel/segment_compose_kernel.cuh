@@ -18,7 +18,12 @@
 // thread one key column of them (or a 4 x 4 tile: ComposeTiling), against S_in
 // from shared memory, in fp32 FMAs in a fixed order: M is a product of
 // contractions and needs fp32, and the result is the same bits on every run (and
-// in both forms below).
+// in both forms below). The order (ComposeQuarters): an element's K products in
+// four quarters of the keys, each a chain of FMAs in ascending key order (the
+// first starting from B_j, the others from 0), then the quarters added left to
+// right. The register form runs the four chains in one thread; the staged form
+// in one thread too from 16 rows a CTA on, and below that on four (or two)
+// groups of warps whose sums meet in shared memory.
 // The chain of segments is sequential, so a step's latency is what counts. Two
 // forms of a step:
 //   registers  (kda_segment_compose_kernel, kComposeRows = 4 rows a CTA): a
@@ -32,9 +37,9 @@
 //              M_j: 24 MB a step at 12 heads) or by its load latency (one
 //              head); the staged form takes as many rows a CTA
 //              as keep its grid within the SM count (staged_compose_rows,
-//              sm90_forward.h): one CTA an SM at K = 128 (137-180 KB of shared
-//              memory); K = 64's smaller stages may share an SM. From 16 rows a
-//              CTA a thread computes a 4 x 4 tile of them (ComposeTiling).
+//              sm90_forward.h): one CTA an SM (140-192 KB of shared memory at
+//              K = 128). A warp computes 4 rows, a lane a 4 x (K / 32) tile of
+//              them (ComposeTiling).
 // K = kDim, the caller's head dim: with 64, pass 1 computed rows 0..63 of M and
 // B only, and their columns past 63 are zero (shared_storage.cuh), so the
 // products run over the first 64 rows and columns.
@@ -58,6 +63,18 @@ constexpr int compose_ctas_per_head() {
   return kDim / kRows;
 }
 static_assert(compose_ctas_per_head<kHeadDim>() == kComposeCtasPerSeqHead, "the CTAs of a head cover its rows");
+
+// The key quarters of a step's sums (the order above). Every form adds them the
+// same way, so the forms agree bit for bit whatever their split over threads.
+struct ComposeQuarters {
+  static constexpr int kCount = 4;
+  template <int kDim>
+  static constexpr int keys() {
+    return kDim / kCount;
+  }
+  // One addition of ((q0 + q1) + q2) + q3, never contracted into an FMA.
+  __device__ static __forceinline__ float add(float x, float quarter) { return __fadd_rn(x, quarter); }
+};
 
 // One CTA's chain: rows row0 .. row0 + kRows − 1 of one (sequence, value head),
 // of B (or S) or, in a summaries call, of M; the segments j_begin .. j_end − 1
@@ -235,6 +252,7 @@ __global__ void __launch_bounds__(kDim)
     return;
   }
   wait_for_launch_before(p.seg_plan != nullptr);
+  constexpr int kQuarters = ComposeQuarters::kCount, kQuarterKeys = ComposeQuarters::keys<kDim>();
   float s[kComposeRows][1];  // the thread's rows of its column
   load_tile_start<kDim>(p, c, c.row0, col, s);
   for (int64_t j = c.j_begin; j < c.j_end; ++j) {
@@ -246,18 +264,30 @@ __global__ void __launch_bounds__(kDim)
 #pragma unroll
     for (int r = 0; r < kComposeRows; ++r) s_in[r][col] = s[r][0];
     __syncthreads();
+    float q[kQuarters][kComposeRows];  // each row's four chains (ComposeQuarters)
 #pragma unroll
-    for (int r = 0; r < kComposeRows; ++r) s[r][0] = c.key_rows ? 0.f : st->b[(c.row0 + r) * kHeadDim + col];
+    for (int r = 0; r < kComposeRows; ++r) {
+      q[0][r] = c.key_rows ? 0.f : st->b[(c.row0 + r) * kHeadDim + col];
+#pragma unroll
+      for (int h = 1; h < kQuarters; ++h) q[h][r] = 0.f;
+    }
 #pragma unroll
     for (int k = 0; k < kDim; k += 4) {
+      const int h = k / kQuarterKeys;  // a constant once unrolled
 #pragma unroll
       for (int r = 0; r < kComposeRows; ++r) {
         const float4 x = *reinterpret_cast<const float4*>(&s_in[r][k]);
-        s[r][0] = fmaf(x.x, m[k], s[r][0]);
-        s[r][0] = fmaf(x.y, m[k + 1], s[r][0]);
-        s[r][0] = fmaf(x.z, m[k + 2], s[r][0]);
-        s[r][0] = fmaf(x.w, m[k + 3], s[r][0]);
+        q[h][r] = fmaf(x.x, m[k], q[h][r]);
+        q[h][r] = fmaf(x.y, m[k + 1], q[h][r]);
+        q[h][r] = fmaf(x.z, m[k + 2], q[h][r]);
+        q[h][r] = fmaf(x.w, m[k + 3], q[h][r]);
       }
+    }
+#pragma unroll
+    for (int r = 0; r < kComposeRows; ++r) {
+      s[r][0] = q[0][r];
+#pragma unroll
+      for (int h = 1; h < kQuarters; ++h) s[r][0] = ComposeQuarters::add(s[r][0], q[h][r]);
     }
     if (writes_back(c, j)) {
 #pragma unroll
@@ -279,53 +309,104 @@ __device__ __forceinline__ float4 load_shared_float4(const float* p) {
   return v;
 }
 
-// The staged form's thread tiles: kTileRows x kTileCols elements of the CTA's
-// kRows x kDim a thread. A column of 4 or 8 rows (a key column a thread, as in
-// the register form) where the CTA has few rows; 4 x 4 from 16 rows on, where a
-// column a thread was bound by its shared-memory loads (one 16-byte S_in load
-// per four FMAs; a 4 x 4 tile: two per sixteen). Lanes of a warp take 32
-// consecutive columns (a column a thread) or 4 row groups x 8 column groups
-// (4 x 4 tiles), so that each load of a key's S_in rows and M_j columns is one
-// shared-memory wavefront.
+// The staged form's work split. A step is bound by its shared-memory loads, not
+// by the latency of its FMA chains: four groups of warps over the key quarters
+// of the earlier 4 x 4 thread tiles left issue active at 41-48 % and the step no
+// faster (docs/perf-log.md). So a warp takes 4 rows and all of their columns, a
+// lane a 4 x (kDim / 32) tile: a key's 4 rows of S_in are one 16-byte load that
+// every lane shares, its M_j columns one 16-byte load contiguous across the lanes
+// (ncu of the composition: 1/1M 70.4 -> 54.7 us, 12/8192 16.3 -> 15.7 us).
+// The CTA's kRows / 4 row warps run the four key quarters (ComposeQuarters)
+// themselves from 16 rows on; with 4 or 8 rows the CTA runs 4 / (kRows / 4)
+// groups of them, group g running quarters g·kQuartersEach .., and groups 1..
+// hand their quarters to group 0 through shared memory, so that every SM
+// sub-partition has a warp. A lane's columns are runs of kColRun (one load of at
+// most 16 bytes), the runs of a warp's lanes side by side.
 template <int kDim, int kRows>
 struct ComposeTiling {
-  static constexpr int kTileRows = kRows >= 16 ? 4 : kRows;
-  static constexpr int kTileCols = kRows >= 16 ? 4 : 1;
-  static constexpr int kRowGroups = kRows / kTileRows, kColGroups = kDim / kTileCols;
-  static constexpr int kThreads = kRowGroups * kColGroups;
-  static constexpr int kLanesR = kTileCols > 1 ? 4 : 1, kLanesC = 32 / kLanesR;
-  static_assert(kRowGroups % kLanesR == 0 && kColGroups % kLanesC == 0, "warps tile the CTA's rows and columns");
-  // The key loop: ~512 FMAs a thread an iteration, a body the instruction cache
+  static constexpr int kTileRows = 4, kLanesC = 32;
+  static constexpr int kTileCols = kDim / kLanesC;
+  static constexpr int kRowWarps = kRows / kTileRows;
+  static constexpr int kColRun = kTileCols < 4 ? kTileCols : 4, kRuns = kTileCols / kColRun;
+  static constexpr int kRunStride = kColRun * kLanesC;  // columns between a lane's runs
+  static_assert(kRowWarps * kTileRows == kRows && kRuns * kColRun == kTileCols, "tiles cover the rows and columns");
+  static constexpr int kGroups = kRowWarps >= 4 ? 1 : 4 / kRowWarps;
+  static constexpr int kQuartersEach = ComposeQuarters::kCount / kGroups;
+  static_assert(kGroups * kQuartersEach == ComposeQuarters::kCount, "groups cover the quarters");
+  static constexpr int kTileThreads = 32 * kRowWarps;  // one group: every tile once
+  static constexpr int kThreads = kTileThreads * kGroups;
+  // Quarters that groups 1.. hand to group 0, and a tile's elements as 16-byte
+  // vectors there.
+  static constexpr int kHandedQuarters = ComposeQuarters::kCount - kQuartersEach;
+  static constexpr int kTileVectors = kTileRows * kTileCols / 4;
+  static constexpr int kQuarterKeys = ComposeQuarters::keys<kDim>();
+  // The key loop unrolled to ~512 FMAs a thread, a body the instruction cache
   // holds (fully unrolled at 16 rows a column a thread, ~43 KB of instructions
   // put 40 % of the stall samples on instruction fetch: ncu, 12/8192).
-  static constexpr int kKeyUnroll = 512 / (kTileRows * kTileCols) < kDim ? 512 / (kTileRows * kTileCols) : kDim;
+  static constexpr int kKeyUnroll =
+      512 / (kTileRows * kTileCols) < kQuarterKeys ? 512 / (kTileRows * kTileCols) : kQuarterKeys;
 };
 
 // The staged form's shared memory: two stages of (M_j's first kDim rows as
-// stored, 128 columns; the CTA's rows of B_j), and S_in transposed ([key][row]:
-// a key's rows side by side for the tiles' 16-byte loads). 16-byte aligned: the
-// bulk copies' destinations and the 16-byte loads.
+// stored, 128 columns; the CTA's rows of B_j); S_in by rows (a row's 4 keys are
+// one 16-byte load that every lane of a warp shares, and a lane stores its tile
+// as one run a row: stored transposed, a lane's columns would put every lane's
+// 16-byte store in the same banks); and the quarters groups 1.. hand to group 0
+// ([quarter][vector][tile thread]: a warp's vectors side by side). 16-byte
+// aligned: the bulk copies' destinations and the 16-byte loads.
 template <int kDim, int kRows>
 struct alignas(16) ComposeStages {
+  using Tiling = ComposeTiling<kDim, kRows>;
   float m[2][kDim][kHeadDim];
   float b[2][kRows][kHeadDim];
-  float s_in_t[kDim][kRows];
+  float s_in[kRows][kDim];
+  float4 handed[Tiling::kHandedQuarters > 0 ? Tiling::kHandedQuarters : 1][Tiling::kTileVectors]
+               [Tiling::kTileThreads];  // unused with one group
   uint64_t full[2];  // the stage's copies have landed
 };
+
+// kColRun floats of shared memory as one load or store (16, 8 or 4 bytes).
+template <int kN>
+__device__ __forceinline__ void load_shared_run(const float* p, float (&v)[kN]) {
+  if constexpr (kN == 4) {
+    const float4 x = load_shared_float4(p);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  } else if constexpr (kN == 2) {
+    const float2 x = *reinterpret_cast<const float2*>(p);
+    v[0] = x.x, v[1] = x.y;
+  } else {
+    static_assert(kN == 1, "runs of 1, 2 or 4 columns");
+    v[0] = *p;
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void store_shared_run(float* p, const float (&v)[kN]) {
+  if constexpr (kN == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else if constexpr (kN == 2) {
+    *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+  } else {
+    static_assert(kN == 1, "runs of 1, 2 or 4 columns");
+    *p = v[0];
+  }
+}
 
 template <int kDim, int kRows>
 __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
     kda_segment_compose_staged_kernel(const __grid_constant__ FwdParams p) {
   static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
   using Tiling = ComposeTiling<kDim, kRows>;
-  constexpr int kTR = Tiling::kTileRows, kTC = Tiling::kTileCols;
+  constexpr int kTR = Tiling::kTileRows, kRun = Tiling::kColRun, kRuns = Tiling::kRuns;
+  constexpr int kEach = Tiling::kQuartersEach, kTileElems = kRuns * kTR * kRun;
   using Stages = ComposeStages<kDim, kRows>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Stages& sm = *reinterpret_cast<Stages*>(smem_raw);
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  constexpr int kColBlocks = Tiling::kColGroups / Tiling::kLanesC;
-  const int r0 = kTR * ((warp / kColBlocks) * Tiling::kLanesR + lane / Tiling::kLanesC);  // of the CTA's rows
-  const int c0 = kTC * ((warp % kColBlocks) * Tiling::kLanesC + lane % Tiling::kLanesC);
+  const int group = threadIdx.x / Tiling::kTileThreads;
+  const int tid = threadIdx.x % Tiling::kTileThreads, warp = tid / 32, lane = tid % 32;
+  const int r0 = kTR * warp;   // of the CTA's rows
+  const int c0 = kRun * lane;  // the first run's first column
+  auto run_col = [&](int u) { return c0 + u * Tiling::kRunStride; };
   const ComposeChain c = compose_chain<kDim, kRows>(p);
   if (!c.active) {
     leave_early(p.seg_plan != nullptr);
@@ -339,64 +420,122 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
     bulk_copy<sizeof(sm.m[0])>(&sm.m[stage][0][0], st->m, sm.full[stage]);
     if (!c.key_rows) bulk_copy<sizeof(sm.b[0])>(&sm.b[stage][0][0], st->b + c.row0 * kHeadDim, sm.full[stage]);
   };
-  if (tid == 0) {
+  if (threadIdx.x == 0) {
     for (int i = 0; i < 2 && c.j_begin + i < c.j_end; ++i) fetch(c.j_begin + i, i);
   }
-  float x[kTR][kTC];
-  load_tile_start<kDim>(p, c, c.row0 + r0, c0, x);
-  auto share_tile = [&] {  // x into S_in (transposed)
+  const bool leader = group == 0;  // holds the tile's S_in, adds the quarters, writes
+  float x[kRuns][kTR][kRun];
+  auto share_tile = [&] {  // x into S_in
 #pragma unroll
-    for (int q = 0; q < kTC; ++q)
+    for (int u = 0; u < kRuns; ++u)
 #pragma unroll
-      for (int i = 0; i < kTR; i += 4)
-        *reinterpret_cast<float4*>(&sm.s_in_t[c0 + q][r0 + i]) =
-            make_float4(x[i][q], x[i + 1][q], x[i + 2][q], x[i + 3][q]);
+      for (int i = 0; i < kTR; ++i) store_shared_run(&sm.s_in[r0 + i][run_col(u)], x[u][i]);
   };
-  share_tile();
+  if (leader) {
+#pragma unroll
+    for (int u = 0; u < kRuns; ++u) load_tile_start<kDim>(p, c, c.row0 + r0, run_col(u), x[u]);
+    share_tile();
+  }
   __syncthreads();
   for (int64_t j = c.j_begin; j < c.j_end; ++j) {
     const int64_t n = j - c.j_begin;
     const int stage = static_cast<int>(n & 1);
     cute::wait_barrier(sm.full[stage], static_cast<int>((n >> 1) & 1));
+    // The thread's quarters, each element's chain in ascending key order (the
+    // first quarter from B_j), then summed left to right into x.
+    float* const xs = &x[0][0][0];
+    constexpr int kEachKeys = Tiling::kKeyUnroll / kEach;  // a quarter's keys an iteration
+    static_assert(kEachKeys % 4 == 0, "S_in's keys are loaded 4 at a time");
+    float acc[kEach][kRuns][kTR][kRun];
 #pragma unroll
-    for (int i = 0; i < kTR; ++i)
+    for (int e = 0; e < kEach; ++e)
 #pragma unroll
-      for (int q = 0; q < kTC; ++q) x[i][q] = c.key_rows ? 0.f : sm.b[stage][r0 + i][c0 + q];
-    // Every element's FMAs in ascending key order, as in the register form.
-#pragma unroll Tiling::kKeyUnroll
-    for (int k = 0; k < kDim; ++k) {
-      float sv[kTR], mv[kTC];
+      for (int u = 0; u < kRuns; ++u)
 #pragma unroll
-      for (int i = 0; i < kTR; i += 4) {
-        const float4 v = load_shared_float4(&sm.s_in_t[k][r0 + i]);
-        sv[i] = v.x, sv[i + 1] = v.y, sv[i + 2] = v.z, sv[i + 3] = v.w;
-      }
-      static_assert(kTC == 4 || kTC == 1, "a key's M_j columns as one load");
-      if constexpr (kTC == 4) {
-        const float4 v = load_shared_float4(&sm.m[stage][k][c0]);
-        mv[0] = v.x, mv[1] = v.y, mv[2] = v.z, mv[3] = v.w;
-      } else {
-        mv[0] = sm.m[stage][k][c0];
-      }
+        for (int i = 0; i < kTR; ++i) {
+          if (group * kEach + e == 0 && !c.key_rows) {
+            load_shared_run(&sm.b[stage][r0 + i][run_col(u)], acc[e][u][i]);
+          } else {
 #pragma unroll
-      for (int i = 0; i < kTR; ++i)
+            for (int q = 0; q < kRun; ++q) acc[e][u][i][q] = 0.f;
+          }
+        }
+    // The thread's quarters side by side: an iteration takes kEachKeys keys of
+    // each, so the chains interleave and the body stays kKeyUnroll keys long.
+#pragma unroll 1
+    for (int kb = 0; kb < Tiling::kQuarterKeys; kb += kEachKeys) {
 #pragma unroll
-        for (int q = 0; q < kTC; ++q) x[i][q] = fmaf(sv[i], mv[q], x[i][q]);
+      for (int t = 0; t < kEachKeys; t += 4)
+#pragma unroll
+        for (int e = 0; e < kEach; ++e) {
+          const int k4 = (group * kEach + e) * Tiling::kQuarterKeys + kb + t;  // 4 keys from here
+          float sv[kTR][4];
+#pragma unroll
+          for (int i = 0; i < kTR; ++i) load_shared_run(&sm.s_in[r0 + i][k4], sv[i]);
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            float mv[kRuns][kRun];
+#pragma unroll
+            for (int u = 0; u < kRuns; ++u) load_shared_run(&sm.m[stage][k4 + kk][run_col(u)], mv[u]);
+#pragma unroll
+            for (int u = 0; u < kRuns; ++u)
+#pragma unroll
+              for (int i = 0; i < kTR; ++i)
+#pragma unroll
+                for (int q = 0; q < kRun; ++q) acc[e][u][i][q] = fmaf(sv[i][kk], mv[u][q], acc[e][u][i][q]);
+          }
+        }
     }
-    __syncthreads();  // the stage and S_in are read by every thread
-    if (tid == 0 && j + 2 < c.j_end) fetch(j + 2, stage);
-    share_tile();
-    if (writes_back(c, j)) {
-      float* b = segment_state(p, c.first_slot + j * c.pieces, c.v_head)->b + (c.row0 + r0) * kHeadDim + c0;
 #pragma unroll
-      for (int i = 0; i < kTR; ++i) {
-        if constexpr (kTC == 4) *reinterpret_cast<float4*>(b + i * kHeadDim) = make_float4(x[i][0], x[i][1], x[i][2], x[i][3]);
-        else b[i * kHeadDim] = x[i][0];
+    for (int t = 0; t < kTileElems; ++t) {
+      xs[t] = (&acc[0][0][0][0])[t];
+#pragma unroll
+      for (int e = 1; e < kEach; ++e) xs[t] = ComposeQuarters::add(xs[t], (&acc[e][0][0][0])[t]);
+    }
+    if (Tiling::kGroups > 1 && !leader) {  // hand the group's quarters to group 0, each apart
+#pragma unroll
+      for (int e = 0; e < kEach; ++e)
+#pragma unroll
+        for (int v = 0; v < Tiling::kTileVectors; ++v) {
+          const float* a = &acc[e][0][0][0] + 4 * v;
+          sm.handed[(group - 1) * kEach + e][v][tid] = make_float4(a[0], a[1], a[2], a[3]);
+        }
+    }
+    __syncthreads();  // the stage and S_in are read by every thread; the quarters handed
+    if (threadIdx.x == 0 && j + 2 < c.j_end) fetch(j + 2, stage);
+    if (leader) {
+      // The later groups' quarters, in order: ((q0 + q1) + q2) + q3 (ComposeQuarters).
+#pragma unroll
+      for (int h = 0; h < Tiling::kHandedQuarters; ++h)
+#pragma unroll
+        for (int v = 0; v < Tiling::kTileVectors; ++v) {
+          const float4 y = sm.handed[h][v][tid];
+          xs[4 * v] = ComposeQuarters::add(xs[4 * v], y.x);
+          xs[4 * v + 1] = ComposeQuarters::add(xs[4 * v + 1], y.y);
+          xs[4 * v + 2] = ComposeQuarters::add(xs[4 * v + 2], y.z);
+          xs[4 * v + 3] = ComposeQuarters::add(xs[4 * v + 3], y.w);
+        }
+      share_tile();
+      if (writes_back(c, j)) {
+        float* b = segment_state(p, c.first_slot + j * c.pieces, c.v_head)->b + (c.row0 + r0) * kHeadDim;
+#pragma unroll
+        for (int u = 0; u < kRuns; ++u)
+#pragma unroll
+          for (int i = 0; i < kTR; ++i) {
+            float* at = b + i * kHeadDim + run_col(u);
+            if constexpr (kRun == 4) *reinterpret_cast<float4*>(at) = make_float4(x[u][i][0], x[u][i][1], x[u][i][2], x[u][i][3]);
+            else
+#pragma unroll
+              for (int q = 0; q < kRun; ++q) at[q] = x[u][i][q];
+          }
       }
     }
     __syncthreads();
   }
-  store_tile_result<kDim>(p, c, c.row0 + r0, c0, x);
+  if (leader) {
+#pragma unroll
+    for (int u = 0; u < kRuns; ++u) store_tile_result<kDim>(p, c, c.row0 + r0, run_col(u), x[u]);
+  }
 }
 
 }  // namespace flashkda::sm90
