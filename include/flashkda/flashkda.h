@@ -66,8 +66,14 @@ enum class IndexType : int32_t { kInt32 = 0, kInt64 = 1 };
 // HV (value heads) is a multiple of H; value head hv reads q/k head hv / (HV/H).
 // final_state may be initial_state itself (the same pointer, dtype and layout): an
 // in-place update, on every backend and every call (the resume call included)
-// bitwise the call with a final state of its own. Any other overlap of an output
-// with an input or another output is unspecified.
+// bitwise the call with a final state of its own. Any other output that shares
+// memory with an input or another output is refused (kInvalidArgument naming
+// both) where the overlap is certain: the two byte ranges meet and one argument
+// is dense and holds the other's first or last byte. Strided views whose ranges
+// interleave (slices of one fused projection) may share no byte and are not
+// refused; inputs may share memory with each other. The same holds for
+// decode() (DecodeArgs), where state_out_pool may be state_pool itself (same
+// pointer and stride: in place).
 
 struct ForwardArgs {
   const void* q = nullptr;

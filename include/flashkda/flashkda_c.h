@@ -52,7 +52,9 @@ extern "C" {
 
 /* Mirrors flashkda::ForwardArgs; see there for shapes and meaning.
  * Zero-initialise, then set lower_bound (the C++ default is -5) and the rest,
- * or call flashkda_forward_args_init(). */
+ * or call flashkda_forward_args_init(). An output that certainly shares memory
+ * with an input or another output is refused, as flashkda::validate does
+ * (flashkda.h, ForwardArgs; the same for the decode arguments). */
 typedef struct flashkda_forward_args {
   const void* q;               /* bf16 [B, T, H, K] */
   const void* k;               /* bf16 [B, T, H, K] */

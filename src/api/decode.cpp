@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "api/guarded.h"
+#include "api/overlap.h"
 #include "api/validation_util.h"
 #include "cpu/cpu_backends.h"
 #include "common/sequences.h"
@@ -25,7 +26,42 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend);
 
 // No exception crosses the API (int32 boundaries are widened into a vector).
 Status validate_decode(const DecodeArgs& a, Backend backend) {
-  return api::guarded(backend, "validate_decode", [&] { return validate_decode_impl(a, backend); });
+  return api::guarded(backend, "validate_decode", [&] {
+    const Status s = validate_decode_impl(a, backend);
+    return s.ok() ? check_decode_overlaps(a) : s;
+  });
+}
+
+// After validate_decode_impl: every size below fits in int64 (checked there).
+Status validation::check_decode_overlaps(const DecodeArgs& a) {
+  auto bytes = [](const void* ptr, std::initializer_list<int64_t> dims, int64_t elem) -> int64_t {
+    int64_t n = 0;
+    return ptr != nullptr && tensor_fits(dims, elem, &n) ? n * elem : 0;
+  };
+  const int64_t N = a.num_seqs, T = a.total_tokens, H = a.num_heads, HV = decode_value_heads(a);
+  const int64_t K = a.head_dim_k, V = a.head_dim_v, slot = HV * V * K;
+  const std::array<TokenView, 5> views = token_views(a, H, HV, K, V);
+  const int64_t elem = dtype_bytes(a.state_dtype), index_bytes = a.index_type == IndexType::kInt64 ? 8 : 4;
+  const int64_t stride = a.pool_stride == 0 ? slot : a.pool_stride;
+  const int64_t out_stride = a.state_out_stride == 0 ? stride : a.state_out_stride;
+  const int64_t columns = speculative_verify(a) ? a.verify_slots : 1;  // of state_indices
+  // With state_out_pool the pool is only read; without it, updated in place.
+  const bool in_place = a.state_out_pool == nullptr;
+  const ArgBytes pool = row_bytes("state_pool", a.state_pool, a.pool_size, bytes(a.state_pool, {slot}, elem), stride * elem);
+  const ArgBytes none{};
+  return check_overlaps(
+      {dense_bytes("out", a.out, bytes(a.out, {T, HV, V}, 2)), in_place ? pool : none,
+       row_bytes("state_out_pool", a.state_out_pool, a.pool_size, bytes(a.state_out_pool, {slot}, elem),
+                 out_stride * elem),
+       dense_bytes("per_token_states", a.per_token_states, bytes(a.per_token_states, {T, HV, V, K}, elem))},
+      {token_view_bytes(views[0], a.q, T), token_view_bytes(views[1], a.k, T), token_view_bytes(views[2], a.v, T),
+       token_view_bytes(views[3], a.g, T), token_view_bytes(views[4], a.beta, T),
+       dense_bytes("A_log", a.A_log, bytes(a.A_log, {HV}, 4)), dense_bytes("dt_bias", a.dt_bias, bytes(a.dt_bias, {HV, K}, 4)),
+       in_place ? none : pool, dense_bytes("cu_seqlens", a.cu_seqlens, bytes(a.cu_seqlens, {N + 1}, 8)),
+       dense_bytes("cu_seqlens_int32", a.cu_seqlens_int32, bytes(a.cu_seqlens_int32, {N + 1}, 4)),
+       dense_bytes("state_indices", a.state_indices, bytes(a.state_indices, {N, columns}, index_bytes)),
+       dense_bytes("num_accepted_tokens", a.num_accepted_tokens, bytes(a.num_accepted_tokens, {N}, index_bytes))},
+      {{"state_out_pool", "state_pool", out_stride == stride}});
 }
 
 namespace {

@@ -17,4 +17,9 @@ namespace flashkda::api {
 Status forward_prevalidated(const ForwardArgs& args, Backend backend, void* workspace, size_t workspace_bytes,
                             void* stream);
 
+// validate(args, backend) without its check of outputs sharing memory with other
+// arguments: for segment_summaries, which checks its token inputs through a
+// ForwardArgs whose out is a stand-in (it writes no out).
+Status validate_without_overlaps(const ForwardArgs& args, Backend backend);
+
 }  // namespace flashkda::api

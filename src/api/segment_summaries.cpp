@@ -12,6 +12,7 @@
 #include "common/sequences.h"
 #include "cpu/cpu_backends.h"
 #include "flashkda/flashkda.h"
+#include "api/forward_internal.h"
 #include "sm90/sm90_forward.h"
 
 namespace flashkda {
@@ -44,7 +45,7 @@ Status validate_inputs(const ForwardArgs& in, Backend backend) {
   f.summaries_B = nullptr;
   f.resume_from_summaries = false;
   f.scale = 1.f;
-  return validate(f, backend);
+  return api::validate_without_overlaps(f, backend);
 }
 
 // kCuda's device-resident ranges and cu_seqlens, copied to the host for the checks

@@ -11,6 +11,7 @@
 
 #include "api/forward_internal.h"
 #include "flashkda/flashkda.h"
+#include "tests/common/decode_problem.h"
 #include "tests/common/kda_problem.h"
 
 namespace {
@@ -435,6 +436,14 @@ TEST(Validation, SlotCheckpointScratchThatWouldWrapIsNotSupported) {
   a.state_index_type = flashkda::IndexType::kInt64;
   a.slot_checkpoint_offsets = offsets;
   a.slot_checkpoint_slots = slots;
+  // The shapes claim far more than the buffers hold (nothing of them is read before
+  // the scratch is sized): the token tensors, out and the pool are given apart
+  // from each other and from the small host arrays, so that their claimed extents
+  // do not meet and validate()'s overlap check lets the call reach the sizing.
+  auto far = [](int shift) { return reinterpret_cast<void*>(uintptr_t{1} << shift); };
+  a.q = a.k = a.v = a.g = a.beta = far(61);  // inputs may share memory
+  a.out = far(62);
+  a.state_pool = far(60);
   const Status st = flashkda::forward(a, Backend::kCpuChunked, nullptr, 0, nullptr);
   EXPECT_EQ(st.code, StatusCode::kNotSupported) << st.message;
   EXPECT_NE(st.message.find("slot_checkpoint_offsets:"), std::string::npos) << st.message;
@@ -495,3 +504,116 @@ TEST(Validation, ToStringNames) {
 }
 
 }  // namespace
+
+// An output that shares memory with another argument is refused by name
+// (api/overlap.h), where the overlap is certain; the documented in-place forms and
+// inputs that share memory with each other are not overlaps.
+TEST(Validation, OutputsSharingMemoryAreRefusedByName) {
+  Fixture base;  // q, k, v, g: [1, 20, 2, 32] bf16; final state fp32 [1, 2, 32, 32]
+  const ForwardArgs& a0 = base.args;
+  ASSERT_TRUE(flashkda::validate(a0, Backend::kCpuChunked).ok());
+  // One buffer holding two copies of k: k at its start, out half a row further on.
+  std::vector<uint16_t> both(2 * base.p.k.size());
+  std::copy(base.p.k.begin(), base.p.k.end(), both.begin());
+  std::copy(base.p.k.begin(), base.p.k.end(), both.begin() + static_cast<std::ptrdiff_t>(base.p.k.size()));
+  std::vector<float> init(base.p.state_elems()), fin2(2 * base.p.state_elems());
+  std::vector<float> big(1 << 16);
+  struct Case {
+    const char* what;
+    void (*edit)(ForwardArgs&, uint16_t*, float*, float*, float*);
+    std::vector<const char*> needles;
+  };
+  const Case cases[] = {
+      {"out part way into k", [](ForwardArgs& a, uint16_t* kk, float*, float*, float*) {
+         a.k = kk;
+         a.out = kk + 16;
+       }, {"out: shares memory with k"}},
+      {"out is q", [](ForwardArgs& a, uint16_t*, float*, float*, float*) { a.out = const_cast<void*>(a.q); },
+       {"out: shares memory with q"}},
+      {"final_state over out", [](ForwardArgs& a, uint16_t*, float*, float*, float*) {
+         a.final_state = a.out;
+       }, {"final_state: shares memory with out"}},
+      {"A_log inside final_state", [](ForwardArgs& a, uint16_t*, float*, float*, float*) {
+         a.A_log = static_cast<const float*>(a.final_state) + 8;
+       }, {"final_state: shares memory with A_log"}},
+      {"final_state part way into initial_state", [](ForwardArgs& a, uint16_t*, float* init, float*, float* two) {
+         a.initial_state = two;
+         a.initial_state_dtype = DType::kFP32;
+         a.final_state = two + 4;
+         (void)init;
+       }, {"final_state: shares memory with initial_state"}},
+      {"checkpoints over the final state", [](ForwardArgs& a, uint16_t*, float*, float* big, float*) {
+         a.final_state = big;
+         a.checkpoints = big + 64;
+         a.checkpoints_dtype = DType::kFP32;
+         a.checkpoint_interval = 16;
+         a.checkpoints_capacity = 2;
+       }, {"checkpoints: shares memory with final_state"}},
+  };
+  for (const Case& c : cases) {
+    ForwardArgs a = a0;
+    c.edit(a, both.data(), init.data(), big.data(), fin2.data());
+    SCOPED_TRACE(c.what);
+    for (Backend b : {Backend::kCpuReference, Backend::kCpuChunked})
+      expect_rejected(a, b, StatusCode::kInvalidArgument, {c.needles[0]});
+  }
+
+  // Not overlaps: the final state over the initial state itself (in place), inputs
+  // that share memory (q = k), and strided views of one fused row that interleave
+  // without sharing a byte (q and k side by side in each token's row, out apart).
+  ForwardArgs in_place = a0;
+  std::copy(base.fin.begin(), base.fin.end(), init.begin());
+  in_place.initial_state = init.data();
+  in_place.initial_state_dtype = DType::kFP32;
+  in_place.final_state = init.data();
+  EXPECT_TRUE(flashkda::validate(in_place, Backend::kCpuChunked).ok());
+  ForwardArgs shared_inputs = a0;
+  shared_inputs.k = shared_inputs.q;
+  EXPECT_TRUE(flashkda::validate(shared_inputs, Backend::kCpuChunked).ok());
+  const int64_t T = base.p.tokens(), H = base.p.H, K = base.p.K, row = 2 * H * K;
+  std::vector<uint16_t> fused(static_cast<size_t>(T * row));
+  ForwardArgs views = a0;
+  views.q = fused.data();
+  views.k = fused.data() + H * K;
+  views.q_token_stride = views.k_token_stride = row;
+  const Status st = flashkda::validate(views, Backend::kCpuChunked);
+  EXPECT_TRUE(st.ok()) << st.message;
+}
+
+// The same rules for a decode step: out inside the pool, per-token states over
+// the pool and an out pool part way into the pool are refused; an out pool that
+// is the pool itself (same stride) is the in-place step.
+TEST(Validation, DecodeOutputsSharingMemoryAreRefusedByName) {
+  flashkda::testing::DecodeSpec spec;
+  spec.num_seqs = 2;
+  spec.tokens_per_seq = 2;
+  spec.heads = 2;
+  spec.head_dim = 16;
+  spec.per_token_states = false;
+  const flashkda::testing::DecodeProblem p = flashkda::testing::make_decode_problem(spec, 21);
+  std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
+  std::vector<uint8_t> pool = p.pool_bytes();
+  const flashkda::DecodeArgs a0 = p.args(out.data(), pool.data(), nullptr);
+  ASSERT_TRUE(flashkda::validate_decode(a0, Backend::kCpuChunked).ok());
+  auto rejected = [&](flashkda::DecodeArgs a, const char* needle) {
+    const Status st = flashkda::validate_decode(a, Backend::kCpuChunked);
+    EXPECT_EQ(st.code, StatusCode::kInvalidArgument) << needle;
+    EXPECT_NE(st.message.find(needle), std::string::npos) << st.message;
+  };
+  flashkda::DecodeArgs a = a0;
+  a.out = pool.data() + 64;
+  rejected(a, "state_pool: shares memory with out");
+  a = a0;
+  a.per_token_states = pool.data();
+  rejected(a, "per_token_states: shares memory with state_pool");
+  a = a0;
+  a.state_out_pool = pool.data() + 16;
+  rejected(a, "state_out_pool: shares memory with state_pool");
+  a = a0;
+  a.out = const_cast<void*>(a.v);
+  rejected(a, "out: shares memory with v");
+  a = a0;
+  a.state_out_pool = pool.data();  // the pool itself, same stride: in place
+  const Status st = flashkda::validate_decode(a, Backend::kCpuChunked);
+  EXPECT_TRUE(st.ok()) << st.message;
+}

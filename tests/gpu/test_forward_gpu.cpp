@@ -435,8 +435,10 @@ TEST_F(GpuForward, UnsupportedHeadDimIsRejectedWithMessage) {
 // strides of 2^31 elements or more, and 2^20 value heads or more.
 TEST_F(GpuForward, OutOfRangeStridesAndValueHeadsAreRejectedWithMessage) {
   const HostProblem p = make_problem(fixed(32, 2), 2);
-  void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 30);  // validation never dereferences it
-  ForwardArgs a = p.host_args(fake, fake);
+  // Validation never dereferences these; the outputs get addresses of their own
+  // (validate() refuses an output that shares memory with another argument).
+  void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 30);
+  ForwardArgs a = p.host_args(reinterpret_cast<void*>(uintptr_t{1} << 31), reinterpret_cast<void*>(uintptr_t{1} << 32));
   a.q = a.k = a.v = a.g = a.beta = fake;
   a.A_log = a.dt_bias = static_cast<const float*>(fake);
   a.initial_state = fake;

@@ -75,11 +75,13 @@ void expect_within_bars(const HostProblem& p, const Errors& e) {
   if (p.spec.final_state != DType::kNone) EXPECT_LE(e.state, bf16 ? kBf16StateBar : kStateBar);
 }
 
-// Arguments for workspace_size alone: only sizes matter, so every device tensor
-// gets one aligned address that workspace_size never dereferences.
+// Arguments for workspace_size alone: only sizes matter, so every device input
+// gets one aligned address that workspace_size never dereferences, and each
+// output one of its own (validate() refuses an output that shares memory with
+// another argument).
 ForwardArgs sizing_args(const HostProblem& p) {
   void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 30);
-  ForwardArgs a = p.host_args(fake, p.spec.final_state != DType::kNone ? fake : nullptr);
+  ForwardArgs a = p.host_args(reinterpret_cast<void*>(uintptr_t{1} << 31), reinterpret_cast<void*>(uintptr_t{1} << 32));
   a.q = a.k = a.v = a.g = a.beta = fake;
   a.A_log = a.dt_bias = static_cast<const float*>(fake);
   if (a.initial_state != nullptr) a.initial_state = fake;
@@ -953,8 +955,11 @@ TEST_F(GpuSegmentScan, SplitCallsPlanAloneFromShapes) {
   spec.initial_state = DType::kFP32;
   spec.final_state = DType::kFP32;
   const HostProblem p = make_problem(spec, 51);
-  void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 30);  // sizes only: never dereferenced
-  ForwardArgs a = p.host_args(fake, fake);
+  // Sizes only: never dereferenced. The outputs get addresses of their own
+  // (validate() refuses an output that shares memory with another argument).
+  auto fake_at = [](int shift) { return reinterpret_cast<void*>(uintptr_t{1} << shift); };
+  void* const fake = fake_at(30);
+  ForwardArgs a = p.host_args(fake_at(31), fake_at(32));
   a.q = a.k = a.v = a.g = a.beta = fake;
   a.A_log = a.dt_bias = static_cast<const float*>(fake);
   a.initial_state = fake;
@@ -965,7 +970,8 @@ TEST_F(GpuSegmentScan, SplitCallsPlanAloneFromShapes) {
   summaries.out = nullptr;
   summaries.initial_state = summaries.final_state = nullptr;
   summaries.initial_state_dtype = summaries.final_state_dtype = DType::kNone;
-  summaries.summaries_M = summaries.summaries_B = static_cast<float*>(fake);
+  summaries.summaries_M = static_cast<float*>(fake_at(33));
+  summaries.summaries_B = static_cast<float*>(fake_at(34));
   size_t sizes[4] = {};
   for (int i = 0; i < 4; ++i) {
     ForwardArgs b = i < 2 ? a : summaries;

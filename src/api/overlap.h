@@ -1,0 +1,133 @@
+// Outputs that share memory with another argument (validate.cpp, decode.cpp).
+//
+// A forward or decode step reads its inputs while it writes its outputs, in an
+// order that differs between backends (and, on kCuda, between CTAs of one
+// launch), so an output that shares bytes with an input or another output gives
+// a result that depends on that order: a silent wrong answer. The validators
+// refuse every overlap they can be sure of, naming both arguments; the in-place
+// forms the API documents (a forward's final_state = initial_state, a state pool
+// updated in place) are not overlaps in this sense.
+//
+// Sure means: the two arguments' byte ranges meet, and one of them is dense
+// (every byte of its range is its own) and holds the other's first or last byte.
+// Strided views whose ranges interleave without sharing bytes (q, k and v as
+// slices of one fused projection output) are what engines pass, so two strided
+// arguments whose ranges merely meet are left alone.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "api/validation_util.h"
+#include "common/sequences.h"
+
+namespace flashkda::validation {
+
+// The bytes of one argument: n_outer x n_inner runs of `run` bytes, run (i, j)
+// at ptr + i·s_outer + j·s_inner (strides >= 0, in bytes).
+struct ArgBytes {
+  const char* name = "";
+  const void* ptr = nullptr;
+  int64_t run = 0;
+  int64_t n_outer = 1, s_outer = 0;
+  int64_t n_inner = 1, s_inner = 0;
+
+  bool empty() const { return ptr == nullptr || run <= 0 || n_outer <= 0 || n_inner <= 0; }
+  // [lo, hi): 128-bit, since a range validated in elements may pass 2^63 bytes.
+  unsigned __int128 lo() const { return reinterpret_cast<uintptr_t>(ptr); }
+  unsigned __int128 hi() const {
+    return lo() + static_cast<unsigned __int128>(n_outer - 1) * static_cast<uint64_t>(s_outer) +
+           static_cast<unsigned __int128>(n_inner - 1) * static_cast<uint64_t>(s_inner) + static_cast<uint64_t>(run);
+  }
+  // Every byte of [lo, hi) is the argument's: the runs tile the range, one
+  // dimension inside the other (either way round).
+  bool dense() const { return tiles(n_inner, s_inner, n_outer, s_outer) || tiles(n_outer, s_outer, n_inner, s_inner); }
+
+ private:
+  bool tiles(int64_t n_in, int64_t s_in, int64_t n_out, int64_t s_out) const {
+    unsigned __int128 block = static_cast<uint64_t>(run);
+    if (n_in > 1) {
+      if (s_in != run) return false;
+      block *= static_cast<uint64_t>(n_in);
+    }
+    return n_out == 1 || static_cast<unsigned __int128>(static_cast<uint64_t>(s_out)) == block;
+  }
+};
+
+// A dense argument of `bytes` bytes.
+inline ArgBytes dense_bytes(const char* name, const void* ptr, int64_t bytes) {
+  ArgBytes b;
+  b.name = name;
+  b.ptr = ptr;
+  b.run = bytes;
+  return b;
+}
+
+// `count` rows of `row_bytes` bytes, `stride_bytes` apart (pool slots).
+inline ArgBytes row_bytes(const char* name, const void* ptr, int64_t count, int64_t row_bytes, int64_t stride_bytes) {
+  ArgBytes b = dense_bytes(name, ptr, row_bytes);
+  b.n_outer = count;
+  b.s_outer = stride_bytes;
+  return b;
+}
+
+// A strided token tensor (ForwardArgs' / DecodeArgs' *_token_stride, *_head_stride)
+// over `tokens` tokens of 2-byte elements.
+inline ArgBytes token_view_bytes(const TokenView& x, const void* ptr, int64_t tokens) {
+  constexpr int64_t kElem = 2;  // bf16
+  ArgBytes b = dense_bytes(x.name, ptr, x.width * kElem);
+  b.n_outer = tokens;
+  b.s_outer = x.token_stride * kElem;
+  b.n_inner = x.heads;
+  b.s_inner = x.head_stride * kElem;
+  return b;
+}
+
+// Whether x and y certainly share a byte (see the header comment).
+inline bool surely_overlap(const ArgBytes& x, const ArgBytes& y) {
+  if (x.empty() || y.empty()) return false;
+  if (x.hi() <= y.lo() || y.hi() <= x.lo()) return false;
+  auto holds = [](const ArgBytes& d, unsigned __int128 byte) { return d.lo() <= byte && byte < d.hi(); };
+  return (x.dense() && (holds(x, y.lo()) || holds(x, y.hi() - 1))) ||
+         (y.dense() && (holds(y, x.lo()) || holds(y, x.hi() - 1)));
+}
+
+// Two arguments that may be the same memory (the documented in-place forms):
+// allowed when their pointers are equal and `same_layout` holds.
+struct InPlace {
+  const char* written;
+  const char* other;
+  bool same_layout;
+};
+
+// The first written argument that surely overlaps another written one or a read
+// one, as an error naming both; Ok when there is none.
+inline Status check_overlaps(std::initializer_list<ArgBytes> written, std::initializer_list<ArgBytes> read,
+                             std::initializer_list<InPlace> in_place = {}) {
+  auto allowed = [&](const ArgBytes& w, const ArgBytes& o) {
+    for (const InPlace& p : in_place)
+      if (std::string(p.written) == w.name && std::string(p.other) == o.name)
+        return p.same_layout && w.ptr == o.ptr;
+    return false;
+  };
+  auto refuse = [](const ArgBytes& w, const ArgBytes& o) {
+    return Status::Invalid(cat(w.name, ": shares memory with ", o.name, " (", w.name, " at ", w.ptr, ", ", o.name,
+                               " at ", o.ptr, "); expected an output with memory of its own, since what a call "
+                               "reads while it writes there depends on the order of its work"));
+  };
+  for (auto w = written.begin(); w != written.end(); ++w) {
+    for (auto o = w + 1; o != written.end(); ++o)
+      if (surely_overlap(*w, *o) && !allowed(*w, *o) && !allowed(*o, *w)) return refuse(*o, *w);
+    for (const ArgBytes& r : read)
+      if (surely_overlap(*w, r) && !allowed(*w, r)) return refuse(*w, r);
+  }
+  return Status::Ok();
+}
+
+// Every output of a forward (ForwardArgs) against every argument; validate()
+// runs it after its other checks (validate.cpp).
+Status check_forward_overlaps(const ForwardArgs& a);
+// The same for a decode step (decode.cpp).
+Status check_decode_overlaps(const DecodeArgs& a);
+
+}  // namespace flashkda::validation
