@@ -34,10 +34,7 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
 
 // After validate_decode_impl: every size below fits in int64 (checked there).
 Status validation::check_decode_overlaps(const DecodeArgs& a) {
-  auto bytes = [](const void* ptr, std::initializer_list<int64_t> dims, int64_t elem) -> int64_t {
-    int64_t n = 0;
-    return ptr != nullptr && tensor_fits(dims, elem, &n) ? n * elem : 0;
-  };
+  const auto bytes = arg_bytes;
   const int64_t N = a.num_seqs, T = a.total_tokens, H = a.num_heads, HV = decode_value_heads(a);
   const int64_t K = a.head_dim_k, V = a.head_dim_v, slot = HV * V * K;
   const std::array<TokenView, 5> views = token_views(a, H, HV, K, V);

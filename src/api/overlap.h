@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "api/validation_util.h"
 #include "common/sequences.h"
@@ -102,7 +103,7 @@ struct InPlace {
 
 // The first written argument that surely overlaps another written one or a read
 // one, as an error naming both; Ok when there is none.
-inline Status check_overlaps(std::initializer_list<ArgBytes> written, std::initializer_list<ArgBytes> read,
+inline Status check_overlaps(const std::vector<ArgBytes>& written, const std::vector<ArgBytes>& read,
                              std::initializer_list<InPlace> in_place = {}) {
   auto allowed = [&](const ArgBytes& w, const ArgBytes& o) {
     for (const InPlace& p : in_place)
@@ -123,6 +124,17 @@ inline Status check_overlaps(std::initializer_list<ArgBytes> written, std::initi
   }
   return Status::Ok();
 }
+
+// Bytes of a given argument ([dims] of elem-byte elements); 0 when absent (or
+// when the count overflows, which the validators refuse before they get here).
+inline int64_t arg_bytes(const void* ptr, std::initializer_list<int64_t> dims, int64_t elem) {
+  int64_t n = 0;
+  return ptr != nullptr && tensor_fits(dims, elem, &n) ? n * elem : 0;
+}
+
+// What a forward's token inputs read (ForwardArgs: q, k, v, g, beta, A_log,
+// dt_bias, the boundaries), for the forward and segment_summaries.
+std::vector<ArgBytes> forward_input_bytes(const ForwardArgs& a);
 
 // Every output of a forward (ForwardArgs) against every argument; validate()
 // runs it after its other checks (validate.cpp).

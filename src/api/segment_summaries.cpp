@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "api/guarded.h"
+#include "api/overlap.h"
 #include "api/validation_util.h"
 #include "common/sequences.h"
 #include "cpu/cpu_backends.h"
@@ -77,6 +78,11 @@ Status validate_segment_summaries(const SegmentSummaryArgs& a, Backend backend, 
   const uintptr_t out_align = cuda ? 16 : 4;
   if (!aligned(a.M, out_align)) return Status::Invalid(cat("M: expected a ", out_align, "-byte aligned pointer"));
   if (!aligned(a.B, out_align)) return Status::Invalid(cat("B: expected a ", out_align, "-byte aligned pointer"));
+  // M and B against the token inputs, the ranges and each other (api/overlap.h).
+  std::vector<ArgBytes> read = forward_input_bytes(a.inputs);
+  read.push_back(dense_bytes("segments", a.segments, n_seg * 8));
+  st = check_overlaps({dense_bytes("M", a.M, n_m * 4), dense_bytes("B", a.B, n_b * 4)}, read);
+  if (!st.ok()) return st;
 
   // Every segment inside one sequence, each checked against the sequence its first
   // token is in. The CPU backends read host memory; kCuda's values are copied here.

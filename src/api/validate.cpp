@@ -42,43 +42,48 @@ Status validate_without_overlaps(const ForwardArgs& a, Backend backend) {
 }
 }  // namespace api
 
+std::vector<ArgBytes> validation::forward_input_bytes(const ForwardArgs& a) {
+  const int64_t H = a.num_heads, HV = value_heads(a), K = a.head_dim_k, V = a.head_dim_v;
+  const int64_t N = num_sequences(a), tokens = a.batch * a.seqlen;
+  const std::array<TokenView, 5> views = token_views(a, H, HV, K, V);
+  return {token_view_bytes(views[0], a.q, tokens), token_view_bytes(views[1], a.k, tokens),
+          token_view_bytes(views[2], a.v, tokens), token_view_bytes(views[3], a.g, tokens),
+          token_view_bytes(views[4], a.beta, tokens), dense_bytes("A_log", a.A_log, arg_bytes(a.A_log, {HV}, 4)),
+          dense_bytes("dt_bias", a.dt_bias, arg_bytes(a.dt_bias, {HV, K}, 4)),
+          dense_bytes("cu_seqlens", a.cu_seqlens, arg_bytes(a.cu_seqlens, {N + 1}, 8)),
+          dense_bytes("cu_seqlens_int32", a.cu_seqlens_int32, arg_bytes(a.cu_seqlens_int32, {N + 1}, 4))};
+}
+
 // After validate_impl: every size below fits in int64 (checked there).
 Status validation::check_forward_overlaps(const ForwardArgs& a) {
-  // Bytes of a given argument ([dims] of elem-byte elements); 0 when absent.
-  auto bytes = [](const void* ptr, std::initializer_list<int64_t> dims, int64_t elem) -> int64_t {
-    int64_t n = 0;
-    return ptr != nullptr && tensor_fits(dims, elem, &n) ? n * elem : 0;
-  };
-  const int64_t H = a.num_heads, HV = value_heads(a), K = a.head_dim_k, V = a.head_dim_v;
+  const int64_t HV = value_heads(a), K = a.head_dim_k, V = a.head_dim_v;
   const int64_t N = num_sequences(a), tokens = a.batch * a.seqlen, slot = HV * V * K;
-  const std::array<TokenView, 5> views = token_views(a, H, HV, K, V);
   const int64_t index_bytes = a.state_index_type == IndexType::kInt64 ? 8 : 4;
   const int64_t pool_elem = dtype_bytes(a.state_pool_dtype);
   const int64_t pool_stride = a.pool_stride == 0 ? slot : a.pool_stride;
   const int64_t n_slot_ck = N * kSlotCheckpointsPerSequence;  // N + 1 boundaries fit in int64 bytes
+  std::vector<ArgBytes> read = forward_input_bytes(a);
+  for (const ArgBytes& b :
+       {dense_bytes("initial_state", a.initial_state,
+                    arg_bytes(a.initial_state, {N, HV, V, K}, dtype_bytes(a.initial_state_dtype))),
+        dense_bytes("state_indices", a.state_indices, arg_bytes(a.state_indices, {N}, index_bytes)),
+        dense_bytes("has_initial_state", a.has_initial_state, arg_bytes(a.has_initial_state, {N}, 1)),
+        dense_bytes("slot_checkpoint_offsets", a.slot_checkpoint_offsets,
+                    arg_bytes(a.slot_checkpoint_offsets, {n_slot_ck}, 8)),
+        dense_bytes("slot_checkpoint_slots", a.slot_checkpoint_slots,
+                    arg_bytes(a.slot_checkpoint_slots, {n_slot_ck}, index_bytes))})
+    read.push_back(b);
   return check_overlaps(
-      {dense_bytes("out", a.out, bytes(a.out, {tokens, HV, V}, 2)),
-       dense_bytes("final_state", a.final_state, bytes(a.final_state, {N, HV, V, K}, dtype_bytes(a.final_state_dtype))),
-       row_bytes("state_pool", a.state_pool, a.pool_size, bytes(a.state_pool, {HV, V, K}, pool_elem),
+      {dense_bytes("out", a.out, arg_bytes(a.out, {tokens, HV, V}, 2)),
+       dense_bytes("final_state", a.final_state,
+                   arg_bytes(a.final_state, {N, HV, V, K}, dtype_bytes(a.final_state_dtype))),
+       row_bytes("state_pool", a.state_pool, a.pool_size, arg_bytes(a.state_pool, {HV, V, K}, pool_elem),
                  pool_stride * pool_elem),
        dense_bytes("checkpoints", a.checkpoints,
-                   bytes(a.checkpoints, {a.checkpoints_capacity, HV, K, V}, dtype_bytes(a.checkpoints_dtype))),
-       dense_bytes("summaries_M", a.summaries_M, bytes(a.summaries_M, {N, HV, K, K}, 4)),
-       dense_bytes("summaries_B", a.summaries_B, bytes(a.summaries_B, {N, HV, V, K}, 4))},
-      {token_view_bytes(views[0], a.q, tokens), token_view_bytes(views[1], a.k, tokens),
-       token_view_bytes(views[2], a.v, tokens), token_view_bytes(views[3], a.g, tokens),
-       token_view_bytes(views[4], a.beta, tokens), dense_bytes("A_log", a.A_log, bytes(a.A_log, {HV}, 4)),
-       dense_bytes("dt_bias", a.dt_bias, bytes(a.dt_bias, {HV, K}, 4)),
-       dense_bytes("initial_state", a.initial_state,
-                   bytes(a.initial_state, {N, HV, V, K}, dtype_bytes(a.initial_state_dtype))),
-       dense_bytes("cu_seqlens", a.cu_seqlens, bytes(a.cu_seqlens, {N + 1}, 8)),
-       dense_bytes("cu_seqlens_int32", a.cu_seqlens_int32, bytes(a.cu_seqlens_int32, {N + 1}, 4)),
-       dense_bytes("state_indices", a.state_indices, bytes(a.state_indices, {N}, index_bytes)),
-       dense_bytes("has_initial_state", a.has_initial_state, bytes(a.has_initial_state, {N}, 1)),
-       dense_bytes("slot_checkpoint_offsets", a.slot_checkpoint_offsets, bytes(a.slot_checkpoint_offsets, {n_slot_ck}, 8)),
-       dense_bytes("slot_checkpoint_slots", a.slot_checkpoint_slots,
-                   bytes(a.slot_checkpoint_slots, {n_slot_ck}, index_bytes))},
-      {{"final_state", "initial_state", true}});
+                   arg_bytes(a.checkpoints, {a.checkpoints_capacity, HV, K, V}, dtype_bytes(a.checkpoints_dtype))),
+       dense_bytes("summaries_M", a.summaries_M, arg_bytes(a.summaries_M, {N, HV, K, K}, 4)),
+       dense_bytes("summaries_B", a.summaries_B, arg_bytes(a.summaries_B, {N, HV, V, K}, 4))},
+      read, {{"final_state", "initial_state", true}});
 }
 
 namespace {

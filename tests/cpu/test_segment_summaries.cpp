@@ -336,6 +336,15 @@ TEST(SegmentSummariesApi, BadArgumentsAreNamed) {
   a = call(ok);
   a.inputs.lower_bound = 1.f;  // the token inputs go through validate()
   expect_rejected(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "lower_bound");
+  // Outputs that share memory with an input or each other (api/overlap.h).
+  std::vector<float> MB(M.size() + B.size());
+  a = call(ok);
+  a.M = MB.data();
+  a.B = MB.data() + 8;
+  expect_rejected(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "B: shares memory with M");
+  a = call(ok);
+  a.M = reinterpret_cast<float*>(const_cast<void*>(a.inputs.q));
+  expect_rejected(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "M: shares memory with q");
   a = call(ok);
   expect_rejected(a, Backend::kCuda, StatusCode::kNotSupported, "kCuda");
   expect_rejected(a, static_cast<Backend>(7), StatusCode::kInvalidArgument, "backend");
