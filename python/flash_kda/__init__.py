@@ -170,6 +170,15 @@ def _dense_indices(x):
     return x
 
 
+def _not_a_number(x) -> bool:
+    """What float() takes that is no scale or bound: a string, which it parses ('0.1'),
+    and a bool (Python's, NumPy's, a torch bool tensor), which it reads as 0 or 1."""
+    if isinstance(x, (str, bytes, bytearray, bool)):
+        return True
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and (getattr(dtype, "kind", None) in ("b", "U", "S") or str(dtype) == "torch.bool")
+
+
 def _resolve_scalars(q, scale, lower_bound):
     # On every call's path: the common case is two float() calls; the errors are
     # worked out only when one fails.
@@ -182,6 +191,10 @@ def _resolve_scalars(q, scale, lower_bound):
             scale = 1.0
     if lower_bound is None:
         lower_bound = DEFAULT_LOWER_BOUND
+    if type(scale) is not float or type(lower_bound) is not float:
+        for name, x in (("scale", scale), ("lower_bound", lower_bound)):
+            if _not_a_number(x):
+                raise TypeError(f"{name}: expected a float (or None for the default), got {x!r}")
     try:
         return float(scale), float(lower_bound)
     except (TypeError, ValueError, OverflowError):  # OverflowError: an int past the float range
@@ -485,6 +498,8 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
             raise TypeError(f"{name}: expected a tensor, got {type(x).__name__}")
         if len(shape) != rank:
             raise ValueError(f"{name}: expected a {rank}-d tensor, got shape {list(shape)}")
+        if any(d < 0 for d in shape):  # only a DLPack producer can claim one
+            raise ValueError(f"{name}: expected non-negative dims, got shape {list(shape)}")
     if segments.shape[1] != 2 or (_is_torch(segments) and not segments.is_contiguous()):
         raise ValueError(f"segments: expected a contiguous int64 tensor [S, 2] of (begin, end) token pairs, "
                          f"got shape {list(segments.shape)}"
@@ -494,8 +509,12 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
         # current stream must be complete first.
         _torch.cuda.current_stream(q.device).synchronize()
     S, HV, K, V = segments.shape[0], v.shape[2], q.shape[3], v.shape[3]
-    M = _torch.empty((S, HV, K, K), dtype=_torch.float32, device=q.device)
-    B = _torch.empty((S, HV, V, K), dtype=_torch.float32, device=q.device)
+    try:
+        M = _torch.empty((S, HV, K, K), dtype=_torch.float32, device=q.device)
+        B = _torch.empty((S, HV, V, K), dtype=_torch.float32, device=q.device)
+    except RuntimeError as e:  # torch.OutOfMemoryError is one; so is a size past int64
+        raise ValueError(f"segments: {S} segments need M [S, HV, K, K] and B [S, HV, V, K] = "
+                         f"{S * HV * (K + V) * K * 4} bytes on {q.device}, more than could be allocated") from e
     try:
         _C.segment_summaries(q, k, v, g, beta, A_log, dt_bias, lower_bound, cu_seqlens, segments, M, B, backend)
     except TypeError as e:

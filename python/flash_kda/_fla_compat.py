@@ -73,11 +73,15 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     # checkpoint capacity, and the CUDA launch plan splits long sequences by the
     # real lengths on the host (without them, the device plans the split).
     B, T, H, K, HV, V = _fla_shapes(q, v)
-    for name, x in (("cu_seqlens", cu_seqlens), ("cu_seqlens_cpu", cu_seqlens_cpu)):
-        if x is not None and (not isinstance(x, torch.Tensor) or x.ndim != 1 or x.shape[0] < 2):
-            raise (ValueError if isinstance(x, torch.Tensor) else TypeError)(
-                f"{name}: expected a 1-d tensor [N+1] with N >= 1, got "
-                f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    _check_boundaries("cu_seqlens", cu_seqlens)
+    _check_boundaries("cu_seqlens_cpu", cu_seqlens_cpu)
+    if cu_seqlens_cpu is not None:
+        # Without cu_seqlens the batch would run as B whole sequences, whatever the copy says.
+        if cu_seqlens is None:
+            raise ValueError("cu_seqlens_cpu: given without cu_seqlens")
+        # It goes on as int64: a float copy would be truncated into another, silently.
+        if cu_seqlens_cpu.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"cu_seqlens_cpu: expected dtype int64 or int32, got {cu_seqlens_cpu.dtype}")
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"q: expected batch size 1 with cu_seqlens (flattened sequences), got {B}")
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
@@ -133,6 +137,14 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     if return_intermediate_states:
         return out, final_state, h
     return out, final_state
+
+
+def _check_boundaries(name, x):
+    """None, or a tensor [N+1] with N >= 1: N is read from it before fwd or decode sees it."""
+    if x is not None and (not isinstance(x, torch.Tensor) or x.ndim != 1 or x.shape[0] < 2):
+        raise (ValueError if isinstance(x, torch.Tensor) else TypeError)(
+            f"{name}: expected a 1-d tensor [N+1] with N >= 1, got "
+            f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
 
 
 def _fla_shapes(q, v):
@@ -227,6 +239,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
                                   "sigmoid(exp(A_log) * (g + dt_bias)): lower_bound in [-5, 0) is required "
                                   "(without it fla's gate is -exp(A_log) * softplus(g + dt_bias))")
     B, T, H, K, HV, V = _fla_shapes(q, v)
+    _check_boundaries("cu_seqlens", cu_seqlens)
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"q: expected batch size 1 with cu_seqlens (flattened sequences), got {B}")
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
@@ -265,6 +278,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     # dtype; bf16 and fp16 states widen exactly) or the state is neither fp32 nor
     # bf16. initial_state is only read: where the pool shares its memory (no copy was
     # needed) the final states go to a pool of their own.
+    if N == 0:  # B = 0 (cu_seqlens has N >= 1): a pool of no slots is no pool
+        raise ValueError(f"q: expected at least one sequence (B >= 1), got shape {list(q.shape)}")
     if initial_state is not None:
         want = (N, HV, V, K) if state_v_first else (N, HV, K, V)
         if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != want:

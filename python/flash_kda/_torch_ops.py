@@ -53,7 +53,18 @@ def _new_out(v, zeros=False):
     return (torch.zeros if zeros else torch.empty)(v.shape, dtype=v.dtype, device=v.device)
 
 
+def _check_output_shapes(q, v, cu_seqlens):
+    # kda_forward's outputs are allocated from these shapes: name what cannot give them.
+    for name, x in (("q", q), ("v", v)):
+        if x.ndim != 4:
+            raise ValueError(f"{name}: expected a 4-d tensor, got shape {list(x.shape)}")
+    if cu_seqlens is not None and (cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2):
+        raise ValueError(f"cu_seqlens: expected a 1-d tensor [N+1] with N >= 1, got shape {list(cu_seqlens.shape)}")
+
+
 def _new_outputs(q, k, v, cu_seqlens, output_final_state, state_dtype):
+    # Checked here too: the op may be called directly (torch.ops.flash_kda.kda_forward).
+    _check_output_shapes(q, v, cu_seqlens)
     out = _new_out(v)
     if output_final_state:
         n = _num_seqs(q, cu_seqlens)
@@ -121,12 +132,7 @@ def kda_forward(
     if not isinstance(output_final_state, bool):
         raise TypeError(f"output_final_state: expected a bool, got {type(output_final_state).__name__}")
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
-    # The outputs are allocated from these shapes: name what cannot give them.
-    for name, x in (("q", q), ("v", v)):
-        if x.ndim != 4:
-            raise ValueError(f"{name}: expected a 4-d tensor, got shape {list(x.shape)}")
-    if cu_seqlens is not None and cu_seqlens.ndim != 1:
-        raise ValueError(f"cu_seqlens: expected a 1-d tensor [N+1], got {tuple(cu_seqlens.shape)!r}")
+    _check_output_shapes(q, v, cu_seqlens)
     if state_dtype is None:
         state_dtype = initial_state.dtype if initial_state is not None else torch.float32
         if state_dtype not in _STATE_DTYPES:

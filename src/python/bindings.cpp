@@ -395,6 +395,15 @@ Arg take(const char* name, nb::handle obj, std::initializer_list<DT> allowed, bo
     raise_type(cat(name, ": expected dtype ", want, ", got ", dtype_string(a.dtype)));
   }
   if (!from_torch) a.dev = device_of(name, a.arr);
+  // Whether an optional argument was given is decided here, by None. flashkda reads a
+  // null pointer as "not given" for some of them (cu_seqlens, has_initial_state, a
+  // second pool, ...): a DLPack array with elements but no memory would silently be
+  // run as that other call.
+  bool empty = false;
+  for (size_t i = 0; i < a.ndim(); ++i) empty |= a.dim(i) == 0;
+  if (a.ptr == nullptr && !empty)
+    raise_value(cat(name, ": null pointer for a tensor of shape ", shape_string(a),
+                    " (only an empty tensor may have none)"));
   return a;
 }
 

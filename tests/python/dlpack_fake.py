@@ -1,7 +1,8 @@
 """A DLPack producer that claims an arbitrary device, for testing device checks on
 a machine without a GPU. It exports a legacy DLManagedTensor capsule whose data
 pointer is host memory that must never be read (the binding rejects the call
-before touching any tensor memory)."""
+before touching any tensor memory), or null (null=True: no memory at all, so any
+shape can be claimed)."""
 from __future__ import annotations
 
 import ctypes
@@ -38,22 +39,24 @@ _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
+DL_CPU = 1
 DL_CUDA = 2
 DL_VULKAN = 7
-_CODES = {"bfloat16": (4, 16), "float32": (2, 32), "int64": (0, 64), "uint8": (1, 8)}
+_CODES = {"bfloat16": (4, 16), "float32": (2, 32), "int64": (0, 64), "int32": (0, 32), "uint8": (1, 8)}
 
 
 class FakeDeviceTensor:
-    """Looks like a C-contiguous tensor of `shape`/`dtype` on (device_type, device_id)."""
+    """Looks like a C-contiguous tensor of `shape`/`dtype` on (device_type, device_id);
+    with null=True its data pointer is null."""
 
-    def __init__(self, shape, dtype="bfloat16", device_type=DL_CUDA, device_id=0):
+    def __init__(self, shape, dtype="bfloat16", device_type=DL_CUDA, device_id=0, null=False):
         self.shape = tuple(shape)
         self._code, self._bits = _CODES[dtype]
         self._device = (device_type, device_id)
         n = 1
         for d in self.shape:
             n *= d
-        self._buf = ctypes.create_string_buffer(max(1, n * self._bits // 8) + 256)
+        self._buf = None if null else ctypes.create_string_buffer(max(1, n * self._bits // 8) + 256)
         self._keep = []
 
     def __dlpack_device__(self):
@@ -67,7 +70,7 @@ class FakeDeviceTensor:
         for i in reversed(range(nd)):
             strides[i] = acc
             acc *= self.shape[i]
-        base = ctypes.addressof(self._buf)
+        base = 0 if self._buf is None else ctypes.addressof(self._buf)
         mt = _DLManagedTensor()
         mt.dl_tensor = _DLTensor(ctypes.c_void_p(base + (-base) % 256), _DLDevice(*self._device), nd,
                                  _DLDataType(self._code, self._bits, 1), shape, strides, 0)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import flash_kda
-from dlpack_fake import DL_CUDA, DL_VULKAN, FakeDeviceTensor
+from dlpack_fake import DL_CPU, DL_CUDA, DL_VULKAN, FakeDeviceTensor
 from kda_reference import bf16_rounding_floor, fwd_kwargs, make_problem, new_outputs, reference, rel_rms
 
 OUT_BAR = 2e-3
@@ -391,6 +391,20 @@ def test_unsupported_device_is_value_error(small):
         call_with(small, q=fake)
 
 
+@pytest.mark.parametrize("name", ["cu_seqlens", "cu_seqlens_host", "has_initial_state"])
+def test_null_data_pointer_is_value_error_naming_the_argument(name):
+    # A DLPack array with elements but no memory is an error, not an argument left out
+    # (a null cu_seqlens ran the varlen batch as one sequence).
+    p = make_problem(seqlens=[3, 5], H=2, K=32, seed=17)
+    pool = torch.zeros(4, 2, 32, 32)
+    on_pool = dict(state_pool=pool, state_indices=torch.tensor([2, 0]), initial_state=None, fs=None)
+    shape, dtype, extra = {"cu_seqlens": ((3,), "int64", {}), "cu_seqlens_host": ((3,), "int64", {}),
+                           "has_initial_state": ((2,), "uint8", on_pool)}[name]
+    with pytest.raises(ValueError, match=rf"^{name}: null pointer for a tensor of shape \[{shape[0]}\]"):
+        call_with(p, **extra, **{name: FakeDeviceTensor(shape, dtype, DL_CPU, 0, null=True)})
+    assert not pool.any()
+
+
 @pytest.mark.skipif(flash_kda.cuda_available(), reason="checks the no-GPU path")
 def test_cuda_tensors_without_usable_cuda_backend_raise_not_implemented(small):
     fakes = {n: FakeDeviceTensor(small[n].shape, "bfloat16") for n in ("q", "k", "v", "g", "beta")}
@@ -400,6 +414,24 @@ def test_cuda_tensors_without_usable_cuda_backend_raise_not_implemented(small):
     with pytest.raises(NotImplementedError, match=r"^backend kCuda"):
         flash_kda.fwd(fakes["q"], fakes["k"], fakes["v"], fakes["g"], fakes["beta"], 1.0, fakes["out"],
                       fakes["A_log"], fakes["dt_bias"], -5.0, stream=0)
+
+
+@pytest.mark.parametrize("name,value", [("scale", "0.1"), ("scale", b"0.1"), ("scale", True),
+                                        ("lower_bound", "-1"), ("lower_bound", False),
+                                        ("lower_bound", torch.tensor(True)), ("scale", torch.tensor(True).numpy())])
+def test_scale_and_lower_bound_refuse_strings_and_bools(small, name, value):
+    # float() parses a string and reads a bool as 0 or 1: neither is taken for a number.
+    with pytest.raises(TypeError, match=rf"^{name}: expected a float"):
+        call_with(small, **{name: value})
+
+
+def test_scale_and_lower_bound_take_numbers_of_any_type(small):
+    ref = torch.empty_like(small["v"])
+    call_with(small, out=ref, scale=0.5, lower_bound=-5.0)
+    for scale, lower_bound in ((torch.tensor(0.5), -5), (torch.tensor(0.5).numpy()[()], torch.tensor(-5.0).numpy())):
+        out = torch.empty_like(small["v"])
+        call_with(small, out=out, scale=scale, lower_bound=lower_bound)
+        assert torch.equal(out, ref)
 
 
 # ---- errors: ValueError from the C++ validation (message verbatim) --------------
@@ -516,6 +548,24 @@ def test_opcheck(varlen):
     torch.library.opcheck(torch.ops.flash_kda.kda_forward.default, _op_args(p))
 
 
+def test_kda_forward_op_names_what_cannot_size_its_outputs():
+    # The op allocates out and final_state from q, v and cu_seqlens before fwd checks
+    # anything, also when called directly rather than through kda_forward.
+    p = make_problem(seqlens=[5, 7], H=2, K=32, seed=23)
+    args = list(_op_args(p))
+    args[0] = p["q"][0]
+    with pytest.raises(ValueError, match=r"^q: expected a 4-d tensor, got shape \[12, 2, 32\]"):
+        torch.ops.flash_kda.kda_forward(*args)
+    args = list(_op_args(p))
+    args[7], args[8] = None, torch.tensor([], dtype=torch.int64)
+    empty = r"^cu_seqlens: expected a 1-d tensor \[N\+1\] with N >= 1, got shape \[0\]"
+    with pytest.raises(ValueError, match=empty):
+        torch.ops.flash_kda.kda_forward(*args)
+    with pytest.raises(ValueError, match=empty):
+        flash_kda.kda_forward(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"],
+                              cu_seqlens=args[8], output_final_state=True)
+
+
 def test_torch_compile_fullgraph_cpu():
     p = make_problem(T=20, H=2, K=32, seed=24)
 
@@ -527,3 +577,28 @@ def test_torch_compile_fullgraph_cpu():
     eager = f(*args)
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(*args)
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+def test_outputs_sharing_memory_with_inputs_or_outputs_are_value_errors_naming_both():
+    """An output over an input or another output would give a result that depends on the
+    order of the call's work: refused, naming both. The final state over the initial
+    state itself is the in-place update, and inputs may share memory."""
+    p = make_problem(T=40, H=2, K=32, seed=9)
+    out, fs = new_outputs(p)
+    q, k, v, g, beta = (p[n] for n in ("q", "k", "v", "g", "beta"))
+    kw = fwd_kwargs(p)
+    flash_kda.fwd(q, k, v, g, beta, p["scale"], out, final_state=fs, **kw)  # apart: fine
+    both = torch.cat([k.flatten(), k.flatten()])
+    k2, out2 = both[:k.numel()].view(k.shape), both[16:16 + v.numel()].view(v.shape)
+    with pytest.raises(ValueError, match="out: shares memory with k"):
+        flash_kda.fwd(q, k2, v, g, beta, p["scale"], out2, final_state=fs, **kw)
+    with pytest.raises(ValueError, match="out: shares memory with q"):
+        flash_kda.fwd(q, k, v, g, beta, p["scale"], q, final_state=fs, **kw)
+    init = kw.pop("initial_state")
+    two = torch.cat([init.flatten(), init.flatten()])
+    with pytest.raises(ValueError, match="final_state: shares memory with initial_state"):
+        flash_kda.fwd(q, k, v, g, beta, p["scale"], out, initial_state=two[:init.numel()].view(init.shape),
+                      final_state=two[8:8 + init.numel()].view(init.shape), **kw)
+    state = init.clone()
+    flash_kda.fwd(q, k, v, g, beta, p["scale"], out, initial_state=state, final_state=state, **kw)
+    flash_kda.fwd(q, q, v, g, beta, p["scale"], out, initial_state=init, final_state=fs, **kw)

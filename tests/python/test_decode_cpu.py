@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import flash_kda
-from dlpack_fake import DL_CUDA, FakeDeviceTensor
+from dlpack_fake import DL_CPU, DL_CUDA, FakeDeviceTensor
 
 BF16_ULP = 2.0 ** -7  # relative spacing of bf16 values (8 significant bits)
 
@@ -487,6 +487,20 @@ def test_mixed_devices_is_value_error(small, name):
     fake = FakeDeviceTensor(shape, dtype, DL_CUDA, 0)
     with pytest.raises(ValueError, match=rf"^{name}: expected a tensor on the same device as q \(cpu\), got cuda:0"):
         call_with(small, **{name: fake})
+
+
+@pytest.mark.parametrize("name", ["cu_seqlens", "state_out_pool", "per_token_states", "num_accepted_tokens"])
+def test_null_data_pointer_is_value_error_naming_the_argument(small, name):
+    # A DLPack array with elements but no memory is an error, not an argument left out
+    # (a null state_out_pool had the step write state_pool in place).
+    pool = small["pool"].clone()
+    shape, dtype, extra = {
+        "cu_seqlens": ((3,), "int64", {}), "state_out_pool": (tuple(pool.shape), "float32", {}),
+        "per_token_states": ((2, 2, 32, 32), "float32", {}),
+        "num_accepted_tokens": ((2,), "int32", dict(state_indices=small["indices"][:, None].contiguous()))}[name]
+    with pytest.raises(ValueError, match=rf"^{name}: null pointer for a tensor of shape \[{shape[0]}"):
+        call_with(small, state_pool=pool, **extra, **{name: FakeDeviceTensor(shape, dtype, DL_CPU, 0, null=True)})
+    assert torch.equal(pool, small["pool"])
 
 
 @pytest.mark.skipif(flash_kda.cuda_available(), reason="checks the no-GPU path")

@@ -59,6 +59,18 @@ def test_chunk_kda_takes_cu_seqlens_cpu():
         assert torch.equal(o, o2) and torch.equal(fs, fs2) and torch.equal(h, h2)
 
 
+def test_chunk_kda_cu_seqlens_cpu_needs_cu_seqlens_and_integers():
+    # Neither was caught: without cu_seqlens the batch ran as one sequence, and a float
+    # copy was truncated to int64 (here into a valid copy of cu_seqlens).
+    p = make_problem(B=1, T=40, H=2, K=32, seed=23)
+    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], **FLAGS)
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"])
+    with pytest.raises(ValueError, match=r"^cu_seqlens_cpu: given without cu_seqlens"):
+        flash_kda.chunk_kda(*args, cu_seqlens_cpu=torch.tensor([0, 20, 40]), **kw)
+    with pytest.raises(TypeError, match=r"^cu_seqlens_cpu: expected dtype int64 or int32, got torch.float32"):
+        flash_kda.chunk_kda(*args, cu_seqlens=torch.tensor([0, 40]), cu_seqlens_cpu=torch.tensor([0., 40.7]), **kw)
+
+
 def test_chunk_kda_on_a_state_pool():
     p = make_problem(B=1, H=1, K=32, seqlens=[40, 24], seed=22)
     pool = torch.zeros(3, 1, 32, 32)
@@ -330,6 +342,19 @@ def test_fused_recurrent_kda_checks_shapes_by_name():
         with pytest.raises(err, match=match):
             flash_kda.fused_recurrent_kda(b["q"], b["k"], b["v"], b["g"], b["beta"], initial_state=pool_,
                                           ssm_state_indices=idx, **serving)
+
+
+def test_fused_recurrent_kda_without_sequences_names_cu_seqlens_or_q():
+    # N sequences are read from cu_seqlens (or B) to size the states: none is an error
+    # naming them, not one about the internal pool of N slots.
+    p = make_problem(B=1, H=2, K=32, seqlens=[3, 2], seed=38)
+    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=-5.0, **RFLAGS)
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"])
+    for cu, got in ((torch.tensor([0]), r"\[1\]"), (p["cu_seqlens"][None], r"\[1, 3\]")):
+        with pytest.raises(ValueError, match=rf"^cu_seqlens: expected a 1-d tensor \[N\+1\] with N >= 1, got {got}"):
+            flash_kda.fused_recurrent_kda(*args, cu_seqlens=cu, **kw)
+    with pytest.raises(ValueError, match=r"^q: expected at least one sequence \(B >= 1\), got shape \[0, 5, 2, 32\]"):
+        flash_kda.fused_recurrent_kda(*(x[:0] for x in args), output_final_state=True, **kw)
 
 
 def test_fused_recurrent_kda_takes_strided_slot_indices():

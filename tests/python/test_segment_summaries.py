@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import flash_kda
-from dlpack_fake import DL_CUDA, FakeDeviceTensor
+from dlpack_fake import DL_CPU, DL_CUDA, FakeDeviceTensor
 from kda_reference import fwd_kwargs, make_problem, new_outputs, reference, rel_rms
 
 SEQLENS = [150, 37, 90]
@@ -147,6 +147,16 @@ def test_bad_arguments_are_named():
         flash_kda.compose_summaries(M, torch.zeros(2, 6, 8), torch.zeros(3, 8, 8), torch.zeros(2, 6, 8))
     with pytest.raises(TypeError, match="M1"):
         flash_kda.compose_summaries(M.double(), torch.zeros(2, 6, 8), M, torch.zeros(2, 6, 8))
+
+
+def test_more_segments_than_their_summaries_can_be_allocated_is_named():
+    # M and B [S, ...] are allocated before the extension reads segments: a DLPack array
+    # can claim any S (here 2^40 rows, 8 PiB of results), and gets an error naming it.
+    p = slow_decay_problem(seed=13)
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"])
+    segments = FakeDeviceTensor((2**40, 2), "int64", DL_CPU, 0, null=True)
+    with pytest.raises(ValueError, match=rf"^segments: {2**40} segments need M \[S, HV, K, K\] and B"):
+        flash_kda.segment_summaries(*args, segments, cu_seqlens=p["cu_seqlens"])
 
 
 # ---- fwd's two calls of a split forward (summaries=, resume_from_summaries=) ------
