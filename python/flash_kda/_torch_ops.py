@@ -37,6 +37,22 @@ def _check_op_tensors(required, optional=()):
             raise ValueError(f"{name}: expected a tensor on the device of {first} ({device}), got {x.device}")
 
 
+def _refuse_real_tensors_beside_meta(**named):
+    """In a fake implementation: torch sends an op call here when any tensor is on the
+    meta device, so a call from eager code with the other tensors real (cpu, cuda) would
+    return an unwritten out and leave the pool as it was. Under torch.compile every
+    tensor is a FakeTensor and an all-meta call only asks for shapes: both are fine."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    tensors = [(n, x) for n, x in named.items() if isinstance(x, torch.Tensor) and n != "cu_seqlens_host"]
+    meta = next((n for n, x in tensors if x.device.type == "meta" and not isinstance(x, FakeTensor)), None)
+    if meta is None:
+        return
+    for name, x in tensors:
+        if not isinstance(x, FakeTensor) and x.device.type != "meta":
+            raise ValueError(f"{meta}: expected a tensor on the device of {name} ({x.device}), got meta")
+
+
 def _token_args(q, k, v, g, beta, A_log, dt_bias):
     # The (name, value) pairs every op starts with, for _check_op_tensors.
     return (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log), ("dt_bias", dt_bias))
@@ -101,6 +117,8 @@ def _kda_forward_op(
 @_kda_forward_op.register_fake
 def _kda_forward_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, lower_bound,
                       output_final_state, state_dtype):
+    _refuse_real_tensors_beside_meta(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias,
+                                     initial_state=initial_state, cu_seqlens=cu_seqlens)
     return _new_outputs(q, k, v, cu_seqlens, output_final_state, state_dtype)
 
 
@@ -179,6 +197,12 @@ def _kda_prefill_op(
 def _kda_prefill_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, has_initial_state, cu_seqlens,
                       cu_seqlens_host, checkpoints, checkpoint_interval, checkpoints_value_major,
                       slot_checkpoint_offsets, slot_checkpoint_slots, scale, lower_bound):
+    _refuse_real_tensors_beside_meta(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias,
+                                     state_pool=state_pool, state_indices=state_indices,
+                                     has_initial_state=has_initial_state, cu_seqlens=cu_seqlens,
+                                     cu_seqlens_host=cu_seqlens_host, checkpoints=checkpoints,
+                                     slot_checkpoint_offsets=slot_checkpoint_offsets,
+                                     slot_checkpoint_slots=slot_checkpoint_slots)
     return _new_out(v)
 
 
@@ -261,6 +285,9 @@ def _kda_decode_op(
 @_kda_decode_op.register_fake
 def _kda_decode_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, cu_seqlens, per_token_states,
                      scale, lower_bound, pdl, num_accepted_tokens=None):
+    _refuse_real_tensors_beside_meta(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias,
+                                     state_pool=state_pool, state_indices=state_indices, cu_seqlens=cu_seqlens,
+                                     per_token_states=per_token_states, num_accepted_tokens=num_accepted_tokens)
     return _new_out(v)
 
 

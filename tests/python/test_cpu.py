@@ -602,3 +602,17 @@ def test_outputs_sharing_memory_with_inputs_or_outputs_are_value_errors_naming_b
     state = init.clone()
     flash_kda.fwd(q, k, v, g, beta, p["scale"], out, initial_state=state, final_state=state, **kw)
     flash_kda.fwd(q, q, v, g, beta, p["scale"], out, initial_state=init, final_state=fs, **kw)
+
+
+def test_raw_ops_refuse_a_meta_tensor_beside_real_ones():
+    """Torch sends an op call with any meta tensor to the fake implementation: with the
+    other tensors real, it would return an unwritten out. Refused, naming the argument;
+    an all-meta call (shapes only) still gives meta outputs."""
+    p = make_problem(seqlens=[5, 7], H=2, K=32, seed=24)
+    args = list(_op_args(p))
+    args[8] = p["cu_seqlens"].to("meta")
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected a tensor on the device of q \(cpu\), got meta"):
+        torch.ops.flash_kda.kda_forward(*args)
+    meta = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in _op_args(p)]
+    out, fs = torch.ops.flash_kda.kda_forward(*meta)
+    assert out.device.type == "meta" and out.shape == p["v"].shape

@@ -188,3 +188,14 @@ def test_op_wrappers_name_bad_tensors_devices_and_flags():
     with pytest.raises(TypeError, match=r"^output_final_state: expected a bool, got str"):
         flash_kda.kda_forward(q, k, v, g, beta, p["A_log"], p["dt_bias"], cu_seqlens=p["cu_seqlens"],
                               output_final_state="False")
+
+
+def test_prefill_op_refuses_a_meta_tensor_beside_real_ones():
+    # Torch would send the call to the fake implementation: the pool left as it was.
+    p, pool = pool_problem(43, seqlens=(20, 33, 5))
+    args = list(_op_args(p, pool, torch.tensor([3, 0, 6], dtype=torch.int32)))
+    args[8] = args[8].to("meta")  # state_indices
+    before = pool.clone()
+    with pytest.raises(ValueError, match=r"^state_indices: expected a tensor on the device of q \(cpu\), got meta"):
+        torch.ops.flash_kda.kda_prefill(*args)
+    assert torch.equal(pool, before)
