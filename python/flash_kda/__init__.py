@@ -86,6 +86,24 @@ def cuda_status() -> tuple[bool, str]:
     return bool(ok), str(why)
 
 
+_DLPACK_TORCH_DEVICES = {1: "cpu", 2: "cuda", 3: "cpu"}  # kDLCPU, kDLCUDA, kDLCUDAHost (pinned host memory)
+
+
+def _allocation_device(name, x):
+    """The torch device to allocate outputs on beside x: a torch tensor's own, or a
+    DLPack array's (CPU, pinned host or CUDA memory); anything else is named."""
+    if _is_torch(x):
+        return x.device
+    dev = getattr(x, "__dlpack_device__", None)
+    kind, index = dev() if callable(dev) else (None, 0)
+    if kind not in _DLPACK_TORCH_DEVICES:
+        raise TypeError(f"{name}: expected a torch tensor or a DLPack array in CPU or CUDA memory "
+                        f"(outputs are allocated on its device), got {type(x).__name__}"
+                        + (f" on DLPack device type {kind}" if kind is not None else ""))
+    where = _DLPACK_TORCH_DEVICES[kind]
+    return _torch.device(where, index) if where == "cuda" else _torch.device(where)
+
+
 def _is_torch(x) -> bool:
     return _torch is not None and isinstance(x, _torch.Tensor)
 
@@ -509,12 +527,13 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
         # current stream must be complete first.
         _torch.cuda.current_stream(q.device).synchronize()
     S, HV, K, V = segments.shape[0], v.shape[2], q.shape[3], v.shape[3]
+    device = _allocation_device("q", q)
     try:
-        M = _torch.empty((S, HV, K, K), dtype=_torch.float32, device=q.device)
-        B = _torch.empty((S, HV, V, K), dtype=_torch.float32, device=q.device)
+        M = _torch.empty((S, HV, K, K), dtype=_torch.float32, device=device)
+        B = _torch.empty((S, HV, V, K), dtype=_torch.float32, device=device)
     except RuntimeError as e:  # torch.OutOfMemoryError is one; so is a size past int64
         raise ValueError(f"segments: {S} segments need M [S, HV, K, K] and B [S, HV, V, K] = "
-                         f"{S * HV * (K + V) * K * 4} bytes on {q.device}, more than could be allocated") from e
+                         f"{S * HV * (K + V) * K * 4} bytes on {device}, more than could be allocated") from e
     try:
         _C.segment_summaries(q, k, v, g, beta, A_log, dt_bias, lower_bound, cu_seqlens, segments, M, B, backend)
     except TypeError as e:

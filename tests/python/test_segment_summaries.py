@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import flash_kda
-from dlpack_fake import DL_CPU, DL_CUDA, FakeDeviceTensor
+from dlpack_fake import DL_CPU, DL_CUDA, DL_VULKAN, FakeDeviceTensor
 from kda_reference import fwd_kwargs, make_problem, new_outputs, reference, rel_rms
 
 SEQLENS = [150, 37, 90]
@@ -370,3 +370,31 @@ def test_cuda_compose_matches_the_cpu_in_place_and_in_a_graph():
     with pytest.raises(ValueError, match=r"^head_dim_k: expected a value in \[1, 128\] on backend kCuda"):
         flash_kda.compose_summaries(big, torch.zeros(1, 4, 129, device="cuda"), big,
                                     torch.zeros(1, 4, 129, device="cuda"))
+
+
+class _DLPackOnly:
+    """A torch tensor seen only through DLPack (and its shape), as another framework's
+    array would be."""
+
+    def __init__(self, t):
+        self._t, self.shape = t, tuple(t.shape)
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._t.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+def test_dlpack_q_allocates_on_its_device_and_other_objects_are_named():
+    # M and B are allocated beside q: from a DLPack array's device, as from a tensor's.
+    p = slow_decay_problem(seed=14)
+    args = [p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"]]
+    segments = torch.tensor([[0, 6], [6, 12]], dtype=torch.int64)
+    M, B = flash_kda.segment_summaries(*args, segments, cu_seqlens=p["cu_seqlens"])
+    args[0] = _DLPackOnly(p["q"])
+    M2, B2 = flash_kda.segment_summaries(*args, segments, cu_seqlens=p["cu_seqlens"])
+    assert M2.device == M.device and torch.equal(M2, M) and torch.equal(B2, B)
+    args[0] = FakeDeviceTensor(tuple(p["q"].shape), "bfloat16", DL_VULKAN, 0)
+    with pytest.raises(TypeError, match=r"^q: expected a torch tensor or a DLPack array in CPU or CUDA memory"):
+        flash_kda.segment_summaries(*args, segments, cu_seqlens=p["cu_seqlens"])
