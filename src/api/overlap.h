@@ -1,4 +1,5 @@
-// Outputs that share memory with another argument (validate.cpp, decode.cpp).
+// Outputs that share memory with another argument (validate.cpp, decode.cpp,
+// segment_summaries.cpp).
 //
 // A forward or decode step reads its inputs while it writes its outputs, in an
 // order that differs between backends (and, on kCuda, between CTAs of one
