@@ -108,6 +108,15 @@ def _is_torch(x) -> bool:
     return _torch is not None and isinstance(x, _torch.Tensor)
 
 
+def _check_boundaries(name, x):
+    """None, or a torch tensor [N+1] with N >= 1: the torch-only entry points (fla's
+    calls, the ops) read N from it, or size outputs by it, before fwd or decode sees it."""
+    if x is not None and (not _is_torch(x) or x.ndim != 1 or x.shape[0] < 2):
+        raise (ValueError if _is_torch(x) else TypeError)(
+            f"{name}: expected a 1-d tensor [N+1] with N >= 1, got "
+            f"{list(x.shape) if _is_torch(x) else type(x).__name__}")
+
+
 # Device index -> callable(nbytes) returning uint8 scratch memory on that device.
 _cuda_allocators: dict = {}
 

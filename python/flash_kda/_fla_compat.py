@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from . import decode, fwd
+from . import _check_boundaries, decode, fwd
 
 CHUNK = 64  # fla's chunk size: the interval of its intermediate states
 
@@ -137,14 +137,6 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     if return_intermediate_states:
         return out, final_state, h
     return out, final_state
-
-
-def _check_boundaries(name, x):
-    """None, or a tensor [N+1] with N >= 1: N is read from it before fwd or decode sees it."""
-    if x is not None and (not isinstance(x, torch.Tensor) or x.ndim != 1 or x.shape[0] < 2):
-        raise (ValueError if isinstance(x, torch.Tensor) else TypeError)(
-            f"{name}: expected a 1-d tensor [N+1] with N >= 1, got "
-            f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
 
 
 def _fla_shapes(q, v):

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import DEFAULT_LOWER_BOUND, _pdl_mode, _resolve_scalars, decode, fwd
+from . import DEFAULT_LOWER_BOUND, _check_boundaries, _pdl_mode, _resolve_scalars, decode, fwd
 
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -74,8 +74,7 @@ def _check_output_shapes(q, v, cu_seqlens):
     for name, x in (("q", q), ("v", v)):
         if x.ndim != 4:
             raise ValueError(f"{name}: expected a 4-d tensor, got shape {list(x.shape)}")
-    if cu_seqlens is not None and (cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2):
-        raise ValueError(f"cu_seqlens: expected a 1-d tensor [N+1] with N >= 1, got shape {list(cu_seqlens.shape)}")
+    _check_boundaries("cu_seqlens", cu_seqlens)
 
 
 def _new_outputs(q, k, v, cu_seqlens, output_final_state, state_dtype):

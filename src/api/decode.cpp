@@ -34,31 +34,28 @@ Status validate_decode(const DecodeArgs& a, Backend backend) {
 
 // After validate_decode_impl: every size below fits in int64 (checked there).
 Status validation::check_decode_overlaps(const DecodeArgs& a) {
-  const auto bytes = arg_bytes;
-  const int64_t N = a.num_seqs, T = a.total_tokens, H = a.num_heads, HV = decode_value_heads(a);
+  const int64_t N = a.num_seqs, T = a.total_tokens, HV = decode_value_heads(a);
   const int64_t K = a.head_dim_k, V = a.head_dim_v, slot = HV * V * K;
-  const std::array<TokenView, 5> views = token_views(a, H, HV, K, V);
   const int64_t elem = dtype_bytes(a.state_dtype), index_bytes = a.index_type == IndexType::kInt64 ? 8 : 4;
   const int64_t stride = a.pool_stride == 0 ? slot : a.pool_stride;
   const int64_t out_stride = a.state_out_stride == 0 ? stride : a.state_out_stride;
   const int64_t columns = speculative_verify(a) ? a.verify_slots : 1;  // of state_indices
   // With state_out_pool the pool is only read; without it, updated in place.
   const bool in_place = a.state_out_pool == nullptr;
-  const ArgBytes pool = row_bytes("state_pool", a.state_pool, a.pool_size, bytes(a.state_pool, {slot}, elem), stride * elem);
-  const ArgBytes none{};
-  return check_overlaps(
-      {dense_bytes("out", a.out, bytes(a.out, {T, HV, V}, 2)), in_place ? pool : none,
-       row_bytes("state_out_pool", a.state_out_pool, a.pool_size, bytes(a.state_out_pool, {slot}, elem),
-                 out_stride * elem),
-       dense_bytes("per_token_states", a.per_token_states, bytes(a.per_token_states, {T, HV, V, K}, elem))},
-      {token_view_bytes(views[0], a.q, T), token_view_bytes(views[1], a.k, T), token_view_bytes(views[2], a.v, T),
-       token_view_bytes(views[3], a.g, T), token_view_bytes(views[4], a.beta, T),
-       dense_bytes("A_log", a.A_log, bytes(a.A_log, {HV}, 4)), dense_bytes("dt_bias", a.dt_bias, bytes(a.dt_bias, {HV, K}, 4)),
-       in_place ? none : pool, dense_bytes("cu_seqlens", a.cu_seqlens, bytes(a.cu_seqlens, {N + 1}, 8)),
-       dense_bytes("cu_seqlens_int32", a.cu_seqlens_int32, bytes(a.cu_seqlens_int32, {N + 1}, 4)),
-       dense_bytes("state_indices", a.state_indices, bytes(a.state_indices, {N, columns}, index_bytes)),
-       dense_bytes("num_accepted_tokens", a.num_accepted_tokens, bytes(a.num_accepted_tokens, {N}, index_bytes))},
-      {{"state_out_pool", "state_pool", out_stride == stride}});
+  const ArgBytes pool =
+      row_bytes("state_pool", a.state_pool, a.pool_size, arg_bytes(a.state_pool, {slot}, elem), stride * elem);
+  std::vector<ArgBytes> written = {
+      dense_bytes("out", a.out, arg_bytes(a.out, {T, HV, V}, 2)),
+      row_bytes("state_out_pool", a.state_out_pool, a.pool_size, arg_bytes(a.state_out_pool, {slot}, elem),
+                out_stride * elem),
+      dense_bytes("per_token_states", a.per_token_states, arg_bytes(a.per_token_states, {T, HV, V, K}, elem))};
+  std::vector<ArgBytes> read = token_input_bytes(a, HV, N, T);
+  read.push_back(dense_bytes("state_indices", a.state_indices, arg_bytes(a.state_indices, {N, columns}, index_bytes)));
+  read.push_back(dense_bytes("num_accepted_tokens", a.num_accepted_tokens,
+                             arg_bytes(a.num_accepted_tokens, {N}, index_bytes)));
+  if (in_place) written.insert(written.begin() + 1, pool);  // out's neighbour, as the messages name it
+  else read.push_back(pool);
+  return check_overlaps(written, read, {{"state_out_pool", "state_pool", out_stride == stride}});
 }
 
 namespace {

@@ -15,6 +15,7 @@
 // slices of one fused projection output) are what engines pass, so two strided
 // arguments whose ranges merely meet are left alone.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -133,9 +134,24 @@ inline int64_t arg_bytes(const void* ptr, std::initializer_list<int64_t> dims, i
   return ptr != nullptr && tensor_fits(dims, elem, &n) ? n * elem : 0;
 }
 
-// What a forward's token inputs read (ForwardArgs: q, k, v, g, beta, A_log,
-// dt_bias, the boundaries), for the forward and segment_summaries.
-std::vector<ArgBytes> forward_input_bytes(const ForwardArgs& a);
+// What the token inputs of ForwardArgs or DecodeArgs read: q, k, v, g, beta over
+// `tokens` tokens, A_log, dt_bias and the N + 1 boundaries (forward, decode and
+// segment_summaries).
+template <class Args>
+std::vector<ArgBytes> token_input_bytes(const Args& a, int64_t HV, int64_t N, int64_t tokens) {
+  const int64_t K = a.head_dim_k, V = a.head_dim_v;
+  const std::array<TokenView, 5> views = token_views(a, a.num_heads, HV, K, V);
+  return {token_view_bytes(views[0], a.q, tokens), token_view_bytes(views[1], a.k, tokens),
+          token_view_bytes(views[2], a.v, tokens), token_view_bytes(views[3], a.g, tokens),
+          token_view_bytes(views[4], a.beta, tokens), dense_bytes("A_log", a.A_log, arg_bytes(a.A_log, {HV}, 4)),
+          dense_bytes("dt_bias", a.dt_bias, arg_bytes(a.dt_bias, {HV, K}, 4)),
+          dense_bytes("cu_seqlens", a.cu_seqlens, arg_bytes(a.cu_seqlens, {N + 1}, 8)),
+          dense_bytes("cu_seqlens_int32", a.cu_seqlens_int32, arg_bytes(a.cu_seqlens_int32, {N + 1}, 4))};
+}
+// A forward's (ForwardArgs: the flattened batch's tokens, its N sequences).
+inline std::vector<ArgBytes> forward_input_bytes(const ForwardArgs& a) {
+  return token_input_bytes(a, value_heads(a), num_sequences(a), a.batch * a.seqlen);
+}
 
 // Every output of a forward (ForwardArgs) against every argument; validate()
 // runs it after its other checks (validate.cpp).

@@ -42,18 +42,6 @@ Status validate_without_overlaps(const ForwardArgs& a, Backend backend) {
 }
 }  // namespace api
 
-std::vector<ArgBytes> validation::forward_input_bytes(const ForwardArgs& a) {
-  const int64_t H = a.num_heads, HV = value_heads(a), K = a.head_dim_k, V = a.head_dim_v;
-  const int64_t N = num_sequences(a), tokens = a.batch * a.seqlen;
-  const std::array<TokenView, 5> views = token_views(a, H, HV, K, V);
-  return {token_view_bytes(views[0], a.q, tokens), token_view_bytes(views[1], a.k, tokens),
-          token_view_bytes(views[2], a.v, tokens), token_view_bytes(views[3], a.g, tokens),
-          token_view_bytes(views[4], a.beta, tokens), dense_bytes("A_log", a.A_log, arg_bytes(a.A_log, {HV}, 4)),
-          dense_bytes("dt_bias", a.dt_bias, arg_bytes(a.dt_bias, {HV, K}, 4)),
-          dense_bytes("cu_seqlens", a.cu_seqlens, arg_bytes(a.cu_seqlens, {N + 1}, 8)),
-          dense_bytes("cu_seqlens_int32", a.cu_seqlens_int32, arg_bytes(a.cu_seqlens_int32, {N + 1}, 4))};
-}
-
 // After validate_impl: every size below fits in int64 (checked there).
 Status validation::check_forward_overlaps(const ForwardArgs& a) {
   const int64_t HV = value_heads(a), K = a.head_dim_k, V = a.head_dim_v;
