@@ -155,6 +155,9 @@ inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int grap
   DeviceBuffer<uint8_t> final_state(fs_bytes);
   if (out.n) FKDA_CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.n * 2));
   if (fs_bytes) FKDA_CUDA_CHECK(cudaMemset(final_state.ptr, 0xFF, fs_bytes));
+  // The poison is set on the legacy stream, which a non-blocking `stream` does
+  // not wait for: without this the kernels' results could be overwritten by it.
+  FKDA_CUDA_CHECK(cudaDeviceSynchronize());
 
   ForwardArgs a = p.host_args(out.ptr, final_state.ptr);
   a.states_key_major = states_key_major;
@@ -207,6 +210,7 @@ inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int grap
     DeviceBuffer<float> M(static_cast<size_t>(p.N * p.HV * p.K * p.K)), B(p.state_elems());
     FKDA_CUDA_CHECK(cudaMemset(M.ptr, 0xFF, M.n * 4));
     FKDA_CUDA_CHECK(cudaMemset(B.ptr, 0xFF, B.n * 4));
+    FKDA_CUDA_CHECK(cudaDeviceSynchronize());  // before the calls on `stream` (above)
     ForwardArgs sa = a;
     sa.resume_from_summaries = false;
     sa.out = nullptr;

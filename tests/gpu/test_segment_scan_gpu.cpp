@@ -462,8 +462,9 @@ std::vector<RunResult> replay_with_lengths_on_device(const HostProblem& p,
     FKDA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (size_t i = 0; i < boundaries.size(); ++i) {
       FKDA_CUDA_CHECK(cudaMemcpy(cu.ptr, boundaries[i].data(), cu.n * sizeof(int64_t), cudaMemcpyHostToDevice));
-      FKDA_CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.n * 2));
-      FKDA_CUDA_CHECK(cudaMemset(fin.ptr, 0xFF, fin.n * 4));
+      // On the replay's stream: a non-blocking stream does not wait for the legacy one.
+      FKDA_CUDA_CHECK(cudaMemsetAsync(out.ptr, 0xFF, out.n * 2, stream));
+      FKDA_CUDA_CHECK(cudaMemsetAsync(fin.ptr, 0xFF, fin.n * 4, stream));
       FKDA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
       FKDA_CUDA_CHECK(cudaStreamSynchronize(stream));
       RunResult& r = results[i];
@@ -893,8 +894,11 @@ TEST_F(GpuSegmentScan, ComposeSummariesMatchTheCpu) {
     // 0: new outputs; 1: in place of (M1, B1); 2: in place of (M2, B2).
     for (int where = 0; where < 3; ++where) {
       DeviceBuffer<float> dM1(M1), dB1(B1), dM2(M2), dB2(B2), dM(m_elems), dB(b_elems);
-      FKDA_CUDA_CHECK(cudaMemset(dM.ptr, 0xFF, m_elems * 4));  // NaN: an element never written fails
-      FKDA_CUDA_CHECK(cudaMemset(dB.ptr, 0xFF, b_elems * 4));
+      // NaN: an element never written fails. Set on the call's stream: a
+      // non-blocking stream does not wait for the legacy one, and a poison still
+      // in flight there overwrote the call's results.
+      FKDA_CUDA_CHECK(cudaMemsetAsync(dM.ptr, 0xFF, m_elems * 4, stream));
+      FKDA_CUDA_CHECK(cudaMemsetAsync(dB.ptr, 0xFF, b_elems * 4, stream));
       ComposeSummariesArgs g = c;
       g.M1 = dM1.ptr; g.B1 = dB1.ptr; g.M2 = dM2.ptr; g.B2 = dB2.ptr;
       g.M = where == 0 ? dM.ptr : where == 1 ? dM1.ptr : dM2.ptr;
