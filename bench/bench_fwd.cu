@@ -3,7 +3,7 @@
 //
 //   flashkda-bench [--heads 96,64] [--states fp32,bf16,none] [--iters 100] [--warmup 10]
 //                  [--cases 8192,varlen6,8x1024] [--table standard|tp] [--v-split 0|1|2] [--stages 0|3|4]
-//                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg[,rec]];..."]
+//                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg[,rec[,out[,compose]]]];..."]
 //                  [--checkpoints C] [--checkpoints-dtype bf16|fp32] [--checkpoints-value-major]
 //                  [--checkpoints-paired] [--no-host-lengths]
 //                  [--head-dim 128|64] [--json FILE]
@@ -31,8 +31,9 @@
 // comparing (V split 1; V split 2 with 4 or 3 stages) one after the other on the
 // same inputs; --plans lists overrides to time the same way (v_split,stages, and
 // optionally seg_chunks, how 4-warp CTAs load records at K = 128: 1 cp.async,
-// 2 bulk copy, and how a segment scan forms out: 1 chains again (pass 3), 2 by
-// superposition).
+// 2 bulk copy, how a segment scan forms out: 1 chains again (pass 3), 2 by
+// superposition, and its composition: 1 the register form, 4/8/16/32 the staged
+// form with that many rows a CTA).
 //
 // Timing: CUDA events around each launch, median of --iters launches after
 // --warmup; the SM clock measured right after them is printed with each row
@@ -163,6 +164,7 @@ int main(int argc, char** argv) {
         if (f.size() > 2) o.seg_chunks = f[2];
         if (f.size() > 3) o.records = f[3];
         if (f.size() > 4) o.outputs = f[4];
+        if (f.size() > 5) o.compose = f[5];
         listed_plans.push_back(o);
       }
     }

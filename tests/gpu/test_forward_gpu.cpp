@@ -140,7 +140,13 @@ HostProblem zero_padded_to_128(const HostProblem& p) {
 
 // K = V = 64 runs the 128-wide tiles on zero-padded columns (shared_storage.cuh):
 // the same arithmetic as the 128 kernels on zero-padded inputs, so the same bits
-// in the first 64 values and keys, and zeros after, one chain or segments.
+// in the first 64 values and keys, and zeros after. That holds for one chain and
+// for the segment scan's passes 1 and 3, but not for its composition: an
+// element's K products there are summed as four key quarters (ComposeQuarters),
+// 16 keys each at K = 64 and 32 at K = 128, so the two group the same exact
+// products differently. With segments the results are therefore compared to
+// fp32 rounding: the state's relative RMS difference, and out within one bf16
+// ulp an element (the padding stays exactly zero either way).
 TEST_F(GpuForward, HeadDim64IsThe128RunOnZeroPaddedInputs) {
   ProblemSpec spec;
   spec.seqlens = {300, 0, 17, 700};
@@ -150,27 +156,51 @@ TEST_F(GpuForward, HeadDim64IsThe128RunOnZeroPaddedInputs) {
   const HostProblem p = make_problem(spec, fresh_seed());
   const HostProblem w = zero_padded_to_128(p);
   for (const int64_t seg : {int64_t{-1}, int64_t{3}}) {
+    const bool bitwise = seg < 0;  // one chain: no composition
     sm90::set_launch_override({2, 4, seg});  // 4-warp CTAs, 4 stages, as K = 64 runs
     const RunResult a = run_cuda(p), b = run_cuda(w);
     ASSERT_TRUE(a.status.ok()) << a.status.message;
     ASSERT_TRUE(b.status.ok()) << b.status.message;
-    size_t out_diff = 0, out_pad = 0, state_diff = 0, state_pad = 0;
+    size_t out_diff = 0, out_far = 0, out_pad = 0, state_diff = 0, state_pad = 0;
     for (int64_t r = 0; r < p.tokens() * p.HV; ++r)
       for (int64_t c = 0; c < 128; ++c) {
-        if (c < 64) out_diff += a.out_bits[r * 64 + c] != b.out_bits[r * 128 + c];
-        else out_pad += b.out[r * 128 + c] != 0.f;
+        if (c < 64) {
+          const float x = a.out[r * 64 + c], y = b.out[r * 128 + c];
+          const bool differ = a.out_bits[r * 64 + c] != b.out_bits[r * 128 + c];
+          out_diff += differ;
+          // One bf16 ulp of the larger: 2^-7 of it at most.
+          out_far += differ && !(std::fabs(x - y) <= 0x1p-7f * std::max(std::fabs(x), std::fabs(y)));
+        } else {
+          out_pad += b.out[r * 128 + c] != 0.f;
+        }
       }
+    std::vector<float> sa, sb;  // the 64 x 64 blocks, side by side
     for (int64_t nh = 0; nh < p.N * p.HV; ++nh)
       for (int64_t i = 0; i < 128; ++i)
         for (int64_t j = 0; j < 128; ++j) {
           const float x = b.final_state[(nh * 128 + i) * 128 + j];
-          if (i < 64 && j < 64) state_diff += a.final_state[(nh * 64 + i) * 64 + j] != x;  // == : +0 and -0 alike
-          else state_pad += x != 0.f;
+          if (i < 64 && j < 64) {
+            sa.push_back(a.final_state[(nh * 64 + i) * 64 + j]);
+            sb.push_back(x);
+            state_diff += sa.back() != x;  // == : +0 and -0 alike
+          } else {
+            state_pad += x != 0.f;
+          }
         }
-    EXPECT_EQ(out_diff, 0u) << "seg " << seg;
-    EXPECT_EQ(state_diff, 0u) << "seg " << seg;
     EXPECT_EQ(out_pad, 0u) << "seg " << seg << ": the padded 128 run's values past 64";
     EXPECT_EQ(state_pad, 0u) << "seg " << seg << ": the padded 128 run's state past 64";
+    if (bitwise) {
+      EXPECT_EQ(out_diff, 0u) << "seg " << seg;
+      EXPECT_EQ(state_diff, 0u) << "seg " << seg;
+    } else {
+      const double state_err = rel_rms(sa, sb);
+      std::printf("[ errors ] K=64 against the padded 128 run, segments of %lld chunks: %zu of %zu out values differ "
+                  "(%zu by more than a bf16 ulp), %zu of %zu state values, relative RMS %.2e\n",
+                  static_cast<long long>(seg), out_diff, static_cast<size_t>(p.tokens() * p.HV * 64), out_far,
+                  state_diff, sa.size(), state_err);
+      EXPECT_EQ(out_far, 0u) << "seg " << seg;
+      EXPECT_LE(state_err, 1e-6) << "seg " << seg;  // fp32 rounding of the composition's sums, ~6e-8 a step
+    }
   }
 }
 

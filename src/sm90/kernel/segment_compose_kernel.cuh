@@ -318,10 +318,12 @@ __device__ __forceinline__ float4 load_shared_float4(const float* p) {
 // (ncu of the composition: 1/1M 70.4 -> 54.7 us, 12/8192 16.3 -> 15.7 us).
 // The CTA's kRows / 4 row warps run the four key quarters (ComposeQuarters)
 // themselves from 16 rows on; with 4 or 8 rows the CTA runs 4 / (kRows / 4)
-// groups of them, group g running quarters g·kQuartersEach .., and groups 1..
-// hand their quarters to group 0 through shared memory, so that every SM
-// sub-partition has a warp. A lane's columns are runs of kColRun (one load of at
-// most 16 bytes), the runs of a warp's lanes side by side.
+// groups of them, group g running quarters g·kQuartersEach .., so that every SM
+// sub-partition has a warp. Those groups put their quarters in shared memory,
+// and each then adds up, shares and writes back kOwnRows of the tile's rows:
+// with group 0 doing all of that after the barrier, its serial tail was most
+// of the remaining step at one head. A lane's columns are runs of kColRun (one
+// load of at most 16 bytes), the runs of a warp's lanes side by side.
 template <int kDim, int kRows>
 struct ComposeTiling {
   static constexpr int kTileRows = 4, kLanesC = 32;
@@ -335,10 +337,9 @@ struct ComposeTiling {
   static_assert(kGroups * kQuartersEach == ComposeQuarters::kCount, "groups cover the quarters");
   static constexpr int kTileThreads = 32 * kRowWarps;  // one group: every tile once
   static constexpr int kThreads = kTileThreads * kGroups;
-  // Quarters that groups 1.. hand to group 0, and a tile's elements as 16-byte
-  // vectors there.
-  static constexpr int kHandedQuarters = ComposeQuarters::kCount - kQuartersEach;
-  static constexpr int kTileVectors = kTileRows * kTileCols / 4;
+  // The tile rows each group adds up and writes (all of them with one group).
+  static constexpr int kOwnRows = kTileRows / kGroups;
+  static_assert(kOwnRows * kGroups == kTileRows, "groups cover the tile's rows");
   static constexpr int kQuarterKeys = ComposeQuarters::keys<kDim>();
   // The key loop unrolled to ~512 FMAs a thread, a body the instruction cache
   // holds (fully unrolled at 16 rows a column a thread, ~43 KB of instructions
@@ -351,17 +352,18 @@ struct ComposeTiling {
 // stored, 128 columns; the CTA's rows of B_j); S_in by rows (a row's 4 keys are
 // one 16-byte load that every lane of a warp shares, and a lane stores its tile
 // as one run a row: stored transposed, a lane's columns would put every lane's
-// 16-byte store in the same banks); and the quarters groups 1.. hand to group 0
-// ([quarter][vector][tile thread]: a warp's vectors side by side). 16-byte
-// aligned: the bulk copies' destinations and the 16-byte loads.
+// 16-byte store in the same banks); and, with several groups, every quarter of
+// every tile ([quarter][run][tile row][tile thread]: a warp's runs side by
+// side). 16-byte aligned: the bulk copies' destinations and the 16-byte loads.
 template <int kDim, int kRows>
 struct alignas(16) ComposeStages {
   using Tiling = ComposeTiling<kDim, kRows>;
+  static constexpr bool kShared = Tiling::kGroups > 1;  // the quarters meet here
   float m[2][kDim][kHeadDim];
   float b[2][kRows][kHeadDim];
   float s_in[kRows][kDim];
-  float4 handed[Tiling::kHandedQuarters > 0 ? Tiling::kHandedQuarters : 1][Tiling::kTileVectors]
-               [Tiling::kTileThreads];  // unused with one group
+  float quarters[kShared ? ComposeQuarters::kCount : 1][kShared ? Tiling::kRuns : 1]
+                [kShared ? Tiling::kTileRows : 1][kShared ? Tiling::kTileThreads : 1][Tiling::kColRun];
   uint64_t full[2];  // the stage's copies have landed
 };
 
@@ -398,11 +400,12 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
   static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
   using Tiling = ComposeTiling<kDim, kRows>;
   constexpr int kTR = Tiling::kTileRows, kRun = Tiling::kColRun, kRuns = Tiling::kRuns;
-  constexpr int kEach = Tiling::kQuartersEach, kTileElems = kRuns * kTR * kRun;
+  constexpr int kEach = Tiling::kQuartersEach, kOwn = Tiling::kOwnRows;
+  constexpr bool kShared = Tiling::kGroups > 1;
   using Stages = ComposeStages<kDim, kRows>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Stages& sm = *reinterpret_cast<Stages*>(smem_raw);
-  const int group = threadIdx.x / Tiling::kTileThreads;
+  const int group = kShared ? static_cast<int>(threadIdx.x) / Tiling::kTileThreads : 0;  // 0: i0 a constant
   const int tid = threadIdx.x % Tiling::kTileThreads, warp = tid / 32, lane = tid % 32;
   const int r0 = kTR * warp;   // of the CTA's rows
   const int c0 = kRun * lane;  // the first run's first column
@@ -423,19 +426,18 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int i = 0; i < 2 && c.j_begin + i < c.j_end; ++i) fetch(c.j_begin + i, i);
   }
-  const bool leader = group == 0;  // holds the tile's S_in, adds the quarters, writes
-  float x[kRuns][kTR][kRun];
-  auto share_tile = [&] {  // x into S_in
+  // The group's rows of the tile: rows r0 + i0 .. r0 + i0 + kOwn − 1 of the CTA's.
+  const int i0 = kOwn * group;
+  float x[kRuns][kOwn][kRun];
+  auto share_rows = [&] {  // x into S_in
 #pragma unroll
     for (int u = 0; u < kRuns; ++u)
 #pragma unroll
-      for (int i = 0; i < kTR; ++i) store_shared_run(&sm.s_in[r0 + i][run_col(u)], x[u][i]);
+      for (int i = 0; i < kOwn; ++i) store_shared_run(&sm.s_in[r0 + i0 + i][run_col(u)], x[u][i]);
   };
-  if (leader) {
 #pragma unroll
-    for (int u = 0; u < kRuns; ++u) load_tile_start<kDim>(p, c, c.row0 + r0, run_col(u), x[u]);
-    share_tile();
-  }
+  for (int u = 0; u < kRuns; ++u) load_tile_start<kDim>(p, c, c.row0 + r0 + i0, run_col(u), x[u]);
+  share_rows();
   __syncthreads();
   for (int64_t j = c.j_begin; j < c.j_end; ++j) {
     const int64_t n = j - c.j_begin;
@@ -443,7 +445,6 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
     cute::wait_barrier(sm.full[stage], static_cast<int>((n >> 1) & 1));
     // The thread's quarters, each element's chain in ascending key order (the
     // first quarter from B_j), then summed left to right into x.
-    float* const xs = &x[0][0][0];
     constexpr int kEachKeys = Tiling::kKeyUnroll / kEach;  // a quarter's keys an iteration
     static_assert(kEachKeys % 4 == 0, "S_in's keys are loaded 4 at a time");
     float acc[kEach][kRuns][kTR][kRun];
@@ -486,56 +487,61 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
           }
         }
     }
-#pragma unroll
-    for (int t = 0; t < kTileElems; ++t) {
-      xs[t] = (&acc[0][0][0][0])[t];
-#pragma unroll
-      for (int e = 1; e < kEach; ++e) xs[t] = ComposeQuarters::add(xs[t], (&acc[e][0][0][0])[t]);
-    }
-    if (Tiling::kGroups > 1 && !leader) {  // hand the group's quarters to group 0, each apart
+    if constexpr (kShared) {  // every group's quarters into shared memory
 #pragma unroll
       for (int e = 0; e < kEach; ++e)
 #pragma unroll
-        for (int v = 0; v < Tiling::kTileVectors; ++v) {
-          const float* a = &acc[e][0][0][0] + 4 * v;
-          sm.handed[(group - 1) * kEach + e][v][tid] = make_float4(a[0], a[1], a[2], a[3]);
-        }
-    }
-    __syncthreads();  // the stage and S_in are read by every thread; the quarters handed
-    if (threadIdx.x == 0 && j + 2 < c.j_end) fetch(j + 2, stage);
-    if (leader) {
-      // The later groups' quarters, in order: ((q0 + q1) + q2) + q3 (ComposeQuarters).
-#pragma unroll
-      for (int h = 0; h < Tiling::kHandedQuarters; ++h)
-#pragma unroll
-        for (int v = 0; v < Tiling::kTileVectors; ++v) {
-          const float4 y = sm.handed[h][v][tid];
-          xs[4 * v] = ComposeQuarters::add(xs[4 * v], y.x);
-          xs[4 * v + 1] = ComposeQuarters::add(xs[4 * v + 1], y.y);
-          xs[4 * v + 2] = ComposeQuarters::add(xs[4 * v + 2], y.z);
-          xs[4 * v + 3] = ComposeQuarters::add(xs[4 * v + 3], y.w);
-        }
-      share_tile();
-      if (writes_back(c, j)) {
-        float* b = segment_state(p, c.first_slot + j * c.pieces, c.v_head)->b + (c.row0 + r0) * kHeadDim;
-#pragma unroll
         for (int u = 0; u < kRuns; ++u)
 #pragma unroll
-          for (int i = 0; i < kTR; ++i) {
-            float* at = b + i * kHeadDim + run_col(u);
-            if constexpr (kRun == 4) *reinterpret_cast<float4*>(at) = make_float4(x[u][i][0], x[u][i][1], x[u][i][2], x[u][i][3]);
-            else
+          for (int i = 0; i < kTR; ++i) store_shared_run(&sm.quarters[group * kEach + e][u][i][tid][0], acc[e][u][i]);
+    } else {  // one group: all four quarters are the thread's own
 #pragma unroll
-              for (int q = 0; q < kRun; ++q) at[q] = x[u][i][q];
+      for (int u = 0; u < kRuns; ++u)
+#pragma unroll
+        for (int i = 0; i < kTR; ++i)
+#pragma unroll
+          for (int q = 0; q < kRun; ++q) {
+            x[u][i][q] = acc[0][u][i][q];
+#pragma unroll
+            for (int e = 1; e < kEach; ++e) x[u][i][q] = ComposeQuarters::add(x[u][i][q], acc[e][u][i][q]);
           }
-      }
+    }
+    __syncthreads();  // the stage and S_in are read by every thread; the quarters are shared
+    if (threadIdx.x == 0 && j + 2 < c.j_end) fetch(j + 2, stage);
+    if constexpr (kShared) {
+      // The group's rows from all four quarters, in order: ((q0 + q1) + q2) + q3.
+#pragma unroll
+      for (int u = 0; u < kRuns; ++u)
+#pragma unroll
+        for (int i = 0; i < kOwn; ++i) {
+          load_shared_run(&sm.quarters[0][u][i0 + i][tid][0], x[u][i]);
+#pragma unroll
+          for (int h = 1; h < ComposeQuarters::kCount; ++h) {
+            float y[kRun];
+            load_shared_run(&sm.quarters[h][u][i0 + i][tid][0], y);
+#pragma unroll
+            for (int q = 0; q < kRun; ++q) x[u][i][q] = ComposeQuarters::add(x[u][i][q], y[q]);
+          }
+        }
+    }
+    share_rows();
+    if (writes_back(c, j)) {
+      float* b = segment_state(p, c.first_slot + j * c.pieces, c.v_head)->b + (c.row0 + r0 + i0) * kHeadDim;
+#pragma unroll
+      for (int u = 0; u < kRuns; ++u)
+#pragma unroll
+        for (int i = 0; i < kOwn; ++i) {
+          float* at = b + i * kHeadDim + run_col(u);
+          if constexpr (kRun == 4) *reinterpret_cast<float4*>(at) = make_float4(x[u][i][0], x[u][i][1], x[u][i][2], x[u][i][3]);
+          else
+#pragma unroll
+            for (int q = 0; q < kRun; ++q) at[q] = x[u][i][q];
+        }
     }
     __syncthreads();
   }
-  if (leader) {
 #pragma unroll
-    for (int u = 0; u < kRuns; ++u) store_tile_result<kDim>(p, c, c.row0 + r0, run_col(u), x[u]);
-  }
+  for (int u = 0; u < kRuns; ++u) store_tile_result<kDim>(p, c, c.row0 + r0 + i0, run_col(u), x[u]);
 }
 
 }  // namespace flashkda::sm90
