@@ -340,6 +340,7 @@ struct ComposeTiling {
   // The tile rows each group adds up and writes (all of them with one group).
   static constexpr int kOwnRows = kTileRows / kGroups;
   static_assert(kOwnRows * kGroups == kTileRows, "groups cover the tile's rows");
+  static constexpr bool kShared = kGroups > 1;  // the quarters meet in shared memory
   static constexpr int kQuarterKeys = ComposeQuarters::keys<kDim>();
   // The key loop unrolled to ~512 FMAs a thread, a body the instruction cache
   // holds (fully unrolled at 16 rows a column a thread, ~43 KB of instructions
@@ -358,7 +359,7 @@ struct ComposeTiling {
 template <int kDim, int kRows>
 struct alignas(16) ComposeStages {
   using Tiling = ComposeTiling<kDim, kRows>;
-  static constexpr bool kShared = Tiling::kGroups > 1;  // the quarters meet here
+  static constexpr bool kShared = Tiling::kShared;
   float m[2][kDim][kHeadDim];
   float b[2][kRows][kHeadDim];
   float s_in[kRows][kDim];
@@ -401,7 +402,7 @@ __global__ void __launch_bounds__(ComposeTiling<kDim, kRows>::kThreads, 1)
   using Tiling = ComposeTiling<kDim, kRows>;
   constexpr int kTR = Tiling::kTileRows, kRun = Tiling::kColRun, kRuns = Tiling::kRuns;
   constexpr int kEach = Tiling::kQuartersEach, kOwn = Tiling::kOwnRows;
-  constexpr bool kShared = Tiling::kGroups > 1;
+  constexpr bool kShared = Tiling::kShared;
   using Stages = ComposeStages<kDim, kRows>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Stages& sm = *reinterpret_cast<Stages*>(smem_raw);
