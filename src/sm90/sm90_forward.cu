@@ -673,8 +673,11 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   // passes, V split 2, and every launch at K = 64. At K = 128 their records come
   // by bulk copy (no proxy fence in the chunk loop) where CTAs share SMs, and by
   // cp.async where each has an SM to itself: there the bulk copies measured 2-3 %
-  // slower in every run, for a reason not yet known (docs/perf-log.md). The
-  // 3-stage plan (many CTAs an SM) always takes bulk copies.
+  // slower in every run. Likely why: a record's bulk copy lands later than the 128
+  // threads' cp.async of the same bytes, and one chain a CTA waits for it (a
+  // producer warp's bulk copies left the state warps 6.7x the long-scoreboard
+  // stalls: docs/perf-log.md, "records by a producer warp"). The 3-stage plan (many
+  // CTAs an SM) always takes bulk copies.
   auto records_by_bulk_copy = [&](int64_t ctas) {
     const int forced = g_force_records.load();
     return forced != 0 ? forced == 2 : ctas > num_sms;
