@@ -343,7 +343,7 @@ size_t segment_state_bytes(const ForwardArgs& args, int64_t seg_chunks) {
   return static_cast<size_t>(segment_slots_for(args, seg_chunks) * value_heads(args)) * sizeof(SegmentState);
 }
 // Bytes of the chunks' o⁰ and P (outputs by superposition): one ChunkOutputs per
-// chunk slot and value head, 16 KB at K = 128 (8 at 64).
+// chunk slot and value head, 12 KB at K = 128 (6 at 64).
 size_t chunk_output_bytes(const ForwardArgs& args) {
   const size_t tile = args.head_dim_k == 64 ? sizeof(ChunkOutputs<64>) : sizeof(ChunkOutputs<kHeadDim>);
   return static_cast<size_t>(slots_for(args) * value_heads(args)) * tile;
@@ -673,11 +673,9 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   // passes, V split 2, and every launch at K = 64. At K = 128 their records come
   // by bulk copy (no proxy fence in the chunk loop) where CTAs share SMs, and by
   // cp.async where each has an SM to itself: there the bulk copies measured 2-3 %
-  // slower in every run. Likely why: a record's bulk copy lands later than the 128
-  // threads' cp.async of the same bytes, and one chain a CTA waits for it (a
-  // producer warp's bulk copies left the state warps 6.7x the long-scoreboard
-  // stalls: docs/perf-log.md, "records by a producer warp"). The 3-stage plan (many
-  // CTAs an SM) always takes bulk copies.
+  // slower in every run, also with six stages in flight, so not because a record
+  // lands late (docs/perf-log.md, "records six stages deep"); the cause is not
+  // known. The 3-stage plan (many CTAs an SM) always takes bulk copies.
   auto records_by_bulk_copy = [&](int64_t ctas) {
     const int forced = g_force_records.load();
     return forced != 0 ? forced == 2 : ctas > num_sms;

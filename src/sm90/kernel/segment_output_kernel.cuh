@@ -9,9 +9,9 @@
 //   load     each chunk's ChunkOutputs (o⁰ in accumulator order, P swizzled for
 //            wgmma) by one bulk copy, kOutputStages chunks in flight
 //   product  each warpgroup's accumulators (64 V rows x 16 tokens) start as o⁰ᵀ;
-//            += S_in·P as wgmma, S_in from registers and P from shared memory,
-//            hi·hi + lo·hi + hi·lo (the recurrence's own precision: ~2^-16 of a
-//            term). As mma.sync the products bound the kernel (docs/perf-log.md).
+//            += S_in·P as wgmma, S_in from registers (hi + lo) and P from shared
+//            memory (one bf16: segment_outputs.cuh). As mma.sync the products
+//            bound the kernel (docs/perf-log.md).
 //   store    bf16 through the staging tile, as the recurrence stores out (epilogue.cuh),
 //            a chunk late: chunk c's tile leaves while chunk c + 1's products run
 //            (the kernel waits on latency, not bandwidth: 1/1M 366 -> 357 µs)
@@ -139,15 +139,13 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
       // K-major B (resp_offset): 8-token groups kGroupBytes apart; key step kk
       // starts (kk / 4) atoms and (kk % 4) · 32 bytes further (wgmma.cuh).
       constexpr uint32_t kGroupBytes = ChunkOutputs<kDim>::kGroupBytes;
-      const uint64_t p_hi = sw128_descriptor(x.resp_hi, 16, kGroupBytes);
-      const uint64_t p_lo = sw128_descriptor(x.resp_lo, 16, kGroupBytes);
+      const uint64_t resp = sw128_descriptor(x.resp, 16, kGroupBytes);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kKeySteps; ++kk) {
         const uint32_t step = (kk / 4) * kSw128AtomBytes + (kk % 4) * 32;
-        wgmma_m64n16k16(acc, s_hi[kk], sw128_descriptor_advance(p_hi, step));
-        wgmma_m64n16k16(acc, s_lo[kk], sw128_descriptor_advance(p_hi, step));
-        wgmma_m64n16k16(acc, s_hi[kk], sw128_descriptor_advance(p_lo, step));
+        wgmma_m64n16k16(acc, s_hi[kk], sw128_descriptor_advance(resp, step));
+        wgmma_m64n16k16(acc, s_lo[kk], sw128_descriptor_advance(resp, step));
       }
       wgmma_commit();
       // The previous chunk's out tile goes out while this chunk's products run.

@@ -18,10 +18,14 @@
 namespace flashkda::sm90 {
 
 // One (chunk slot, value head), laid out for the output kernel's products:
-//   resp_hi, resp_lo  P as bf16 hi + lo (P enters the outputs as the state does
-//         in the step, to ~2^-16), [token][key] in the record's 128-byte-swizzled
-//         K-major layout (sw128_offset: the B operand of wgmma, as wq is), with
-//         8-token groups kDim · 16 bytes apart (resp_offset)
+//   resp  P as bf16, [token][key] in the record's 128-byte-swizzled K-major
+//         layout (sw128_offset: the B operand of wgmma, as wq is), with 8-token
+//         groups kDim · 16 bytes apart (resp_offset). One bf16 rounding of P, as
+//         the step rounds Q_dec once where the state meets it (S·Q_decᵀ): P_t is
+//         what Q_dec_t becomes after the segment's transitions, and S_in still
+//         enters as hi + lo. A lo part (~2^-16) would cost 4 KB a chunk and head
+//         written by pass 1 and read by the output kernel, a quarter of the bytes
+//         both move (docs/perf-log.md, "P in one bf16").
 //   out0  [kDim/16 row blocks][32 lanes][8]: o⁰ᵀ of 16 V rows x 16 tokens, the two
 //         fp32 C tiles (tokens 0-7, 8-15) of the warp that owns the rows, which
 //         are also the wgmma accumulators the output kernel starts from
@@ -30,17 +34,16 @@ template <int kDim>
 struct alignas(kSw128AtomBytes) ChunkOutputs {
   static constexpr int kBlocks = kDim / 16;
   static constexpr int kGroupBytes = kDim * 16;  // 8 tokens x kDim keys of bf16
-  __nv_bfloat16 resp_hi[kChunk * kDim];
-  __nv_bfloat16 resp_lo[kChunk * kDim];
+  __nv_bfloat16 resp[kChunk * kDim];
   float out0[kBlocks][32][8];
 };
-static_assert(sizeof(ChunkOutputs<kHeadDim>) == 16384 && sizeof(ChunkOutputs<64>) == 8192,
-              "16 tokens x (V + K) fp32 words a chunk and head");
-static_assert(offsetof(ChunkOutputs<64>, resp_lo) % kSw128AtomBytes == 0 &&
-                  offsetof(ChunkOutputs<kHeadDim>, resp_lo) % kSw128AtomBytes == 0,
+static_assert(sizeof(ChunkOutputs<kHeadDim>) == 12288 && sizeof(ChunkOutputs<64>) == 6144,
+              "16 tokens x (V fp32 + K bf16) a chunk and head");
+static_assert(offsetof(ChunkOutputs<64>, resp) % kSw128AtomBytes == 0 &&
+                  offsetof(ChunkOutputs<kHeadDim>, resp) % kSw128AtomBytes == 0,
               "P's swizzle atoms start 1024-byte aligned");
 
-// Element offset of (token, key) in resp_hi / resp_lo: sw128_offset with 8-token
+// Element offset of (token, key) in resp: sw128_offset with 8-token
 // groups of kDim keys (K = 64: one 64-key atom a group).
 template <int kDim>
 __host__ __device__ constexpr int resp_offset(int token, int key) {
@@ -73,26 +76,17 @@ struct OutputFragmentCursor {
       dst[0] = make_float4(o[0].x[0], o[0].x[1], o[0].x[2], o[0].x[3]);
       dst[1] = make_float4(o[1].x[0], o[1].x[1], o[1].x[2], o[1].x[3]);
     } else {
-      // The tile (keys x tokens) as hi + lo A fragments, transposed in registers
+      // The tile (keys x tokens) as a bf16 A fragment, transposed in registers
       // into the B fragments of the same matrix (a_to_b): lane (g, t) then holds
       // keys 2t, 2t+1 (+8) of tokens g (+8), one 4-byte word of [token][key] each.
-      FragA hi, lo;
-      split_a_bf16(o[0], o[1], hi, lo);
-      FragB h0, h1, l0, l1;
-      a_to_b(hi, h0, h1);
-      a_to_b(lo, l0, l1);
+      FragB b0, b1;
+      a_to_b(to_a_bf16(o[0], o[1]), b0, b1);
       const int g = lane >> 2, key = 16 * block + 2 * (lane & 3);
-      const int o00 = resp_offset<kDim>(g, key), o01 = resp_offset<kDim>(g, key + 8);
-      const int o10 = resp_offset<kDim>(g + 8, key), o11 = resp_offset<kDim>(g + 8, key + 8);
-      auto word = [](__nv_bfloat16* base, int off) { return reinterpret_cast<uint32_t*>(base + off); };
-      *word(t->resp_hi, o00) = h0.x[0];
-      *word(t->resp_hi, o01) = h0.x[1];
-      *word(t->resp_hi, o10) = h1.x[0];
-      *word(t->resp_hi, o11) = h1.x[1];
-      *word(t->resp_lo, o00) = l0.x[0];
-      *word(t->resp_lo, o01) = l0.x[1];
-      *word(t->resp_lo, o10) = l1.x[0];
-      *word(t->resp_lo, o11) = l1.x[1];
+      auto word = [&](int token, int k) { return reinterpret_cast<uint32_t*>(t->resp + resp_offset<kDim>(token, k)); };
+      *word(g, key) = b0.x[0];
+      *word(g, key + 8) = b0.x[1];
+      *word(g + 8, key) = b1.x[0];
+      *word(g + 8, key + 8) = b1.x[1];
     }
   }
 };
