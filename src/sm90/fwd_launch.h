@@ -73,7 +73,7 @@ constexpr int64_t kComposeCtasPerSeqHead = 32;
 // kOutputChunksPerCta chunks each (segment_output_kernel.cuh).
 cudaError_t launch_segment_output(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream);
 // Enough chunks a CTA that loading and splitting its S_in (64 KB from L2) is a
-// small part of its traffic (8 x 16 KB of o⁰ and P), few enough that a segment
+// small part of its traffic (8 x 12 KB of o⁰ and P), few enough that a segment
 // of 32 chunks (kMinSegmentChunks) still spreads over four CTAs.
 constexpr int64_t kOutputChunksPerCta = 8;
 
