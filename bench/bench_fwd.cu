@@ -3,7 +3,7 @@
 //
 //   flashkda-bench [--heads 96,64] [--states fp32,bf16,none] [--iters 100] [--warmup 10]
 //                  [--cases 8192,varlen6,8x1024] [--table standard|tp] [--v-split 0|1|2] [--stages 0|3|4]
-//                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg[,rec[,out[,compose]]]];..."]
+//                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg[,rec[,out[,compose[,ochunks]]]]];..."]
 //                  [--checkpoints C] [--checkpoints-dtype bf16|fp32] [--checkpoints-value-major]
 //                  [--checkpoints-paired] [--no-host-lengths]
 //                  [--head-dim 128|64] [--json FILE]
@@ -165,6 +165,7 @@ int main(int argc, char** argv) {
         if (f.size() > 3) o.records = f[3];
         if (f.size() > 4) o.outputs = f[4];
         if (f.size() > 5) o.compose = f[5];
+        if (f.size() > 6) o.output_chunks = f[6];
         listed_plans.push_back(o);
       }
     }

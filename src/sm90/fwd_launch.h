@@ -70,12 +70,19 @@ constexpr int64_t kComposeCtasPerSeqHead = 32;
 
 // Kernel 4, the segment scan's outputs by superposition (p.superpose): out = o⁰ +
 // S_in·P, token-parallel, p.output_parts CTAs per (segment slot, value head),
-// kOutputChunksPerCta chunks each (segment_output_kernel.cuh).
+// p.output_chunks chunks each (segment_output_kernel.cuh).
 cudaError_t launch_segment_output(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream);
-// Enough chunks a CTA that loading and splitting its S_in (64 KB from L2) is a
-// small part of its traffic (8 x 12 KB of o⁰ and P), few enough that a segment
-// of 32 chunks (kMinSegmentChunks) still spreads over four CTAs.
+// Chunks an output CTA: enough that loading and splitting its S_in (64 KB from
+// L2) is a small part of its traffic (8 x 12 KB of o⁰ and P), few enough that a
+// segment of 32 chunks (kMinSegmentChunks) still spreads over four CTAs. Where
+// the grid is many waves deep anyway, twice as many halve the S_in loads: 1/1M
+// −1.9 %, 4/1M −1.6 %, 12/32768 −1.6 %, and level at 12/8192 (1.45 waves at 16;
+// docs/perf-log.md, "chunks an output CTA").
 constexpr int64_t kOutputChunksPerCta = 8;
+constexpr int64_t kOutputChunksPerCtaDeep = 16;
+// The deep form from this many waves of it on: two output CTAs an SM (its launch bounds).
+constexpr int64_t kOutputDeepMinWaves = 4;
+constexpr int64_t kOutputCtasPerSm = 2;
 
 // Which devices one kernel's dynamic shared memory limit has been raised on
 // (bit d: device d). The attribute belongs to the kernel's per-context function

@@ -26,6 +26,7 @@ std::atomic<int64_t> g_force_seg_chunks{0};
 std::atomic<int> g_force_records{0};
 std::atomic<int> g_force_outputs{0};
 std::atomic<int> g_force_compose{0};
+std::atomic<int> g_force_output_chunks{0};
 
 Status cuda_status(cudaError_t err, const char* what) {
   return {StatusCode::kCudaError, std::string("backend kCuda: ") + what + ": " + cudaGetErrorString(err)};
@@ -229,8 +230,18 @@ int64_t split_segment_chunks(const ProblemShape& shape, int num_sms) {
   return std::max(kMinSegmentChunks, (shape.total_chunks + parts - 1) / parts);
 }
 
-// The output kernel's CTAs per (segment slot, value head).
-int64_t output_parts(int64_t seg_chunks) { return (seg_chunks + kOutputChunksPerCta - 1) / kOutputChunksPerCta; }
+// The output kernel's CTAs per (segment slot, value head), of `per_cta` chunks each.
+int64_t output_parts(int64_t seg_chunks, int64_t per_cta = kOutputChunksPerCta) {
+  return (seg_chunks + per_cta - 1) / per_cta;
+}
+// Chunks an output CTA for `chunk_heads` chunks of (sequence, value head) in all:
+// the deep form where its grid is still kOutputDeepMinWaves waves (fwd_launch.h).
+int64_t output_chunks_per_cta(int64_t chunk_heads, int num_sms) {
+  const int forced = g_force_output_chunks.load();
+  if (forced == kOutputChunksPerCta || forced == kOutputChunksPerCtaDeep) return forced;
+  const int64_t deep_ctas = chunk_heads / kOutputChunksPerCtaDeep;
+  return deep_ctas >= kOutputDeepMinWaves * kOutputCtasPerSm * num_sms ? kOutputChunksPerCtaDeep : kOutputChunksPerCta;
+}
 
 int64_t slots_for(const ForwardArgs& args) {
   return num_chunk_slots(num_sequences(args), args.batch * args.seqlen);
@@ -539,6 +550,7 @@ void set_launch_override(const LaunchOverride& forced) {
   g_force_records.store(forced.records);
   g_force_outputs.store(forced.outputs);
   g_force_compose.store(forced.compose);
+  g_force_output_chunks.store(forced.output_chunks);
 }
 
 LaunchPlan effective_launch_plan(const ProblemShape& given, int num_sms) {
@@ -713,7 +725,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
     if (plan.superposed_outputs) {
       // Pass 1 leaves o⁰ and P; the composition also writes the final states; the
       // output kernel forms out (segment_outputs.cuh).
-      p.output_parts = static_cast<int32_t>(output_parts(plan.seg_chunks));
+      p.output_chunks = static_cast<int32_t>(output_chunks_per_cta(p.total_tokens / kChunk * hv, num_sms));
+      p.output_parts = static_cast<int32_t>(output_parts(plan.seg_chunks, p.output_chunks));
       p.chunk_outputs =
           static_cast<char*>(workspace) + records_bytes(args) + segment_state_bytes(args, plan.seg_chunks);
       auto superposed_pass = [&](RecurrencePass pass, int64_t ctas) {

@@ -116,6 +116,7 @@ struct LaunchOverride {
                            // (where superposable: no checkpoints)
   int compose = 0;         // segment scan's composition (staged_compose_rows): 1 the register form;
                            // 4, 8, 16 or 32 the staged form with that many rows a CTA, whatever its grid
+  int output_chunks = 0;   // outputs by superposition: 8 or 16 chunks an output kernel CTA, whatever its grid
 };
 void set_launch_override(const LaunchOverride& forced);
 // The plan forward() uses now: the heuristic's, with any override applied.

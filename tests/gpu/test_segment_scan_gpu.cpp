@@ -724,6 +724,48 @@ TEST_F(GpuSegmentScan, SuperposedOutputsOfManySegments) {
   }
 }
 
+// The output kernel's two CTA sizes (8 chunks, or 16 where its grid is many waves
+// deep: sm90_forward.cu, output_chunks_per_cta) form each chunk's out by the same
+// products: the same bits, on segments that are a whole number of CTAs (32
+// chunks) and not (40: 16 + 16 + 8 against five of 8), one sequence and varlen,
+// K = 128 and 64.
+TEST_F(GpuSegmentScan, OutputCtaSizesGiveTheSameBits) {
+  for (const int64_t head_dim : {128, 64}) {
+    for (const bool varlen : {false, true}) {
+      ProblemSpec spec;
+      if (varlen) {
+        spec.seqlens = {3000, 17, 5000, 1100};
+        spec.heads = 2;
+      } else {
+        spec.seqlen = 12345;
+        spec.heads = 1;
+      }
+      spec.head_dim = head_dim;
+      spec.initial_state = DType::kFP32;
+      spec.final_state = DType::kFP32;
+      const HostProblem p = make_problem(spec, 17);
+      for (const int64_t seg : {int64_t{32}, int64_t{40}}) {
+        const std::string label = "output CTA sizes K=" + std::to_string(head_dim) + (varlen ? " varlen" : " T=12345") +
+                                  " segments of " + std::to_string(seg);
+        sm90::LaunchOverride o;
+        o.seg_chunks = seg;
+        o.outputs = kOutputsBySuperposition;
+        o.output_chunks = 8;
+        sm90::set_launch_override(o);
+        const RunResult a = run_cuda(p);
+        o.output_chunks = 16;
+        sm90::set_launch_override(o);
+        const RunResult b = run_cuda(p);
+        ASSERT_TRUE(a.status.ok()) << a.status.message;
+        ASSERT_TRUE(b.status.ok()) << b.status.message;
+        EXPECT_EQ(a.out_bits, b.out_bits) << label;
+        EXPECT_EQ(a.state_bytes, b.state_bytes) << label;
+        expect_within_bars(p, errors_of(p, b, label.c_str()));
+      }
+    }
+  }
+}
+
 // The two calls of a context-parallel forward (ForwardArgs::summaries_M, then
 // resume_from_summaries), with one segment per sequence and with many: the
 // summaries against the CPU oracle's segment_summaries of the whole sequences

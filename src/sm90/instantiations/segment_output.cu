@@ -1,5 +1,5 @@
-// The segment scan's outputs by superposition (kernel 4): kOutputChunksPerCta
-// chunks of one (segment slot, value head) a CTA, a warp per 16 rows of V.
+// The segment scan's outputs by superposition (kernel 4): p.output_chunks chunks
+// of one (segment slot, value head) a CTA, a warp per 16 rows of V.
 #include "sm90/fwd_launch.h"
 #include "sm90/kernel/segment_output_kernel.cuh"
 

@@ -166,6 +166,7 @@ struct FwdParams {
   // (0) pass 3 runs each segment's chain again from its incoming state.
   int32_t superpose;
   int32_t output_parts;
+  int32_t output_chunks;  // chunks an output CTA (fwd_launch.h, kOutputChunksPerCta)
   void* chunk_outputs;
 };
 

@@ -1,7 +1,7 @@
 // Kernel 4 of the segment scan with outputs by superposition (segment_outputs.cuh):
 //   out_t = o⁰_t + S_in · P_t
 // for every token of every segment, token-parallel: the chain of chunk steps ran
-// once, in pass 1. One CTA takes kOutputChunksPerCta chunks of one (segment
+// once, in pass 1. One CTA takes p.output_chunks chunks of one (segment
 // piece, value head) (a segment is one piece unless the device chose it:
 // tile_scheduler.cuh); warp w owns V rows 16w..16w+15 (kDim / 16 warps):
 //   S_in     rows 16w.. of the segment's incoming state (pass 2 left it in the
@@ -92,13 +92,13 @@ __global__ void __launch_bounds__(segment_output_threads<kDim>(), 2)
   const int64_t chunks = (t.length + kChunk - 1) / kChunk;
   const int64_t piece_begin = piece * p.seg_chunks;
   const int64_t piece_end = piece_begin + p.seg_chunks < chunks ? piece_begin + p.seg_chunks : chunks;
-  const int64_t c0 = piece_begin + part * kOutputChunksPerCta;
+  const int64_t c0 = piece_begin + part * p.output_chunks;
   if (!t.valid || c0 >= piece_end) {
     leave_early(beside);
     return;
   }
   wait_for_launch_before(beside);
-  const int64_t c1 = c0 + kOutputChunksPerCta < piece_end ? c0 + kOutputChunksPerCta : piece_end;
+  const int64_t c1 = c0 + p.output_chunks < piece_end ? c0 + p.output_chunks : piece_end;
   const ChunkOutputs<kDim>* const first = chunk_outputs<kDim>(p, t.first_slot, v_head);
 
   init_stage_barriers(s.full, 1);
