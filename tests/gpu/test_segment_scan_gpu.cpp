@@ -686,21 +686,27 @@ TEST_F(GpuSegmentScan, MillionTokenHeadWithinBars) {
 // from the S_in it left; both forms of the composition, K = 128 and 64, and a
 // varlen batch with several heads. Repeated calls give the same bits, and the
 // result meets the oracle's bars.
+// One sequence of `seqlen` tokens without cu_seqlens, or the varlen batch
+// `seqlens`; fp32 initial and final states.
+ProblemSpec fp32_states_spec(int64_t head_dim, int64_t heads, int64_t seqlen, std::vector<int64_t> seqlens = {}) {
+  ProblemSpec spec;
+  if (seqlens.empty())
+    spec.seqlen = seqlen;
+  else
+    spec.seqlens = std::move(seqlens);
+  spec.heads = heads;
+  spec.head_dim = head_dim;
+  spec.initial_state = DType::kFP32;
+  spec.final_state = DType::kFP32;
+  return spec;
+}
+
 TEST_F(GpuSegmentScan, SuperposedOutputsOfManySegments) {
   constexpr int kRegisterForm = 1, kPlannedForm = 0, kRepeats = 4;
   for (const int64_t head_dim : {128, 64}) {
     for (const bool varlen : {false, true}) {
-      ProblemSpec spec;
-      if (varlen) {
-        spec.seqlens = {9000, 17, 20000, 4100};
-        spec.heads = 3;
-      } else {
-        spec.seqlen = 65536;
-        spec.heads = 1;
-      }
-      spec.head_dim = head_dim;
-      spec.initial_state = DType::kFP32;
-      spec.final_state = DType::kFP32;
+      const ProblemSpec spec =
+          varlen ? fp32_states_spec(head_dim, 3, 0, {9000, 17, 20000, 4100}) : fp32_states_spec(head_dim, 1, 65536);
       const HostProblem p = make_problem(spec, 16);
       for (const int compose : {kRegisterForm, kPlannedForm}) {
         sm90::LaunchOverride o;
@@ -732,17 +738,8 @@ TEST_F(GpuSegmentScan, SuperposedOutputsOfManySegments) {
 TEST_F(GpuSegmentScan, OutputCtaSizesGiveTheSameBits) {
   for (const int64_t head_dim : {128, 64}) {
     for (const bool varlen : {false, true}) {
-      ProblemSpec spec;
-      if (varlen) {
-        spec.seqlens = {3000, 17, 5000, 1100};
-        spec.heads = 2;
-      } else {
-        spec.seqlen = 12345;
-        spec.heads = 1;
-      }
-      spec.head_dim = head_dim;
-      spec.initial_state = DType::kFP32;
-      spec.final_state = DType::kFP32;
+      const ProblemSpec spec =
+          varlen ? fp32_states_spec(head_dim, 2, 0, {3000, 17, 5000, 1100}) : fp32_states_spec(head_dim, 1, 12345);
       const HostProblem p = make_problem(spec, 17);
       for (const int64_t seg : {int64_t{32}, int64_t{40}}) {
         const std::string label = "output CTA sizes K=" + std::to_string(head_dim) + (varlen ? " varlen" : " T=12345") +
