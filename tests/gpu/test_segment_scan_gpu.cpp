@@ -681,11 +681,6 @@ TEST_F(GpuSegmentScan, MillionTokenHeadWithinBars) {
   expect_split(p);
 }
 
-// Outputs by superposition over many short segments (128 at T = 65536): the
-// composition runs 127 steps and the output kernel forms each segment's out
-// from the S_in it left; both forms of the composition, K = 128 and 64, and a
-// varlen batch with several heads. Repeated calls give the same bits, and the
-// result meets the oracle's bars.
 // One sequence of `seqlen` tokens without cu_seqlens, or the varlen batch
 // `seqlens`; fp32 initial and final states.
 ProblemSpec fp32_states_spec(int64_t head_dim, int64_t heads, int64_t seqlen, std::vector<int64_t> seqlens = {}) {
@@ -701,6 +696,11 @@ ProblemSpec fp32_states_spec(int64_t head_dim, int64_t heads, int64_t seqlen, st
   return spec;
 }
 
+// Outputs by superposition over many short segments (128 at T = 65536): the
+// composition runs 127 steps and the output kernel forms each segment's out
+// from the S_in it left; both forms of the composition, K = 128 and 64, and a
+// varlen batch with several heads. Repeated calls give the same bits, and the
+// result meets the oracle's bars.
 TEST_F(GpuSegmentScan, SuperposedOutputsOfManySegments) {
   constexpr int kRegisterForm = 1, kPlannedForm = 0, kRepeats = 4;
   for (const int64_t head_dim : {128, 64}) {
