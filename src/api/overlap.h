@@ -9,11 +9,13 @@
 // forms the API documents (a forward's final_state = initial_state, a state pool
 // updated in place) are not overlaps in this sense.
 //
-// Sure means: the two arguments' byte ranges meet, and one of them is dense
-// (every byte of its range is its own) and holds the other's first or last byte.
-// Strided views whose ranges interleave without sharing bytes (q, k and v as
-// slices of one fused projection output) are what engines pass, so two strided
-// arguments whose ranges merely meet are left alone.
+// Sure means: one of the two arguments is dense (every byte of its range is its
+// own) and one of the other's runs has a byte in that range (an exact test: a
+// dense out in a middle slot of a strided pool, or among the tokens of a strided
+// q, is refused; one that lies only in the gaps between the other's runs is
+// not). Strided views whose ranges interleave without sharing bytes (q, k and v
+// as slices of one fused projection output) are what engines pass, so two
+// strided arguments whose ranges merely meet are left alone.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -86,13 +88,35 @@ inline ArgBytes token_view_bytes(const TokenView& x, const void* ptr, int64_t to
   return b;
 }
 
+// Whether some run of y has a byte in [a, b). A run starting at r meets it when
+// r < b and r + run > a. Along one dimension the starts rise with the index, so
+// for each index of the dimension with fewer entries (heads, or a pool's single
+// row of them) the first start past a − run along the other is the only one to
+// test: O(min(n_outer, n_inner)).
+inline bool any_run_meets(const ArgBytes& y, unsigned __int128 a, unsigned __int128 b) {
+  using u128 = unsigned __int128;
+  const bool outer_few = y.n_outer <= y.n_inner;
+  const int64_t n_few = outer_few ? y.n_outer : y.n_inner, n_many = outer_few ? y.n_inner : y.n_outer;
+  const u128 s_few = static_cast<uint64_t>(outer_few ? y.s_outer : y.s_inner);
+  const u128 s_many = static_cast<uint64_t>(outer_few ? y.s_inner : y.s_outer);
+  const u128 run = static_cast<uint64_t>(y.run);
+  for (int64_t f = 0; f < n_few; ++f) {
+    const u128 base = y.lo() + static_cast<u128>(f) * s_few;
+    u128 i = 0;  // the first index along `many` whose run ends past a
+    if (base + run <= a) {
+      if (s_many == 0 || n_many == 1) continue;
+      i = (a - run - base) / s_many + 1;  // base + i·s_many + run > a
+    }
+    if (i < static_cast<u128>(n_many) && base + i * s_many < b) return true;
+  }
+  return false;
+}
+
 // Whether x and y certainly share a byte (see the header comment).
 inline bool surely_overlap(const ArgBytes& x, const ArgBytes& y) {
   if (x.empty() || y.empty()) return false;
   if (x.hi() <= y.lo() || y.hi() <= x.lo()) return false;
-  auto holds = [](const ArgBytes& d, unsigned __int128 byte) { return d.lo() <= byte && byte < d.hi(); };
-  return (x.dense() && (holds(x, y.lo()) || holds(x, y.hi() - 1))) ||
-         (y.dense() && (holds(y, x.lo()) || holds(y, x.hi() - 1)));
+  return (x.dense() && any_run_meets(y, x.lo(), x.hi())) || (y.dense() && any_run_meets(x, y.lo(), y.hi()));
 }
 
 // Two arguments that may be the same memory (the documented in-place forms):

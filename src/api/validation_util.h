@@ -1,6 +1,7 @@
 // Helpers shared by the argument validators (validate.cpp, validate_decode.cpp).
 #pragma once
 #include <array>
+#include <charconv>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -19,10 +20,22 @@ inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 // Head dimensions the CPU backends accept (any value in this range).
 inline constexpr int64_t kCpuMaxHeadDim = 256;
 
+// Floats print as the shortest text that reads back as the same float, so that a
+// value just outside a range does not print as the bound it missed (a stream's 6
+// digits print -5.00000048 as "got -5"), and -5.1f still prints as -5.1.
+inline void put_part(std::ostringstream& os, float x) {
+  char text[32];
+  const std::to_chars_result r = std::to_chars(text, text + sizeof(text), x);
+  os.write(text, r.ptr - text);
+}
+template <typename T>
+void put_part(std::ostringstream& os, const T& x) {
+  os << x;
+}
 template <typename... Ts>
 std::string cat(const Ts&... parts) {
   std::ostringstream os;
-  (os << ... << parts);
+  (put_part(os, parts), ...);
   return os.str();
 }
 

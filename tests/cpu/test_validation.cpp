@@ -232,7 +232,10 @@ TEST(Validation, LowerBoundBelowMinusFive) {
   Fixture f;
   ForwardArgs a = f.args;
   a.lower_bound = -5.1f;
-  expect_invalid(a, {"lower_bound:", "[-5, 0)", "-5.1"});
+  expect_invalid(a, {"lower_bound:", "[-5, 0)", "got -5.1"});
+  // One float below the bound prints as itself, not as the bound.
+  a.lower_bound = std::nextafter(-5.f, -6.f);
+  expect_invalid(a, {"lower_bound: expected a finite value in [-5, 0), got -5.0000005"});
 }
 
 TEST(Validation, LowerBoundNaN) {
@@ -580,6 +583,61 @@ TEST(Validation, OutputsSharingMemoryAreRefusedByName) {
   EXPECT_TRUE(st.ok()) << st.message;
 }
 
+// The overlap test is exact where one side is dense: a dense out in a middle slot
+// of a pool whose slots are strided (neither end of the pool's range inside out),
+// or among the tokens of a strided q, is refused; a dense out that lies only in
+// the gaps between q's token rows shares no byte and is accepted.
+TEST(Validation, DenseOutputsInsideStridedArgumentsAreRefusedExactly) {
+  Fixture base;  // q, k, v, g: [1, 20, 2, 32] bf16
+  const ForwardArgs& a0 = base.args;
+  const int64_t T = base.p.tokens(), H = base.p.H, K = base.p.K, V = base.p.V;
+  const int64_t out_elems = T * H * V, slot = H * V * K;  // bf16 out; fp32 slots
+  // A pool of 3 slots, one slot's room apart: slot 1 sits at 2·slot floats.
+  std::vector<float> big(static_cast<size_t>(6 * slot));
+  std::vector<int32_t> slots = {0};
+  ForwardArgs pooled = a0;
+  pooled.initial_state = nullptr;
+  pooled.initial_state_dtype = DType::kNone;
+  pooled.final_state = nullptr;
+  pooled.final_state_dtype = DType::kNone;
+  pooled.state_pool = big.data();
+  pooled.state_pool_dtype = DType::kFP32;
+  pooled.pool_size = 3;
+  pooled.pool_stride = 2 * slot;
+  pooled.state_indices = slots.data();
+  {
+    const Status st = flashkda::validate(pooled, Backend::kCpuChunked);
+    ASSERT_TRUE(st.ok()) << st.message;
+  }
+  ASSERT_LE(out_elems * 2, slot * 4) << "out fits in one slot";
+  pooled.out = big.data() + 2 * slot;  // pool slot 1
+  for (Backend b : {Backend::kCpuReference, Backend::kCpuChunked})
+    expect_rejected(pooled, b, StatusCode::kInvalidArgument, {"state_pool: shares memory with out"});
+  pooled.out = big.data() + slot;  // the gap between slots 0 and 1: no shared byte
+  {
+    const Status st = flashkda::validate(pooled, Backend::kCpuChunked);
+    EXPECT_TRUE(st.ok()) << st.message;
+  }
+
+  // q with a token stride of `gap` elements: each token's H·K row, then a gap
+  // that holds all of out.
+  const int64_t gap = H * K + out_elems;
+  std::vector<uint16_t> wide(static_cast<size_t>(T * gap));
+  ForwardArgs strided = a0;
+  strided.q = wide.data();
+  strided.q_token_stride = gap;
+  strided.out = wide.data() + H * K;  // in the gap after token 0's row of q
+  {
+    const Status st = flashkda::validate(strided, Backend::kCpuChunked);
+    EXPECT_TRUE(st.ok()) << st.message;
+  }
+  strided.out = wide.data() + H * K - 8;  // its first 8 elements are q's token 0
+  expect_rejected(strided, Backend::kCpuChunked, StatusCode::kInvalidArgument, {"out: shares memory with q"});
+  strided.q_token_stride = 3 * H * K;  // q's tokens 1.. now inside out
+  strided.out = wide.data() + 2 * H * K;
+  expect_rejected(strided, Backend::kCpuChunked, StatusCode::kInvalidArgument, {"out: shares memory with q"});
+}
+
 // The same rules for a decode step: out inside the pool, per-token states over
 // the pool and an out pool part way into the pool are refused; an out pool that
 // is the pool itself (same stride) is the in-place step.
@@ -616,4 +674,17 @@ TEST(Validation, DecodeOutputsSharingMemoryAreRefusedByName) {
   a.state_out_pool = pool.data();  // the pool itself, same stride: in place
   const Status st = flashkda::validate_decode(a, Backend::kCpuChunked);
   EXPECT_TRUE(st.ok()) << st.message;
+  // Slots two slots' room apart: out in slot 1 is refused though neither end of
+  // the pool's range is inside it; out in the gap after slot 0 is not an overlap.
+  const size_t slot_bytes = pool.size() / static_cast<size_t>(p.pool_size);
+  std::vector<uint8_t> spread(2 * pool.size());
+  a = a0;
+  a.state_pool = spread.data();
+  a.pool_stride = 2 * p.per_slot;
+  ASSERT_LE(out.size() * 2, slot_bytes);
+  a.out = spread.data() + 2 * slot_bytes;
+  rejected(a, "state_pool: shares memory with out");
+  a.out = spread.data() + slot_bytes;
+  const Status gap = flashkda::validate_decode(a, Backend::kCpuChunked);
+  EXPECT_TRUE(gap.ok()) << gap.message;
 }

@@ -76,6 +76,33 @@ def test_pool_arguments_are_checked_by_name():
         flash_kda.fwd(*args, state_pool=torch.zeros(3, 1, 32, 16), state_indices=slots, **kw)
 
 
+def test_outputs_in_a_strided_pools_slots_are_refused():
+    """The overlap check is exact where one side is dense: out (or checkpoints) in a
+    middle slot of a pool whose slots are two slots' room apart is refused, though
+    neither end of the pool's range lies inside it; out in the gap between two slots
+    shares no byte and runs."""
+    p = make_problem(H=1, K=32, seqlens=[10, 20], seed=5)
+    big = torch.zeros(8, 1, 32, 32)
+    pool = big[::2]  # slots 0..3 at big[0], big[2], big[4], big[6]
+    slots = torch.tensor([0, 2], dtype=torch.int32)
+    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"], state_pool=pool,
+              state_indices=slots)
+    T, V = p["v"].shape[1], p["v"].shape[3]
+
+    def out_in(i):  # a bf16 out laid over big[i]
+        return big[i].view(torch.bfloat16).flatten()[:T * V].view(1, T, 1, V)
+
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"])
+    with pytest.raises(ValueError, match="state_pool: shares memory with out"):
+        flash_kda.fwd(*args, out_in(2), **kw)
+    with pytest.raises(ValueError, match="checkpoints: shares memory with state_pool"):
+        # three entries (10 and 20 tokens every 16), dense over big[3:6]: pool slot 2 among them
+        flash_kda.fwd(*args, torch.empty_like(p["v"]), checkpoints=big[3:6], checkpoint_interval=16, **kw)
+    gap = out_in(1)
+    flash_kda.fwd(*args, gap, **kw)
+    assert torch.isfinite(gap.float()).all()
+
+
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_slot_checkpoints_hold_the_prefix_states(backend):
     """vLLM's "align" mode: the state after 16-aligned offsets of a sequence into given slots,
