@@ -164,4 +164,22 @@ inline std::vector<float> bf16_vector_to_float(const std::vector<uint16_t>& x) {
   return y;
 }
 
+// No dense initial or final state (a pool's call, or one that keeps no state).
+inline void clear_states(ForwardArgs& a) {
+  a.initial_state = nullptr;
+  a.initial_state_dtype = DType::kNone;
+  a.final_state = nullptr;
+  a.final_state_dtype = DType::kNone;
+}
+
+// The states in `pool_size` slots of `pool` (dtype `dtype`, dense slots unless a
+// stride is set afterwards), sequence n's at slot slots[n] (int32).
+inline void use_state_pool(ForwardArgs& a, void* pool, DType dtype, int64_t pool_size, const int32_t* slots) {
+  clear_states(a);
+  a.state_pool = pool;
+  a.state_pool_dtype = dtype;
+  a.pool_size = pool_size;
+  a.state_indices = slots;
+}
+
 }  // namespace flashkda::testing

@@ -590,14 +590,7 @@ TEST(SplitForward, BadCombinationsAreNamed) {
   std::vector<int32_t> slots(static_cast<size_t>(p.N));
   for (size_t n = 0; n < slots.size(); ++n) slots[n] = static_cast<int32_t>(n);
   auto with_pool = [&](ForwardArgs a) {
-    a.initial_state = nullptr;
-    a.initial_state_dtype = DType::kNone;
-    a.final_state = nullptr;
-    a.final_state_dtype = DType::kNone;
-    a.state_pool = pool.data();
-    a.state_pool_dtype = DType::kFP32;
-    a.pool_size = p.N;
-    a.state_indices = slots.data();
+    use_state_pool(a, pool.data(), DType::kFP32, p.N, slots.data());
     return a;
   };
   std::vector<float> ck(static_cast<size_t>(16 * p.HV * p.K * p.V));

@@ -402,10 +402,7 @@ TEST(Validation, CountsThatWouldWrapAreStatuses) {
   a = g.args;
   a.batch = int64_t{1} << 40;
   a.seqlen = 0;
-  a.initial_state = nullptr;
-  a.initial_state_dtype = DType::kNone;
-  a.final_state = nullptr;
-  a.final_state_dtype = DType::kNone;
+  flashkda::testing::clear_states(a);
   a.checkpoints = ck.data();
   a.checkpoints_dtype = DType::kFP32;
   a.checkpoint_interval = 16;
@@ -596,15 +593,8 @@ TEST(Validation, DenseOutputsInsideStridedArgumentsAreRefusedExactly) {
   std::vector<float> big(static_cast<size_t>(6 * slot));
   std::vector<int32_t> slots = {0};
   ForwardArgs pooled = a0;
-  pooled.initial_state = nullptr;
-  pooled.initial_state_dtype = DType::kNone;
-  pooled.final_state = nullptr;
-  pooled.final_state_dtype = DType::kNone;
-  pooled.state_pool = big.data();
-  pooled.state_pool_dtype = DType::kFP32;
-  pooled.pool_size = 3;
+  flashkda::testing::use_state_pool(pooled, big.data(), DType::kFP32, 3, slots.data());
   pooled.pool_stride = 2 * slot;
-  pooled.state_indices = slots.data();
   {
     const Status st = flashkda::validate(pooled, Backend::kCpuChunked);
     ASSERT_TRUE(st.ok()) << st.message;
