@@ -587,6 +587,12 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
     raise_value(cat("v: expected a 4-d tensor [B, T, HV, V], got shape ", shape_string(c.v)));
   const int64_t B = c.q.dim(0), T = c.q.dim(1), H = c.q.dim(2), K = c.q.dim(3);
   const int64_t HV = c.v.dim(2), V = c.v.dim(3);
+  // Only T may be 0 (an empty call); the core's messages for the others name its
+  // own fields (batch, num_heads, head_dim_k), not these tensors' dimensions.
+  if (B < 1 || H < 1 || K < 1)
+    raise_value(cat("q: expected B, H and K of at least 1 in [B, T, H, K], got shape ", shape_string(c.q)));
+  if (HV < 1 || V < 1)
+    raise_value(cat("v: expected HV and V of at least 1 in [B, T, HV, V], got shape ", shape_string(c.v)));
   expect_grouped_heads(c.v, H, HV);
   expect_shape(c.k, {B, T, H, K}, "[B, T, H, K] (the shape of q)");
   expect_shape(c.v, {B, T, HV, V}, "[B, T, HV, V] (B, T from q)");

@@ -464,6 +464,22 @@ def test_cu_seqlens_shape_and_batch(small):
         call_with(p, cu_seqlens=torch.tensor([0, 8]), fs=None, initial_state=None)
 
 
+def test_empty_dimensions_other_than_t_name_the_tensor():
+    def call(B, H, HV, K, V):
+        q = torch.zeros(B, 4, H, K, dtype=torch.bfloat16)
+        v = torch.zeros(B, 4, HV, V, dtype=torch.bfloat16)
+        g = torch.zeros(B, 4, HV, K, dtype=torch.bfloat16)
+        beta = torch.zeros(B, 4, HV, dtype=torch.bfloat16)
+        flash_kda.fwd(q, q, v, g, beta, 1.0, torch.empty_like(v), A_log=torch.zeros(HV),
+                      dt_bias=torch.zeros(HV, K), lower_bound=-5.0)
+
+    for B, H, K in [(0, 2, 32), (1, 0, 32), (1, 2, 0)]:
+        with pytest.raises(ValueError, match=r"^q: expected B, H and K of at least 1 in \[B, T, H, K\]"):
+            call(B, H, H, K, 32)
+    with pytest.raises(ValueError, match=r"^v: expected HV and V of at least 1 in \[B, T, HV, V\]"):
+        call(1, 2, 2, 32, 0)
+
+
 def test_head_dim_over_cpu_limit_is_value_error():
     p = make_problem(T=2, H=1, K=300, V=8, seed=19)
     with pytest.raises(ValueError, match=r"^head_dim_k: expected a value in \[1, 256\]"):
