@@ -351,6 +351,26 @@ bool requires_grad(nb::handle obj) {
   return r == 1;
 }
 
+// Why a tensor type that has __dlpack__ did not export (a torch tensor on the meta
+// device, a read-only NumPy array): its own error, as " (its __dlpack__ failed:
+// ...)"; empty for other objects.
+std::string dlpack_refusal(nb::handle src) {
+  if (!nb::hasattr(src, "__dlpack__")) return {};
+  PyObject* r = PyObject_CallMethod(src.ptr(), "__dlpack__", nullptr);
+  if (r != nullptr) {
+    Py_DECREF(r);
+    return {};
+  }
+  PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
+  PyErr_Fetch(&type, &value, &trace);
+  std::string why;
+  if (value != nullptr) why = nb::cast<std::string>(nb::str(nb::handle(value)));
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(trace);
+  return why.empty() ? std::string() : cat(" (its __dlpack__ failed: ", why, ")");
+}
+
 // Imports `obj` through DLPack into a (pointer, dtype, dims; the device is read
 // after the dtype check, see take()).
 void import_dlpack(const char* name, nb::handle obj, Arg& a) {
@@ -362,7 +382,8 @@ void import_dlpack(const char* name, nb::handle obj, Arg& a) {
   if (requires_grad(obj)) src = src.attr("detach")();
   if (!nb::try_cast<Array>(src, a.arr, /*convert=*/false)) {
     std::string tname = nb::cast<std::string>(nb::str(obj.type().attr("__name__")));
-    raise_type(cat(name, ": expected a tensor supporting DLPack (torch.Tensor, CuPy or NumPy array), got ", tname));
+    raise_type(cat(name, ": expected a tensor supporting DLPack (torch.Tensor, CuPy or NumPy array), got ", tname,
+                   dlpack_refusal(src)));
   }
   a.ptr = const_cast<void*>(a.arr.data());
   a.dtype = a.arr.dtype();

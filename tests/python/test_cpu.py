@@ -620,6 +620,15 @@ def test_outputs_sharing_memory_with_inputs_or_outputs_are_value_errors_naming_b
     flash_kda.fwd(q, q, v, g, beta, p["scale"], out, initial_state=init, final_state=fs, **kw)
 
 
+def test_tensors_that_refuse_dlpack_say_why():
+    p = make_problem(T=8, H=1, K=32, seed=20)
+    ro = p["A_log"].numpy().copy()
+    ro.flags.writeable = False
+    why = r"^A_log: expected a tensor supporting DLPack .*, got ndarray \(its __dlpack__ failed: "
+    with pytest.raises(TypeError, match=why):
+        call_with(p, A_log=ro)
+
+
 def test_raw_ops_refuse_a_meta_tensor_beside_real_ones():
     """Torch sends an op call with any meta tensor to the fake implementation: with the
     other tensors real, it would return an unwritten out. Refused, naming the argument;
