@@ -76,8 +76,8 @@ cudaError_t launch_segment_output(const FwdParams& p, int64_t num_ctas, int devi
 // L2) is a small part of its traffic (8 x 12 KB of o⁰ and P), few enough that a
 // segment of 32 chunks (kMinSegmentChunks) still spreads over four CTAs. Where
 // the grid is many waves deep anyway, twice as many halve the S_in loads: 1/1M
-// −1.9 %, 4/1M −1.6 %, 12/32768 −1.6 %, and level at 12/8192 (1.45 waves at 16;
-// docs/perf-log.md, "chunks an output CTA").
+// and 4/1M −2.3 %, 12/32768 −2.8 %; at 12/8192 (1.45 waves at 16) level, so it
+// keeps 8 (docs/perf-log.md, "chunks an output CTA").
 constexpr int64_t kOutputChunksPerCta = 8;
 constexpr int64_t kOutputChunksPerCtaDeep = 16;
 // The deep form from this many waves of it on: two output CTAs an SM (its launch bounds).
