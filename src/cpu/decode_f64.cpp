@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "common/bf16.h"
@@ -97,12 +98,40 @@ void decode_one(const DecodeArgs& a, int64_t n, int64_t hv) {
   for (int64_t i = 0; i < V * K; ++i) store_state(dst, a.state_dtype, dst_base + i, S[i]);
 }
 
+// Whether two sequences name one slot anywhere in state_indices (every column of
+// a verify call's [N, C] indices, so also the slots only written). Such a call
+// runs the sequences one after the other, as the API promises for the CPU
+// backends: run as independent tasks, they raced on the slot and the result
+// changed from call to call.
+bool shares_a_slot(const DecodeArgs& a) {
+  const int64_t C = speculative_verify(a) ? a.verify_slots : 1;
+  std::vector<std::pair<int64_t, int64_t>> uses;  // (slot, sequence)
+  uses.reserve(static_cast<size_t>(a.num_seqs * C));
+  for (int64_t n = 0; n < a.num_seqs; ++n)
+    for (int64_t j = 0; j < C; ++j) {
+      const int64_t i = n * C + j;
+      const int64_t slot = a.index_type == IndexType::kInt64 ? static_cast<const int64_t*>(a.state_indices)[i]
+                                                             : static_cast<const int32_t*>(a.state_indices)[i];
+      if (slot >= 0) uses.emplace_back(slot, n);
+    }
+  std::sort(uses.begin(), uses.end());
+  for (size_t i = 1; i < uses.size(); ++i)
+    if (uses[i].first == uses[i - 1].first && uses[i].second != uses[i - 1].second) return true;
+  return false;
+}
+
 }  // namespace
 
 Status decode_f64(const DecodeArgs& a) {
   const int64_t HV = a.num_v_heads > 0 ? a.num_v_heads : a.num_heads;
-  const int64_t tasks = a.num_seqs * HV;
-  parallel_for(tasks, 0, [&](int64_t i) { decode_one(a, i / HV, i % HV); });
+  if (shares_a_slot(a)) {
+    // A value head's part of a slot is its own memory: heads stay parallel.
+    parallel_for(HV, 0, [&](int64_t hv) {
+      for (int64_t n = 0; n < a.num_seqs; ++n) decode_one(a, n, hv);
+    });
+    return Status::Ok();
+  }
+  parallel_for(a.num_seqs * HV, 0, [&](int64_t i) { decode_one(a, i / HV, i % HV); });
   return Status::Ok();
 }
 

@@ -2,6 +2,7 @@
 // and unused slots untouched, per-token states, the out pool, validation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -279,6 +280,44 @@ TEST(DecodeValidation, PdlModeOutsideTheEnumIsRejected) {
 
 namespace flashkda::testing {
 namespace {
+
+// Two sequences that name one slot run one after the other on the CPU backends
+// (README, "Decode (serving)"): the call equals N calls that each run one
+// sequence (the others padding), in sequence order, and gives the same bits on
+// every repeat. Run as independent tasks (one value head: neighbouring tasks are
+// the sharing sequences), the two raced on the slot: a later sequence read it
+// before an earlier one wrote it back.
+TEST(Decode, SequencesSharingASlotRunInOrder) {
+  DecodeSpec spec;
+  spec.seq_tokens = {4, 4, 2, 4, 3};
+  spec.heads = 1;
+  spec.head_dim = 128;
+  DecodeProblem p = make_decode_problem(spec, 21);
+  p.idx32[1] = p.idx32[0];  // sequences 0, 1 and 3 share a slot; 2 and 4 another
+  p.idx32[3] = p.idx32[0];
+  p.idx32[4] = p.idx32[2];
+  const size_t out_elems = static_cast<size_t>(p.T * p.HV * p.V);
+  for (const Backend backend : {Backend::kCpuReference, Backend::kCpuChunked}) {
+    std::vector<uint16_t> want(out_elems, 0x7fc0);
+    std::vector<uint8_t> want_pool = p.pool_bytes();
+    for (int64_t n = 0; n < p.N; ++n) {
+      DecodeProblem one = p;
+      for (int64_t m = 0; m < p.N; ++m)
+        if (m != n) one.idx32[m] = -1;
+      std::vector<uint16_t> out(out_elems, 0x7fc0);
+      ASSERT_TRUE(decode(one.args(out.data(), want_pool.data(), nullptr), backend, nullptr).ok());
+      for (int64_t t = p.cu_seqlens[n]; t < p.cu_seqlens[n + 1]; ++t)
+        std::copy(out.begin() + t * p.HV * p.V, out.begin() + (t + 1) * p.HV * p.V, want.begin() + t * p.HV * p.V);
+    }
+    for (int repeat = 0; repeat < 20; ++repeat) {
+      std::vector<uint16_t> out(out_elems, 0x7fc0);
+      std::vector<uint8_t> pool = p.pool_bytes();
+      ASSERT_TRUE(decode(p.args(out.data(), pool.data(), nullptr), backend, nullptr).ok());
+      ASSERT_EQ(out, want) << "call " << repeat;
+      ASSERT_EQ(pool, want_pool) << "call " << repeat;
+    }
+  }
+}
 
 // int32 boundaries (DecodeArgs::cu_seqlens_int32): bitwise the int64 call; both
 // kinds at once are refused by name; kCuda takes them (read on the device).
