@@ -763,6 +763,70 @@ TEST_F(GpuSegmentScan, OutputCtaSizesGiveTheSameBits) {
   }
 }
 
+// The forward is linear in (v, initial state), and every rounding in it commutes
+// with a power-of-two scale, so value head 1 with both scaled by 2^60 must give
+// exactly 2^60 times head 0's out and final state, bit for bit, through the
+// segment scan's hand-overs (o⁰, P, the composed S_in): a form of them at a fixed
+// scale (fp16, say) would overflow there (docs/perf-log.md, "o⁰ as scaled fp16").
+// Value head 2 at 2^-24 would put such a form in its subnormals; there a state
+// decayed below fp32's normal range may flush, so it is held to a tight tolerance
+// instead of the bits. Segment 0 of each sequence (its o⁰ is its out) and the later
+// ones (o⁰ + S_in·P), K = 128 and 64.
+TEST_F(GpuSegmentScan, SuperposedOutputsKeepTheirScale) {
+  constexpr int kHeadScale[3] = {0, 60, -24};
+  for (const int64_t head_dim : {128, 64}) {
+    ProblemSpec spec = fp32_states_spec(head_dim, 1, 0, {3000, 517});
+    spec.v_heads = 3;
+    const HostProblem base = make_problem(spec, 18);
+    ASSERT_EQ(base.HV, 3);
+    HostProblem p = base;
+    for (int64_t t = 0; t < p.tokens(); ++t)
+      for (int64_t hv = 0; hv < p.HV; ++hv)
+        for (int64_t e = 0; e < p.V; ++e) {
+          uint16_t& x = p.v[static_cast<size_t>((t * p.HV + hv) * p.V + e)];
+          x = float_to_bf16(std::ldexp(bf16_to_float(x), kHeadScale[hv]));
+        }
+    const int64_t per_head = p.V * p.K;
+    for (int64_t n = 0; n < p.N; ++n)
+      for (int64_t hv = 0; hv < p.HV; ++hv)
+        for (int64_t i = 0; i < per_head; ++i) {
+          float& x = p.init_f32[static_cast<size_t>((n * p.HV + hv) * per_head + i)];
+          x = std::ldexp(x, kHeadScale[hv]);
+        }
+    force_segments(8, kOutputsBySuperposition);
+    const RunResult a = run_cuda(base);
+    const RunResult b = run_cuda(p);
+    ASSERT_TRUE(a.status.ok()) << a.status.message;
+    ASSERT_TRUE(b.status.ok()) << b.status.message;
+    for (int64_t hv = 0; hv < p.HV; ++hv) {
+      int64_t differ = 0;
+      double diff2 = 0, ref2 = 0;
+      auto compare = [&](float got, float unscaled) {
+        const double want = std::ldexp(static_cast<double>(unscaled), kHeadScale[hv]);
+        differ += static_cast<double>(got) != want;
+        diff2 += (got - want) * (got - want);
+        ref2 += want * want;
+      };
+      for (int64_t t = 0; t < p.tokens(); ++t)
+        for (int64_t e = 0; e < p.V; ++e) {
+          const size_t i = static_cast<size_t>((t * p.HV + hv) * p.V + e);
+          compare(b.out[i], a.out[i]);
+        }
+      for (int64_t n = 0; n < p.N; ++n)
+        for (int64_t i = 0; i < per_head; ++i) {
+          const size_t j = static_cast<size_t>((n * p.HV + hv) * per_head + i);
+          compare(b.final_state[j], a.final_state[j]);
+        }
+      const std::string label = "K=" + std::to_string(head_dim) + " value head " + std::to_string(hv) +
+                                " at 2^" + std::to_string(kHeadScale[hv]);
+      if (kHeadScale[hv] >= 0)
+        EXPECT_EQ(differ, 0) << label;
+      else
+        EXPECT_LE(std::sqrt(diff2 / ref2), 1e-6) << label;
+    }
+  }
+}
+
 // The two calls of a context-parallel forward (ForwardArgs::summaries_M, then
 // resume_from_summaries), with one segment per sequence and with many: the
 // summaries against the CPU oracle's segment_summaries of the whole sequences
