@@ -432,7 +432,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
 
     Args (T tokens in all, N = ``len(state_indices)`` sequences, P pool slots):
         q, k: bf16 ``[T, H, K]``, or ``[N, t, H, K]`` (read as the flattened ``[N*t, H, K]``;
-            every token tensor then has the same two leading dims).
+            every token tensor then has the same two leading dims; without cu_seqlens the
+            first is N, one row a sequence).
         v: bf16 ``[T, HV, V]``.  g: bf16 ``[T, HV, K]``.  beta: bf16 ``[T, HV]``.
             q, k, v, g, beta may be strided views (last dimension contiguous, e.g. of one
             fused projection); on CUDA at K = 128 from 2,048 (sequence, value head) pairs

@@ -673,11 +673,8 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
                       "] = [..., ", HV, ", ", d1, ", ", d2, "], got shape ", shape_string(c.ck)));
     ck_capacity = 1;
     for (size_t i = 0; i + 3 < r; ++i) ck_capacity *= c.ck.dim(i);
-    // An empty buffer has no data pointer: without this, the call would read as one
-    // without checkpoints that still sets their interval.
-    if (ck_capacity == 0)
-      raise_value(cat("checkpoints: expected at least one entry (sequence n needs ceil(L_n / checkpoint_interval)), "
-                      "got shape ", shape_string(c.ck)));
+    // An empty buffer (its data pointer may be null) is capacity 0: the core checks
+    // that the sequences need no entry where their lengths are on the host.
     if (checkpoint_interval <= 0)
       raise_value(cat("checkpoint_interval: expected a positive multiple of 16 with checkpoints, got ",
                       checkpoint_interval));
@@ -928,10 +925,17 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   const Shape lead = r3 ? Shape{c.q.dim(0)} : Shape{c.q.dim(0), c.q.dim(1)};
   const int64_t H = c.q.dim(rank - 2), K = c.q.dim(rank - 1);
   const int64_t T = r3 ? lead.d[0] : lead.d[0] * lead.d[1];
+  // As for the forward: the core's messages would name its own fields.
+  if (H < 1 || K < 1)
+    raise_value(cat("q: expected H and K of at least 1 in ", r3 ? "[T, H, K]" : "[N, t, H, K]", ", got shape ",
+                    shape_string(c.q)));
   if (c.v.ndim() != rank)
     raise_value(cat("v: expected a ", rank, "-d tensor [", r3 ? "T" : "N, t", ", HV, V] (the rank of q), got shape ",
                     shape_string(c.v)));
   const int64_t HV = c.v.dim(rank - 2), V = c.v.dim(rank - 1);
+  if (HV < 1 || V < 1)
+    raise_value(cat("v: expected HV and V of at least 1 in ", r3 ? "[T, HV, V]" : "[N, t, HV, V]", ", got shape ",
+                    shape_string(c.v)));
   expect_grouped_heads(c.v, H, HV);
   expect_shape(c.k, lead.then({H, K}), r3 ? "[T, H, K] (the shape of q)" : "[N, t, H, K] (the shape of q)");
   expect_shape(c.v, lead.then({HV, V}), r3 ? "[T, HV, V] (T from q)" : "[N, t, HV, V] (N, t from q)");
@@ -964,6 +968,12 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   } else if (N == 0) {
     if (T != 0) raise_value(cat("q: expected no tokens with an empty state_indices, got shape ", shape_string(c.q)));
   } else {
+    // [N, t, ...] names the sequences by its first dim: another count there would
+    // cut the flattened tokens into other sequences than the caller's rows (fla
+    // reads [1, t] without cu_seqlens as one sequence of t tokens).
+    if (!r3 && lead.d[0] != N)
+      raise_value(cat("q: expected [N, t, H, K] with N = len(state_indices) = ", N,
+                      " sequences without cu_seqlens (one row a sequence), got shape ", shape_string(c.q)));
     if (T == 0 || T % N != 0)
       raise_value(cat("q: expected a token count T = ", T, " that is a positive multiple of N = len(state_indices) = ",
                       N, " (t = T / N tokens per sequence; pass cu_seqlens for uneven counts), got shape ",

@@ -245,6 +245,29 @@ def test_uniform_tokens_per_seq_and_rank4_inputs():
     assert torch.equal(per_tok[:, -1], pool[p["indices"]])
 
 
+def test_rank4_rows_other_than_the_sequences_are_value_error_naming_q():
+    # [N, t, ...] without cu_seqlens: one row a sequence. Three rows of two tokens
+    # with two slots would otherwise run as two sequences of three tokens, the
+    # second starting inside row 1; with six slots, as six sequences of one token.
+    p = make_decode(N=3, t=2, H=2, K=32, P=8, seed=22)
+    p4 = dict(p)
+    for name in ("q", "k", "v", "g", "beta"):
+        p4[name] = p[name].reshape(3, 2, *p[name].shape[1:])
+    for slots in ([0, 1], [0, 1, 2, 3, 4, 5]):
+        p4["indices"] = torch.tensor(slots, dtype=p["indices"].dtype)
+        with pytest.raises(ValueError, match=rf"^q: expected \[N, t, H, K\] with N = len\(state_indices\) = "
+                                             rf"{len(slots)} sequences without cu_seqlens"):
+            run(p4, out=torch.empty_like(p4["v"]))
+    # With cu_seqlens the leading dims are only flattened ([1, T], fla's serving form).
+    p1 = dict(p)
+    for name in ("q", "k", "v", "g", "beta"):
+        p1[name] = p[name].reshape(1, 6, *p[name].shape[1:])
+    cu = torch.tensor([0, 2, 4, 6], dtype=torch.int64)
+    out1, pool1 = run(p1, out=torch.empty_like(p1["v"]), cu_seqlens=cu)
+    out, pool = run(p, cu_seqlens=cu)
+    assert torch.equal(out1.reshape(out.shape), out) and torch.equal(pool1, pool)
+
+
 def test_uniform_equals_cu_seqlens():
     p = make_decode(N=3, t=2, H=2, K=32, P=4, seed=8)
     out_a, pool_a = run(p)
@@ -391,6 +414,22 @@ def test_wrong_rank_of_q_is_value_error(small):
         call_with(small, q=small["q"][0])
     with pytest.raises(ValueError, match=r"^v: expected a 3-d tensor"):
         call_with(small, v=small["v"][None])
+
+
+def test_empty_head_dimensions_name_the_tensor():
+    # As for fwd: H, K, HV or V of 0 is named by q or v, not by the core's fields.
+    def call(H, HV, K, V):
+        q = torch.zeros(2, H, K, dtype=torch.bfloat16)
+        v = torch.zeros(2, HV, V, dtype=torch.bfloat16)
+        flash_kda.decode(q, q, v, torch.zeros(2, HV, K, dtype=torch.bfloat16), torch.zeros(2, HV, dtype=torch.bfloat16),
+                         torch.zeros(HV), torch.zeros(HV, K), torch.zeros(2, HV, V, K),
+                         torch.tensor([0, 1], dtype=torch.int32), out=torch.empty_like(v))
+
+    for H, K in [(0, 32), (2, 0)]:
+        with pytest.raises(ValueError, match=r"^q: expected H and K of at least 1 in \[T, H, K\]"):
+            call(H, max(H, 1), K, 32)
+    with pytest.raises(ValueError, match=r"^v: expected HV and V of at least 1 in \[T, HV, V\]"):
+        call(2, 2, 32, 0)
 
 
 def test_tokens_not_a_multiple_of_sequences_is_value_error_naming_q():
