@@ -107,9 +107,20 @@ def _kda_forward_op(
     state_dtype: torch.dtype,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     out, final_state = _new_outputs(q, k, v, cu_seqlens, output_final_state, state_dtype)
+    # The core takes one state dtype for both ends. Another state_dtype than the
+    # initial state's runs in fp32: a bf16 initial state widens exactly, and an fp32
+    # run's final state rounds to bf16 as the kernels' own bf16 store does.
+    run_final = final_state
+    if output_final_state and initial_state is not None and initial_state.dtype != state_dtype:
+        if state_dtype == torch.float32:
+            initial_state = initial_state.float()
+        else:
+            run_final = torch.empty(final_state.shape, dtype=torch.float32, device=final_state.device)
     fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-        initial_state=initial_state, final_state=final_state if output_final_state else None,
+        initial_state=initial_state, final_state=run_final if output_final_state else None,
         cu_seqlens=cu_seqlens)
+    if run_final is not final_state:
+        final_state.copy_(run_final)
     return out, final_state
 
 
@@ -142,7 +153,9 @@ def kda_forward(
     beta ``[B,T,HV]`` bf16; A_log ``[HV]``, dt_bias ``[HV,K]`` fp32; initial_state
     ``[N,HV,V,K]``; cu_seqlens int64 or int32 ``[N+1]``). ``out`` is new bf16 ``[B,T,HV,V]``;
     ``final_state`` is new ``[N,HV,V,K]`` of ``state_dtype`` (default: initial_state's
-    dtype, else fp32) when ``output_final_state``, else None. Forward only (no autograd).
+    dtype, else fp32) when ``output_final_state``, else None; a state_dtype other than
+    initial_state's runs with fp32 states (a bf16 initial state widens exactly; a bf16
+    final state is the fp32 one rounded). Forward only (no autograd).
     """
     _check_op_tensors(_token_args(q, k, v, g, beta, A_log, dt_bias),
                       (("initial_state", initial_state), ("cu_seqlens", cu_seqlens)))

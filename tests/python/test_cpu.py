@@ -547,6 +547,21 @@ def test_kda_forward_varlen_and_state_dtype():
     check(p, o, f)
 
 
+@pytest.mark.parametrize("initial,final", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
+def test_kda_forward_state_dtype_other_than_the_initial_states(initial, final):
+    # One state dtype at each end: the call runs with fp32 states. A bf16 initial
+    # state widens exactly, so its fp32 final state is the fp32 call's bit for bit;
+    # a bf16 final state from an fp32 initial one is the fp32 call's, rounded.
+    p = make_problem(seqlens=[21, 0, 40], H=2, K=32, state_dtype=initial, seed=23)
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"])
+    kw = dict(scale=p["scale"], lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"], output_final_state=True)
+    o, f = flash_kda.kda_forward(*args, initial_state=p["initial_state"], state_dtype=final, **kw)
+    o32, f32 = flash_kda.kda_forward(*args, initial_state=p["initial_state"].float(), state_dtype=torch.float32, **kw)
+    assert f.dtype == final and f.shape == f32.shape
+    assert torch.equal(o, o32)
+    assert torch.equal(f, f32.to(final))
+
+
 def test_kda_forward_is_a_registered_custom_op():
     op = torch.ops.flash_kda.kda_forward
     assert op.default._schema.name == "flash_kda::kda_forward"
