@@ -166,6 +166,8 @@ struct ForwardArgs {
   // entries the buffer holds (at least the total, checked where the lengths are
   // on the host: cu_seqlens for the CPU backends, cu_seqlens_host for kCuda;
   // without a host copy kCuda skips any entry past the capacity, unreported).
+  // Capacity 0 is an empty buffer, which may be null (with checkpoint_interval
+  // and checkpoints_dtype set): valid where the sequences need no entry.
   // Every backend writes them.
   void* checkpoints = nullptr;
   DType checkpoints_dtype = DType::kNone;  // kBF16 or kFP32 with checkpoints

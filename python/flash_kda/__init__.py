@@ -255,6 +255,12 @@ def _raise_named(err, **given):
     raise err
 
 
+def _refuse_bool_interval(checkpoint_interval):
+    """nanobind converts a bool to the binding's int64: True would read as an interval of 1."""
+    if checkpoint_interval is True or checkpoint_interval is False:
+        raise TypeError(f"checkpoint_interval: expected int, got bool {checkpoint_interval!r}")
+
+
 def _pdl_mode(pdl) -> int:
     """pdl= as the binding's pdl_mode (flashkda::PdlMode: 0 auto, 1 on, -1 off)."""
     # Only None and real bools: an int would be ambiguous (the C ABI's 0 is auto,
@@ -339,6 +345,7 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     cannot run (e.g. K = V other than 64 or 128 on CUDA); RuntimeError for CUDA errors.
     """
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
+    _refuse_bool_interval(checkpoint_interval)
     alloc, stream = _runtime(q, stream)
     if state_indices is not None:
         with _on_stream(q, stream):
@@ -368,6 +375,7 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
     the summaries call, whose workspace then serves its resume call too.
     """
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
+    _refuse_bool_interval(checkpoint_interval)
     try:
         return int(_C.workspace_size(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state,
                                      final_state, cu_seqlens, cu_seqlens_host, state_pool, state_indices,

@@ -236,7 +236,9 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
   }
 
   // ---- checkpoints -----------------------------------------------------------------
-  const bool checkpoints = a.checkpoints != nullptr;
+  // An interval with a null buffer is an empty buffer (capacity 0: a batch whose
+  // sequences need no entry, e.g. all empty); any other null buffer is no checkpoints.
+  const bool checkpoints = a.checkpoints != nullptr || a.checkpoint_interval != 0;
   if (!checkpoints) {
     if (a.checkpoints_dtype != DType::kNone || a.checkpoint_interval != 0 || a.checkpoints_capacity != 0)
       return Status::Invalid("checkpoints: null pointer but checkpoints_dtype / checkpoint_interval / "
@@ -248,8 +250,11 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
     if (a.checkpoint_interval < 16 || a.checkpoint_interval % 16 != 0)
       return Status::Invalid(cat("checkpoint_interval: expected a positive multiple of 16, got ",
                                  a.checkpoint_interval));
-    if (a.checkpoints_capacity < 1)
-      return Status::Invalid(cat("checkpoints_capacity: expected a value >= 1, got ", a.checkpoints_capacity));
+    if (a.checkpoints_capacity < 0)
+      return Status::Invalid(cat("checkpoints_capacity: expected a value >= 0, got ", a.checkpoints_capacity));
+    if (a.checkpoints == nullptr && a.checkpoints_capacity > 0)
+      return Status::Invalid(cat("checkpoints: expected a buffer of checkpoints_capacity = ", a.checkpoints_capacity,
+                                 " entries, got a null pointer"));
     int64_t n_ck = 0;
     if (!tensor_fits({a.checkpoints_capacity, HV, K, V}, 4, &n_ck))
       return Status::Invalid(cat("checkpoints_capacity: capacity * HV * K * V overflows int64 (capacity ",

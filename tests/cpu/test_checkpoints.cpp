@@ -153,7 +153,33 @@ TEST(CheckpointsValidation, BadArgumentsAreNamed) {
   expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "checkpoints_dtype");
   a = base();
   a.checkpoints = nullptr;
-  expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "checkpoints: null pointer");
+  expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument,
+         "checkpoints: expected a buffer of checkpoints_capacity = 8 entries, got a null pointer");
+  // An empty buffer (capacity 0, null or not) is refused by the entries the
+  // sequences need, and accepted where they need none.
+  a = base();
+  a.checkpoints = nullptr;
+  a.checkpoints_capacity = 0;
+  expect(a, Backend::kCpuReference, StatusCode::kInvalidArgument, "the sequences need 5 checkpoints");
+  a.checkpoints_capacity = -1;
+  expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "checkpoints_capacity: expected a value >= 0, got -1");
+  {
+    ProblemSpec empty_spec = spec;
+    empty_spec.seqlens = {0, 0};
+    const HostProblem e = make_problem(empty_spec, 74);
+    for (void* buffer : {static_cast<void*>(nullptr), static_cast<void*>(buf.data())}) {
+      ForwardArgs z = e.host_args(out.data(), nullptr);
+      z.final_state_dtype = DType::kNone;
+      z.checkpoints = buffer;
+      z.checkpoints_dtype = DType::kFP32;
+      z.checkpoint_interval = 32;
+      z.checkpoints_capacity = 0;
+      for (const Backend b : {Backend::kCpuReference, Backend::kCpuChunked}) {
+        const Status st = forward(z, b, nullptr, 0, nullptr);
+        EXPECT_TRUE(st.ok()) << st.message;
+      }
+    }
+  }
   a = base();
   a.checkpoints = reinterpret_cast<char*>(buf.data()) + 2;
   expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "checkpoints: expected a 4-byte aligned");

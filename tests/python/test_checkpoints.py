@@ -73,6 +73,19 @@ def test_checkpoints_match_the_float64_reference():
     assert rel_rms(ck[1].transpose(-1, -2).double(), final[0]) <= 1e-6
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_an_empty_buffer_where_no_entry_is_needed(backend):
+    """A buffer sized by sum(ceil(L_n / c)) has no entry for a batch of empty
+    sequences (or no tokens): the call runs and writes its final states."""
+    p = make_problem(H=1, K=16, seqlens=[0, 0, 0], seed=12)
+    final = torch.full((3, 1, 16, 16), float("nan"))
+    flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], torch.empty_like(p["v"]),
+                  A_log=p["A_log"], dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"],
+                  initial_state=p["initial_state"], final_state=final,
+                  checkpoints=torch.empty(0, 1, 16, 16), checkpoint_interval=64, backend=backend)
+    assert torch.equal(final, p["initial_state"])
+
+
 def test_checkpoint_arguments_are_checked_by_name():
     p = make_problem(H=1, K=16, seqlens=[70, 33], seed=10)
     out = torch.empty_like(p["v"])
@@ -82,9 +95,11 @@ def test_checkpoint_arguments_are_checked_by_name():
         flash_kda.fwd(*args, checkpoints=torch.empty(5, 1, 16), **kw)
     with pytest.raises(ValueError, match="checkpoint_interval: expected a positive multiple of 16"):
         flash_kda.fwd(*args, checkpoints=torch.empty(5, 1, 16, 16), checkpoint_interval=24, **kw)
-    with pytest.raises(ValueError, match="checkpoints: expected at least one entry"):
+    with pytest.raises(ValueError, match="the sequences need 5 checkpoints .* holds 0 entries"):
         flash_kda.fwd(*args, checkpoints=torch.empty(0, 1, 16, 16), checkpoint_interval=32, **kw)
     with pytest.raises(ValueError, match="the sequences need 5 checkpoints"):
         flash_kda.fwd(*args, checkpoints=torch.empty(4, 1, 16, 16), checkpoint_interval=32, **kw)
     with pytest.raises(TypeError, match="checkpoints"):
         flash_kda.fwd(*args, checkpoints=torch.empty(5, 1, 16, 16, dtype=torch.float64), **kw)
+    with pytest.raises(TypeError, match=r"^checkpoint_interval: expected int, got bool True"):
+        flash_kda.fwd(*args, checkpoints=torch.empty(5, 1, 16, 16), checkpoint_interval=True, **kw)
