@@ -4,9 +4,9 @@
 A call site written for fla's Triton path switches by changing one import. The
 arguments are fla's, for what flash_kda computes: the gate, the q/k L2 norm and the
 beta sigmoid inside the kernel (``use_gate_in_kernel``, ``use_qk_l2norm_in_kernel``,
-``use_beta_sigmoid_in_kernel`` all True) with the safe gate (``safe_gate=True``,
-``lower_bound`` in [-5, 0), default -5). Anything else raises NotImplementedError
-naming the argument. States follow fla's ``state_v_first``: ``[N, HV, K, V]`` by
+``use_beta_sigmoid_in_kernel`` all True) with the safe gate (``lower_bound`` in
+[-5, 0), or ``safe_gate=True`` for -5). Anything else raises NotImplementedError
+naming the argument, as do inputs that require grad under autograd (forward only). States follow fla's ``state_v_first``: ``[N, HV, K, V]`` by
 default, ``[N, HV, V, K]`` with ``state_v_first=True`` (flash_kda's own layout). chunk_kda
 reads and writes either in place (``fwd(states_key_major=)``); fused_recurrent_kda's
 dense ``[N, HV, K, V]`` states are transposed copies in and out (decode runs on a pool,
@@ -29,15 +29,48 @@ def _require(flag, name, want, entry="chunk_kda"):
 
 
 def _require_in_kernel_gate(entry, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                            allow_neg_eigval, A_log, dt_bias):
+                            allow_neg_eigval):
     """What flash_kda computes, as fla's flags say it: the q/k L2 norm, the gate and
-    the beta sigmoid inside the kernel, beta in (0, 1), A_log and dt_bias given."""
+    the beta sigmoid inside the kernel, beta in (0, 1)."""
     _require(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel", True, entry)
     _require(use_gate_in_kernel, "use_gate_in_kernel", True, entry)
     _require(use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel", True, entry)
     _require(allow_neg_eigval, "allow_neg_eigval", False, entry)
-    if A_log is None or dt_bias is None:
-        raise NotImplementedError(f"{entry}: flash_kda requires A_log and dt_bias (the in-kernel gate)")
+
+
+def _gate_parameters(A_log, dt_bias, q, HV, K):
+    """A_log [HV] and dt_bias [HV, K] as fwd and decode take them (fp32). As in fla's
+    gate, a missing A_log is a factor of 1 (A_log = 0) and a missing dt_bias is 0; a
+    bf16 or fp16 one (a model cast to half precision) widens exactly."""
+    if A_log is None:
+        A_log = torch.zeros(HV, dtype=torch.float32, device=q.device)
+    if dt_bias is None:
+        dt_bias = torch.zeros(HV, K, dtype=torch.float32, device=q.device)
+    A_log, dt_bias = (x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16) else x
+                      for x in (A_log, dt_bias))
+    return A_log, _dt_bias_2d(dt_bias, HV, K)
+
+
+def _state_v_first(state_v_first, kwargs):
+    """state_v_first, or fla's deprecated name for it (taken out of kwargs)."""
+    if "transpose_state_layout" not in kwargs:
+        return state_v_first
+    if state_v_first:
+        raise ValueError("state_v_first: cannot pass both state_v_first and the deprecated transpose_state_layout")
+    return bool(kwargs.pop("transpose_state_layout"))
+
+
+def _refuse_autograd(entry, **tensors):
+    """flash_kda runs the forward only: an output without a gradient where fla's has
+    one would train silently without it (fla's own flash_kda backend falls back to
+    Triton whenever gradients are on)."""
+    if not torch.is_grad_enabled():
+        return
+    for name, x in tensors.items():
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            raise NotImplementedError(
+                f"{entry}: flash_kda computes the forward only, and {name} requires grad: call it under "
+                f"torch.no_grad() or torch.inference_mode(), or use fla's {entry} for training")
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -46,12 +79,19 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
               return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
               cp_context=None, use_graph=False, max_num_seqs=None, *, A_log=None, dt_bias=None,
               initial_state_indices=None, **kwargs):
-    """fla's ``chunk_kda`` computed by flash_kda (forward only, no autograd).
+    """fla's ``chunk_kda`` computed by flash_kda (forward only: with gradients enabled
+    and an input that requires grad it raises NotImplementedError, where fla's own
+    flash_kda backend falls back to Triton).
 
     Returns ``(o, final_state)``, or ``(o, final_state, h)`` with
     ``return_intermediate_states=True``: ``h`` holds each sequence's state at the start
-    of every 64-token chunk, ``[B, NT, HV, K, V]`` (``[.., V, K]`` with state_v_first) in
-    bf16, as fla's. ``final_state`` is fp32, or None without ``output_final_state``.
+    of every ``chunk_size``-token chunk (64, or 32), ``[B, NT, HV, K, V]`` (``[.., V, K]``
+    with state_v_first) in bf16, as fla's; with ``use_graph`` and cu_seqlens, NT is fla's
+    fixed ``ceil(T / chunk_size) + max_num_seqs - 1`` (the rows past the sequences'
+    chunks left as they were) and the lengths are not read on the host.
+    ``final_state`` is fp32, or None without ``output_final_state``. As in fla's gate,
+    ``lower_bound`` selects the safe gate whatever ``safe_gate`` says (``safe_gate=True``
+    without it takes -5), a missing ``A_log`` is 0 and a missing ``dt_bias`` 0.
     ``initial_state`` may be fp32, bf16 or fp16 (fp16 is widened exactly, as is bf16 when
     a final state is returned); other dtypes are a TypeError naming it. fwd's errors name
     chunk_kda's arguments (``cu_seqlens_cpu``, ``initial_state_indices``, ...).
@@ -62,9 +102,19 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     and its final state is written back to that slot in place; ``final_state`` is None.
     """
     _require_in_kernel_gate("chunk_kda", use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                            allow_neg_eigval, A_log, dt_bias)
-    _require(safe_gate, "safe_gate", True)
+                            allow_neg_eigval)
+    # fla's gate is lower_bound·sigmoid(...) whenever lower_bound is given; safe_gate
+    # only picks its kernels. Without either it is -exp(A_log)·softplus(...).
+    if not safe_gate and lower_bound is None:
+        raise NotImplementedError("chunk_kda: flash_kda computes the safe gate: pass lower_bound in [-5, 0) "
+                                  "(or safe_gate=True for -5); without either fla's gate is another function")
     _require(cp_context, "cp_context", None)
+    _refuse_autograd("chunk_kda", q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias,
+                     initial_state=initial_state)
+    state_v_first = _state_v_first(state_v_first, kwargs)
+    chunk_size = kwargs.pop("chunk_size", CHUNK)
+    if chunk_size not in (32, 64):
+        raise ValueError(f"chunk_size: expected 32 or 64 (the interval of h), got {chunk_size!r}")
     if kwargs:
         raise TypeError(f"chunk_kda: unexpected arguments {sorted(kwargs)}")
     # disable_recompute, use_graph and max_num_seqs are about fla's own kernels
@@ -85,26 +135,38 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"q: expected batch size 1 with cu_seqlens (flattened sequences), got {B}")
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
-    dt_bias = _dt_bias_2d(dt_bias, HV, K)
-    out = torch.empty_like(v)
+    A_log, dt_bias = _gate_parameters(A_log, dt_bias, q, HV, K)
+    graph = use_graph and cu_seqlens is not None
+    if graph:
+        if max_num_seqs is None:
+            max_num_seqs = N
+        if N != max_num_seqs:
+            raise ValueError(f"max_num_seqs: expected cu_seqlens padded with empty sequences to max_num_seqs + 1 = "
+                             f"{max_num_seqs + 1} entries (use_graph), got {N + 1}")
+    # Dense whatever v's strides (empty_like keeps a permuted view's).
+    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     extra = {}
     if cu_seqlens is not None and cu_seqlens_cpu is not None:
         extra["cu_seqlens_host"] = cu_seqlens_cpu.to(device="cpu", dtype=torch.int64)
     if return_intermediate_states:
-        if cu_seqlens is not None:
+        if graph:
+            # fla's fixed chunk list: its size from the shapes alone (nothing read on
+            # the host); the sequences' entries come first, in the same order.
+            shape = (1, math.ceil(T / chunk_size) + max_num_seqs - 1)
+        elif cu_seqlens is not None:
             lengths = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()
             # Checked before sizing the buffer from them (fwd checks them again).
             if lengths[0] != 0 or lengths[-1] != T or any(b < a for a, b in zip(lengths[:-1], lengths[1:])):
                 raise ValueError(f"cu_seqlens: expected 0 = cu_seqlens[0] <= ... <= cu_seqlens[N] = T = {T}, "
                                  f"got {lengths}")
-            nt = sum(math.ceil((b - a) / CHUNK) for a, b in zip(lengths[:-1], lengths[1:]))
+            nt = sum(math.ceil((b - a) / chunk_size) for a, b in zip(lengths[:-1], lengths[1:]))
             shape = (1, nt)
         else:
-            shape = (B, math.ceil(T / CHUNK))
+            shape = (B, math.ceil(T / chunk_size))
         entry = (HV, V, K) if state_v_first else (HV, K, V)
         h = torch.empty(*shape, *entry, dtype=torch.bfloat16, device=q.device)
         if h.numel():  # no tokens, no entries: fla returns the empty h
-            extra.update(checkpoints=h, checkpoint_interval=CHUNK, checkpoints_value_major=state_v_first)
+            extra.update(checkpoints=h, checkpoint_interval=chunk_size, checkpoints_value_major=state_v_first)
 
     final_state = None
     if initial_state_indices is not None:
@@ -207,7 +269,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     fla's, for what flash_kda computes: the gate, the q/k L2 norm and the beta
     sigmoid inside the kernel (``use_gate_in_kernel``, ``use_qk_l2norm_in_kernel``,
     ``use_beta_sigmoid_in_kernel`` all True) with the safe gate (``lower_bound`` in
-    [-5, 0) given: without it fla's gate is another function). Anything else raises
+    [-5, 0) given: without it fla's gate is another function); as in fla's gate, a
+    missing ``A_log`` is 0 and a missing ``dt_bias`` 0. Anything else raises
     NotImplementedError naming the argument.
 
     The serving form of fla's ``fused_recurrent_kda_fwd`` (extensions):
@@ -218,14 +281,11 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     with verify the state after each token, go to the slots in place, as
     :func:`flash_kda.decode` writes them; ``final_state`` is the pool itself.
     """
-    if "transpose_state_layout" in kwargs:  # fla's deprecated name
-        if state_v_first:
-            raise ValueError("state_v_first: cannot pass both state_v_first and the deprecated transpose_state_layout")
-        state_v_first = bool(kwargs.pop("transpose_state_layout"))
+    state_v_first = _state_v_first(state_v_first, kwargs)
     if kwargs:
         raise TypeError(f"fused_recurrent_kda: unexpected arguments {sorted(kwargs)}")
     _require_in_kernel_gate("fused_recurrent_kda", use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                            use_beta_sigmoid_in_kernel, allow_neg_eigval, A_log, dt_bias)
+                            use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if lower_bound is None:
         raise NotImplementedError("fused_recurrent_kda: flash_kda computes the safe gate, lower_bound * "
                                   "sigmoid(exp(A_log) * (g + dt_bias)): lower_bound in [-5, 0) is required "
@@ -235,7 +295,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"q: expected batch size 1 with cu_seqlens (flattened sequences), got {B}")
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
-    dt_bias = _dt_bias_2d(dt_bias, HV, K)
+    A_log, dt_bias = _gate_parameters(A_log, dt_bias, q, HV, K)
     # Zeros, as fla's: a padding entry's rows (a negative slot) are not written.
     out = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     common = dict(out=out, scale=scale, lower_bound=lower_bound, cu_seqlens=cu_seqlens)

@@ -102,8 +102,83 @@ def test_unsupported_flags_are_named(flag, value):
     kw[flag] = value
     with pytest.raises(NotImplementedError, match=flag):
         flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **kw)
-    with pytest.raises(NotImplementedError, match="A_log and dt_bias"):
-        flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **FLAGS)
+
+
+def _chunk(p, **kw):
+    args = dict(scale=p["scale"], initial_state=p["initial_state"], output_final_state=True, state_v_first=True,
+                lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"], A_log=p["A_log"], dt_bias=p["dt_bias"],
+                return_intermediate_states=True, **FLAGS)
+    args.update(kw)
+    return flash_kda.chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], **args)
+
+
+def test_chunk_kda_refuses_inputs_that_require_grad():
+    # Forward only: an output without a gradient would train silently without it.
+    p = make_problem(B=1, T=40, H=1, K=32, seed=40)
+    q = p["q"].clone().requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"chunk_kda: flash_kda computes the forward only, and q requires "
+                                                  r"grad"):
+        _chunk(dict(p, q=q))
+    with pytest.raises(NotImplementedError, match=r"A_log requires grad"):
+        _chunk(p, A_log=p["A_log"].clone().requires_grad_())
+    with torch.no_grad():
+        o, fs, h = _chunk(dict(p, q=q))
+    o2, fs2, h2 = _chunk(p)
+    assert torch.equal(o, o2) and torch.equal(fs, fs2) and torch.equal(h, h2)
+
+
+def test_chunk_kda_fixed_intermediate_states_with_use_graph():
+    # fla's graph mode: h has ceil(T / 64) + max_num_seqs - 1 rows whatever the lengths
+    # (nothing read on the host), the sequences' chunks first, in the same order.
+    p = make_problem(B=1, H=2, K=32, seqlens=[70, 30, 0, 0], seed=41)
+    o, fs, h = _chunk(p)
+    og, fsg, hg = _chunk(p, use_graph=True)
+    assert hg.shape == (1, math.ceil(100 / 64) + 4 - 1) + h.shape[2:]
+    assert torch.equal(og, o) and torch.equal(fsg, fs) and torch.equal(hg[:, :h.shape[1]], h)
+    with pytest.raises(ValueError, match=r"^max_num_seqs: expected cu_seqlens padded with empty sequences to "
+                                         r"max_num_seqs \+ 1 = 6 entries \(use_graph\), got 5"):
+        _chunk(p, use_graph=True, max_num_seqs=5)
+
+
+def test_chunk_kda_takes_flas_other_spellings():
+    p = make_problem(B=1, H=2, K=32, seqlens=[70, 30], seed=42)
+    o, fs, h = _chunk(p)
+    # The deprecated name of state_v_first.
+    o2, fs2, h2 = _chunk(p, state_v_first=False, transpose_state_layout=True)
+    assert torch.equal(o2, o) and torch.equal(fs2, fs) and torch.equal(h2, h)
+    # The gate is lower_bound's whatever safe_gate says.
+    o3, fs3, h3 = _chunk(p, safe_gate=False)
+    assert torch.equal(o3, o) and torch.equal(fs3, fs) and torch.equal(h3, h)
+    # chunk_size 32: h every 32 tokens (every other entry is the 64-token one).
+    o4, fs4, h4 = _chunk(p, chunk_size=32)
+    assert torch.equal(o4, o) and h4.shape[1] == math.ceil(70 / 32) + math.ceil(30 / 32)
+    assert torch.equal(h4[:, [0, 2, 3]], h)
+    with pytest.raises(ValueError, match=r"^chunk_size: expected 32 or 64"):
+        _chunk(p, chunk_size=16)
+    # A head-first storage (a permuted view) runs as its dense copy.
+    vt = p["v"].transpose(1, 2).contiguous().transpose(1, 2)
+    o5, fs5, h5 = _chunk(dict(p, v=vt))
+    assert torch.equal(o5, o) and torch.equal(fs5, fs) and torch.equal(h5, h)
+
+
+@pytest.mark.parametrize("entry", ["chunk_kda", "fused_recurrent_kda"])
+def test_missing_or_half_precision_gate_parameters_are_flas(entry):
+    # fla's gate: no A_log is a factor exp(0) = 1, no dt_bias is 0; bf16 ones widen exactly.
+    p = make_problem(B=1, H=2, K=32, seqlens=[20, 9], seed=43)
+    A_log16, dt_bias16 = p["A_log"].bfloat16(), p["dt_bias"].bfloat16()
+    zeros = dict(A_log=torch.zeros_like(p["A_log"]), dt_bias=torch.zeros_like(p["dt_bias"]))
+    if entry == "chunk_kda":
+        run = lambda **kw: _chunk(p, **kw)[:2]  # noqa: E731
+    else:
+        kw0 = dict(scale=p["scale"], initial_state=p["initial_state"], output_final_state=True, state_v_first=True,
+                   lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"], **RFLAGS)
+        run = lambda **kw: flash_kda.fused_recurrent_kda(  # noqa: E731
+            p["q"], p["k"], p["v"], p["g"], p["beta"], **dict(kw0, **dict(dict(A_log=p["A_log"],
+                                                                               dt_bias=p["dt_bias"]), **kw)))
+    for a, b in zip(run(A_log=None, dt_bias=None), run(**zeros)):
+        assert torch.equal(a, b)
+    for a, b in zip(run(A_log=A_log16, dt_bias=dt_bias16), run(A_log=A_log16.float(), dt_bias=dt_bias16.float())):
+        assert torch.equal(a, b)
 
 
 def test_shapes_outside_flas_layout_are_named():
@@ -282,7 +357,6 @@ def test_fused_recurrent_kda_within_the_bars_of_the_float64_recurrence():
     (dict(use_gate_in_kernel=False), NotImplementedError, "use_gate_in_kernel=True"),
     (dict(allow_neg_eigval=True), NotImplementedError, "allow_neg_eigval=False"),
     (dict(lower_bound=None), NotImplementedError, "lower_bound in \\[-5, 0\\) is required"),
-    (dict(A_log=None), NotImplementedError, "requires A_log and dt_bias"),
     (dict(inplace_final_state=True), NotImplementedError, "needs ssm_state_indices"),
     (dict(num_accepted_tokens=torch.tensor([1])), ValueError, "^num_accepted_tokens: given without ssm_state_indices"),
     (dict(ssm_state_indices=torch.tensor([0]), inplace_final_state=True), NotImplementedError, "state_v_first=True"),
