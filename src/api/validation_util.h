@@ -3,6 +3,7 @@
 #include <array>
 #include <charconv>
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <limits>
 #include <sstream>
@@ -76,6 +77,25 @@ Status check_int32_boundaries(const Args& a, int64_t min_seqs, int64_t tokens, c
   return Status::Ok();
 }
 
+// The checks of validate_as_int64_boundaries run on an int64 copy passed as
+// cu_seqlens: their messages name the caller's cu_seqlens_int32 instead (not
+// cu_seqlens_host, which keeps its name).
+inline Status named_int32_boundaries(Status s) {
+  if (s.ok()) return s;
+  static const std::string kFrom = "cu_seqlens", kTo = "cu_seqlens_int32";
+  std::string m;
+  for (size_t i = 0; i < s.message.size();) {
+    if (s.message.compare(i, kFrom.size(), kFrom) == 0 && s.message.compare(i + kFrom.size(), 1, "_") != 0) {
+      m += kTo;
+      i += kFrom.size();
+    } else {
+      m += s.message[i++];
+    }
+  }
+  s.message = std::move(m);
+  return s;
+}
+
 // int32 boundaries (cu_seqlens_int32, forward or decode) validated as the int64
 // ones they stand for, by `validate_args`. kCuda reads them on the device, where
 // the kernels clamp and record their values as for int64 ones: they are checked
@@ -92,10 +112,16 @@ Status validate_as_int64_boundaries(const Args& a, bool cuda, Validate&& validat
     Args b = a;
     b.cu_seqlens_int32 = nullptr;
     b.cu_seqlens = reinterpret_cast<const int64_t*>(uintptr_t{8});
-    return validate_args(b);
+    return named_int32_boundaries(validate_args(b));
   }
   std::vector<int64_t> wide;
-  return validate_args(with_int64_cu_seqlens(a, wide));
+  try {
+    wide.reserve(static_cast<size_t>(a.num_seqs + 1));
+  } catch (const std::exception&) {  // bad_alloc, length_error: no such array on the host
+    return Status::Invalid(cat("num_seqs: ", a.num_seqs, " + 1 boundaries in cu_seqlens_int32 do not fit in host "
+                               "memory (expected the number of sequences)"));
+  }
+  return named_int32_boundaries(validate_args(with_int64_cu_seqlens(a, wide)));
 }
 
 // Sequence boundaries readable on the host: cu[0] == 0, non-decreasing, cu[N] == T
@@ -137,11 +163,18 @@ Status check_token_views(const Args& a, int64_t tokens, int64_t H, int64_t HV, i
     if (x.given_token_stride < 0 || x.given_head_stride < 0)
       return Status::Invalid(cat(x.name, "_token_stride / ", x.name, "_head_stride: expected values >= 0 (0: dense), got ",
                                  x.given_token_stride, " / ", x.given_head_stride));
+    // In bytes (bf16 elements): the overlap checks and the kernels form byte
+    // offsets from these strides. Counted in elements, a stride near 2^62 passed
+    // and the CPU backend's copy then read far outside the tensor.
+    constexpr int64_t kMaxElems = kInt64Max / 2;
+    const int64_t last_token = tokens > 0 ? tokens - 1 : 0;
     int64_t a1 = 0, a2 = 0;
-    if (!mul_ok(tokens > 0 ? tokens - 1 : 0, x.token_stride, &a1) || !mul_ok(x.heads - 1, x.head_stride, &a2) ||
-        a1 > kInt64Max - a2 - x.width)
-      return Status::Invalid(cat(x.name, "_token_stride: the farthest element (token ", tokens - 1, ", head ",
-                                 x.heads - 1, ") overflows int64 with strides ", x.token_stride, " / ", x.head_stride));
+    if (x.token_stride > kMaxElems || x.head_stride > kMaxElems || !mul_ok(last_token, x.token_stride, &a1) ||
+        !mul_ok(x.heads - 1, x.head_stride, &a2) || a1 > kMaxElems - a2 - x.width)
+      return Status::Invalid(cat(x.name, "_token_stride / ", x.name, "_head_stride: the farthest byte (token ",
+                                 last_token, ", head ",
+                                 x.heads - 1, ") overflows int64 with strides ", x.token_stride, " / ", x.head_stride,
+                                 " (elements of 2 bytes)"));
   }
   if (row_aligned)
     for (const TokenView& x : views) {
@@ -171,11 +204,15 @@ inline int64_t dtype_bytes(DType d) { return d == DType::kFP32 ? 4 : 2; }
 // Slot indices in host memory (forward's state pool, decode): the first entry
 // >= pool_size as an error naming the argument `name`, else Ok. Negative entries
 // are allowed (`negative` says what they mean, for the message).
+// Entry n of an int32 or int64 index array in host memory.
+inline int64_t index_at(const void* indices, IndexType type, int64_t n) {
+  return type == IndexType::kInt64 ? static_cast<const int64_t*>(indices)[n] : static_cast<const int32_t*>(indices)[n];
+}
+
 inline Status check_slot_indices(const char* name, const void* indices, IndexType type, int64_t count,
                                  int64_t pool_size, const char* negative) {
   for (int64_t n = 0; n < count; ++n) {
-    const int64_t idx = type == IndexType::kInt64 ? static_cast<const int64_t*>(indices)[n]
-                                                  : static_cast<const int32_t*>(indices)[n];
+    const int64_t idx = index_at(indices, type, n);
     if (idx >= pool_size)
       return Status::Invalid(cat(name, ": entry ", n, " is ", idx, ", expected < pool_size=", pool_size,
                                  " (or negative for ", negative, ")"));

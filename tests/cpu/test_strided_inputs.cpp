@@ -107,7 +107,20 @@ TEST(StridedInputs, BadStridesAreNamed) {
   expect_invalid(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "g_token_stride / g_head_stride");
   a.g_head_stride = 16;
   a.v_token_stride = int64_t{1} << 62;
-  expect_invalid(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "v_token_stride: the farthest element");
+  expect_invalid(a, Backend::kCpuChunked, StatusCode::kInvalidArgument,
+                 "v_token_stride / v_head_stride: the farthest byte");
+  a.v_token_stride = 0;
+  // Within int64 as elements but not as bytes (2 bytes an element): counted in
+  // elements this passed, and the CPU backend's copy read far outside q.
+  a.q_head_stride = int64_t{1} << 62;  // one head: the stride's own bytes overflow
+  expect_invalid(a, Backend::kCpuChunked, StatusCode::kInvalidArgument,
+                 "q_token_stride / q_head_stride: the farthest byte (token 19, head 0)");
+  a.q_head_stride = 0;
+  a.q_token_stride = (int64_t{1} << 62) / 19 + 1;  // 19 · stride + 16 < 2^63, but not < 2^62
+  expect_invalid(a, Backend::kCpuReference, StatusCode::kInvalidArgument,
+                 "q_token_stride / q_head_stride: the farthest byte (token 19, head 0)");
+  a.q_token_stride = 0;
+  EXPECT_TRUE(validate(a, Backend::kCpuChunked).ok());
 }
 
 }  // namespace
