@@ -178,7 +178,8 @@ struct ForwardArgs {
   // Checkpoints into pool slots (vLLM's "align" prefix caching; needs state_pool):
   // for sequence n, up to two token offsets slot_checkpoint_offsets[2n + i]
   // (multiples of 16 in [16, L_n]; negative: none) whose states go to pool slots
-  // slot_checkpoint_slots[2n + i] (state_index_type; negative: none), in the
+  // slot_checkpoint_slots[2n + i] (state_index_type; negative: none, whatever the
+  // offset), in the
   // pool's dtype and layout. Host memory for the CPU backends, device memory for
   // kCuda (which skips an out-of-range offset or slot and records it for
   // check_device_faults).

@@ -351,7 +351,13 @@ TEST(StatePoolValidation, BadArgumentsAreNamed) {
   expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "slot_checkpoint_offsets: entry [0, 0] is 24");
   offsets[0] = 48;  // past sequence 0's 37 tokens
   expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "in [16, 37]");
+  // A negative slot is "none" whatever its offset, as every backend runs it
+  // (kCuda records no fault for it): entry [0, 1] has offset 8 and no slot.
   offsets[0] = 16;
+  offsets[1] = 8;
+  EXPECT_TRUE(validate(a, Backend::kCpuChunked).ok());
+  EXPECT_TRUE(validate(a, Backend::kCpuReference).ok());
+  offsets[1] = -1;
   ck_slots[4] = 4;
   expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "slot_checkpoint_slots: entry 4 is 4");
   ck_slots[4] = 2;
