@@ -101,7 +101,9 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
 
   // ---- state pool ------------------------------------------------------------
   if (a.state_dtype != DType::kFP32 && a.state_dtype != DType::kBF16)
-    return Status::Invalid(cat("state_dtype: expected kFP32 or kBF16, got ", to_string(a.state_dtype)));
+    return Status::Invalid(cat("state_dtype: expected kFP32 or kBF16, got ",
+                               a.state_dtype == DType::kNone ? std::string("kNone")
+                                                             : cat("value ", static_cast<int32_t>(a.state_dtype))));
   if (a.pool_size < 1) return Status::Invalid(cat("pool_size: expected a value >= 1, got ", a.pool_size));
   const int64_t stride = a.pool_stride == 0 ? per_slot : a.pool_stride;
   const int64_t out_stride = a.state_out_stride == 0 ? stride : a.state_out_stride;
@@ -119,7 +121,8 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
     return Status::Invalid(cat("pool_size: pool_size * pool_stride elements (", a.pool_size, " * ", stride,
                                ") overflow int64 bytes"));
   if (a.index_type != IndexType::kInt32 && a.index_type != IndexType::kInt64)
-    return Status::Invalid(cat("index_type: unknown value ", static_cast<int32_t>(a.index_type)));
+    return Status::Invalid(cat("index_type: unknown value ", static_cast<int32_t>(a.index_type),
+                               " (expected kInt32=0 or kInt64=1)"));
   // Checked on every backend although only kCuda reads it: a bad value is a caller bug either way.
   if (a.programmatic_dependent_launch != PdlMode::kOff && a.programmatic_dependent_launch != PdlMode::kAuto &&
       a.programmatic_dependent_launch != PdlMode::kOn)

@@ -202,7 +202,12 @@ TEST(DecodeValidation, MessagesNameTheArgument) {
   spec.head_dim = 16;
   const DecodeProblem p = make_decode_problem(spec, 13);
   expect_invalid(decode_with(p, [](DecodeArgs& a) { a.lower_bound = 0.f; }), "lower_bound");
-  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.state_dtype = DType::kNone; }), "state_dtype");
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.state_dtype = DType::kNone; }),
+                 "state_dtype: expected kFP32 or kBF16, got kNone");
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.state_dtype = static_cast<DType>(5); }),
+                 "state_dtype: expected kFP32 or kBF16, got value 5");
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.index_type = static_cast<IndexType>(9); }),
+                 "index_type: unknown value 9 (expected kInt32=0 or kInt64=1)");
   expect_invalid(decode_with(p, [](DecodeArgs& a) { a.pool_stride = 5; }), "pool_stride");
   expect_invalid(decode_with(p, [](DecodeArgs& a) { a.total_tokens += 1; }), "total_tokens");
   expect_invalid(decode_with(p, [](DecodeArgs& a) { a.state_indices = nullptr; }), "state_indices");

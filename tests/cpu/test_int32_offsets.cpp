@@ -70,12 +70,24 @@ TEST(Int32Offsets, BadArgumentsAreNamed) {
     const Status cuda = validate(a, Backend::kCuda);
     EXPECT_EQ(cuda.message.find("cu_seqlens_int32"), std::string::npos) << cuda.message;
   }
+  // The boundaries are checked as int64 ones; the messages name the caller's argument.
+  cu32[0] = 1;
+  expect_invalid(a, Backend::kCpuChunked, StatusCode::kInvalidArgument,
+                 "cu_seqlens_int32: expected cu_seqlens_int32[0] == 0, got 1");
+  cu32[0] = 0;
   cu32[2] = 10;  // below cu[1] = 37
-  expect_invalid(a, Backend::kCpuReference, StatusCode::kInvalidArgument, "expected non-decreasing values");
+  expect_invalid(a, Backend::kCpuReference, StatusCode::kInvalidArgument,
+                 "cu_seqlens_int32: expected non-decreasing values, got cu_seqlens_int32[2]=10");
   cu32[2] = 37;
   cu32.back() = 130;  // T = 122
   expect_invalid(a, Backend::kCpuReference, StatusCode::kInvalidArgument, "== seqlen=122");
   cu32.back() = 122;
+  a.batch = 2;
+  expect_invalid(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "cu_seqlens_int32: requires batch == 1");
+  a.batch = 1;
+  // A sequence count no host array can hold: named, not an internal error.
+  a.num_seqs = int64_t{1} << 58;
+  expect_invalid(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "num_seqs: 288230376151711744 + 1 boundaries");
   a.num_seqs = 0;
   expect_invalid(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "num_seqs");
 }
