@@ -69,7 +69,13 @@ std::string cat(const Ts&... parts) {
     case flashkda::StatusCode::kNotSupported: type = PyExc_NotImplementedError; break;
     default: type = PyExc_RuntimeError; break;
   }
-  PyErr_SetString(type, st.message.c_str());
+  // Python's cu_seqlens is the core's cu_seqlens or cu_seqlens_int32 by its dtype:
+  // the messages name the argument the caller passed.
+  std::string message = st.message;
+  static const std::string kInt32Name = "cu_seqlens_int32";
+  for (size_t at = message.find(kInt32Name); at != std::string::npos; at = message.find(kInt32Name, at))
+    message.replace(at, kInt32Name.size(), "cu_seqlens");
+  PyErr_SetString(type, message.c_str());
   throw nb::python_error();
 }
 

@@ -159,7 +159,8 @@ def test_int32_cu_seqlens_is_the_int64_run(backend):
         outs.append(out)
         fins.append(fin)
     assert torch.equal(outs[0], outs[1]) and torch.equal(fins[0], fins[1])
-    with pytest.raises(ValueError, match="non-decreasing"):
+    # Named as the caller's cu_seqlens (the core's int32 argument is cu_seqlens_int32).
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected non-decreasing values, got cu_seqlens\[2\]=10"):
         flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], torch.empty_like(p["v"]),
                       A_log=p["A_log"], dt_bias=p["dt_bias"],
                       cu_seqlens=torch.tensor([0, 37, 10, 101, 122], dtype=torch.int32), backend=backend)
