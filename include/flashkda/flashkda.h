@@ -138,8 +138,9 @@ struct ForwardArgs {
   // from slot state_indices[n] of state_pool and its final state goes back to
   // the same slot, in place: element (hv, i, j) of slot s is
   // state_pool[s·pool_stride + (hv·V + i)·K + j]. A negative index means no
-  // slot: the sequence starts from zero and nothing of the pool is read or
-  // written for it. has_initial_state (optional, one byte per sequence, 0 or
+  // slot: the sequence starts from zero and its final state is neither read from
+  // nor written to the pool (its slot checkpoints, below, still go to the slots
+  // they name). has_initial_state (optional, one byte per sequence, 0 or
   // not) marks sequences that start from zero although they have a slot (their
   // final state is still written). A slot named by more than one sequence (in
   // state_indices or slot checkpoints): what it keeps, and the state a sequence

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -26,7 +27,16 @@ void parallel_for(int64_t tasks, int requested_threads, MakeLocal make_local, Bo
     for (int64_t i = next.fetch_add(1); i < tasks; i = next.fetch_add(1)) body(local, i);
   };
   std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  pool.reserve(static_cast<size_t>(threads - 1));  // no reallocation once threads run
+  // A thread that cannot start (the process's limit) leaves its tasks to the
+  // others; letting the exception out would destroy the started ones unjoined.
+  for (int64_t t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(worker);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
   worker();
   for (auto& th : pool) th.join();
 }
