@@ -130,7 +130,7 @@ struct ForwardArgs {
   int64_t head_dim_k = 0;   // K
   int64_t head_dim_v = 0;   // V
 
-  float scale = 0.f;          // usually K^-0.5
+  float scale = 0.f;          // usually K^-0.5; set it: the default 0 is valid and gives out = 0
   float lower_bound = -5.f;   // in [-5, 0)
 
   // Forward on a state pool (serving engines, spec section 7), instead of
@@ -323,7 +323,7 @@ struct DecodeArgs {
   int64_t num_v_heads = 0;  // 0 means HV = H
   int64_t head_dim_k = 0;
   int64_t head_dim_v = 0;
-  float scale = 0.f;
+  float scale = 0.f;  // usually K^-0.5; set it: the default 0 is valid and gives out = 0
   float lower_bound = -5.f;
 
   // kCuda only: whether to launch with programmatic dependent launch (PDL), so

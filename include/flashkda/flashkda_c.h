@@ -248,8 +248,10 @@ int32_t flashkda_compose_summaries(const flashkda_compose_summaries_args* args, 
  * in flashkda_last_error()). */
 int32_t flashkda_cuda_available(void);
 
-/* The message of the most recent call on this thread ("" after success). Valid
- * until the next flashkda_* call on the same thread. Never NULL. */
+/* The message of the most recent call on this thread that returns a status, or of
+ * flashkda_cuda_available ("" after success; flashkda_last_error,
+ * flashkda_status_string and the version calls leave it as it is). Valid until the
+ * next such call on the same thread. Never NULL. */
 const char* flashkda_last_error(void);
 
 /* Name of a status code, e.g. "kInvalidArgument". Never NULL. */

@@ -255,6 +255,13 @@ def _raise_named(err, **given):
     raise err
 
 
+def _widened(x):
+    """A torch bf16 or fp16 gate parameter (A_log, dt_bias) as fp32, exactly; else x."""
+    if _torch is not None and isinstance(x, _torch.Tensor) and x.dtype in (_torch.bfloat16, _torch.float16):
+        return x.float()
+    return x
+
+
 def _refuse_bool_interval(checkpoint_interval):
     """nanobind converts a bool to the binding's int64: True would read as an interval of 1."""
     if checkpoint_interval is True or checkpoint_interval is False:
@@ -289,7 +296,9 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
         g: bf16 ``[B, T, HV, K]``, raw gate.  beta: bf16 ``[B, T, HV]``, raw logit.
         scale: float, or None for ``K ** -0.5``.
         out: bf16 ``[B, T, HV, V]``, written in place.
-        A_log: fp32 ``[HV]``.  dt_bias: fp32 ``[HV, K]``.
+        A_log: fp32 ``[HV]``.  dt_bias: fp32 ``[HV, K]`` (torch bf16 or fp16 ones, from a
+            model cast to half precision, are widened exactly: fla's dispatch passes them
+            as the model holds them).
         lower_bound: float in ``[-5, 0)``, or None for -5.0.
         initial_state: bf16/fp32 ``[N, HV, V, K]`` or None (zeros).
         final_state: bf16/fp32 ``[N, HV, V, K]`` written in place, or None; same dtype
@@ -346,6 +355,7 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
     """
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     _refuse_bool_interval(checkpoint_interval)
+    A_log, dt_bias = _widened(A_log), _widened(dt_bias)
     alloc, stream = _runtime(q, stream)
     if state_indices is not None:
         with _on_stream(q, stream):
@@ -376,6 +386,7 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
     """
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     _refuse_bool_interval(checkpoint_interval)
+    A_log, dt_bias = _widened(A_log), _widened(dt_bias)
     try:
         return int(_C.workspace_size(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state,
                                      final_state, cu_seqlens, cu_seqlens_host, state_pool, state_indices,

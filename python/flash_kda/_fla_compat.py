@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from . import _check_boundaries, decode, fwd
+from . import _check_boundaries, _widened, decode, fwd
 
 CHUNK = 64  # fla's chunk size: the interval of its intermediate states
 
@@ -47,9 +47,7 @@ def _gate_parameters(A_log, dt_bias, q, HV, K):
         A_log = torch.zeros(HV, dtype=torch.float32, device=q.device)
     if dt_bias is None:
         dt_bias = torch.zeros(HV, K, dtype=torch.float32, device=q.device)
-    A_log, dt_bias = (x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16) else x
-                      for x in (A_log, dt_bias))
-    return A_log, _dt_bias_2d(dt_bias, HV, K)
+    return _widened(A_log), _dt_bias_2d(_widened(dt_bias), HV, K)
 
 
 def _state_v_first(state_v_first, kwargs):

@@ -325,12 +325,14 @@ int32_t flashkda_check_device_faults(void* stream) {
 }
 
 int32_t flashkda_cuda_available(void) {
-  return guarded([&] {
+  const int32_t answer = guarded([&] {
     std::string why;
     const bool ok = flashkda::cuda_backend_available(&why);
     t_last_error = ok ? std::string() : why;
     return static_cast<int32_t>(ok ? 1 : 0);
   });
+  // The header promises 0 or 1: an internal error is a "no" whose reason guarded() left.
+  return answer == 1 ? 1 : 0;
 }
 
 const char* flashkda_last_error(void) { return t_last_error.c_str(); }

@@ -231,7 +231,7 @@ def small():
 
 @pytest.mark.parametrize("name,dtype", [
     ("q", torch.float32), ("k", torch.float16), ("v", torch.float32), ("g", torch.float32),
-    ("beta", torch.float32), ("out", torch.float32), ("A_log", torch.bfloat16), ("dt_bias", torch.float64),
+    ("beta", torch.float32), ("out", torch.float32), ("A_log", torch.int32), ("dt_bias", torch.float64),
     ("initial_state", torch.float16), ("final_state", torch.float64), ("cu_seqlens", torch.int16),
 ])
 def test_wrong_dtype_is_type_error_naming_the_argument(small, name, dtype):
@@ -560,6 +560,24 @@ def test_kda_forward_state_dtype_other_than_the_initial_states(initial, final):
     assert f.dtype == final and f.shape == f32.shape
     assert torch.equal(o, o32)
     assert torch.equal(f, f32.to(final))
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_half_precision_gate_parameters_widen_exactly(half):
+    # fla's dispatch hands fwd a model's A_log and dt_bias as it holds them: a model
+    # cast to half precision gives bf16 or fp16 ones, which fwd takes widened.
+    p = make_problem(seqlens=[19, 40], H=2, K=32, seed=24)
+    A16, dt16 = p["A_log"].to(half), p["dt_bias"].to(half)
+    outs = []
+    for A, dt in ((A16, dt16), (A16.float(), dt16.float())):
+        out = torch.empty_like(p["v"])
+        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, A_log=A, dt_bias=dt,
+                      lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"])
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    with pytest.raises(TypeError, match=r"^A_log: expected dtype float32"):
+        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], torch.empty_like(p["v"]),
+                      A_log=p["A_log"].double(), dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"])
 
 
 def test_kda_forward_is_a_registered_custom_op():

@@ -202,7 +202,7 @@ FWD_TYPE_ERRORS = {
     "q float8": lambda p: dict(q=p["q"].to(torch.float8_e4m3fn)),
     "k None": lambda p: dict(k=None),
     "k list": lambda p: dict(k=[1, 2, 3]),
-    "A_log bf16 parameter": lambda p: dict(A_log=torch.nn.Parameter(p["A_log"].bfloat16())),
+    "A_log fp64 parameter": lambda p: dict(A_log=torch.nn.Parameter(p["A_log"].double())),
     "A_log complex parameter": lambda p: dict(A_log=torch.nn.Parameter(p["A_log"].to(torch.complex64))),
     "final_state bf16 vs initial fp32": lambda p: dict(final_state=torch.zeros(1, 2, 32, 32, dtype=torch.bfloat16)),
     "cu_seqlens int16": lambda p: dict(cu_seqlens=torch.tensor([0, 8], dtype=torch.int16)),
