@@ -233,8 +233,7 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
   if (!cuda && verify) {
     for (int64_t n = 0; n < N; ++n) {
       if (a.num_accepted_tokens != nullptr) {
-        const int64_t acc = a.index_type == IndexType::kInt64 ? static_cast<const int64_t*>(a.num_accepted_tokens)[n]
-                                                              : static_cast<const int32_t*>(a.num_accepted_tokens)[n];
+        const int64_t acc = index_at(a.num_accepted_tokens, a.index_type, n);
         if (acc < 1 || acc > a.verify_slots)
           return Status::Invalid(cat("num_accepted_tokens: entry ", n, " is ", acc, ", expected a value in [1, ",
                                      a.verify_slots, "]"));

@@ -172,9 +172,8 @@ Status check_token_views(const Args& a, int64_t tokens, int64_t H, int64_t HV, i
     if (x.token_stride > kMaxElems || x.head_stride > kMaxElems || !mul_ok(last_token, x.token_stride, &a1) ||
         !mul_ok(x.heads - 1, x.head_stride, &a2) || a1 > kMaxElems - a2 - x.width)
       return Status::Invalid(cat(x.name, "_token_stride / ", x.name, "_head_stride: the farthest byte (token ",
-                                 last_token, ", head ",
-                                 x.heads - 1, ") overflows int64 with strides ", x.token_stride, " / ", x.head_stride,
-                                 " (elements of 2 bytes)"));
+                                 last_token, ", head ", x.heads - 1, ") overflows int64 with strides ",
+                                 x.token_stride, " / ", x.head_stride, " (elements of 2 bytes)"));
   }
   if (row_aligned)
     for (const TokenView& x : views) {
@@ -204,11 +203,6 @@ inline int64_t dtype_bytes(DType d) { return d == DType::kFP32 ? 4 : 2; }
 // Slot indices in host memory (forward's state pool, decode): the first entry
 // >= pool_size as an error naming the argument `name`, else Ok. Negative entries
 // are allowed (`negative` says what they mean, for the message).
-// Entry n of an int32 or int64 index array in host memory.
-inline int64_t index_at(const void* indices, IndexType type, int64_t n) {
-  return type == IndexType::kInt64 ? static_cast<const int64_t*>(indices)[n] : static_cast<const int32_t*>(indices)[n];
-}
-
 inline Status check_slot_indices(const char* name, const void* indices, IndexType type, int64_t count,
                                  int64_t pool_size, const char* negative) {
   for (int64_t n = 0; n < count; ++n) {

@@ -21,6 +21,12 @@ inline bool speculative_verify(const DecodeArgs& a) {
   return a.verify_slots >= 2 || (a.verify_slots == 1 && a.num_accepted_tokens != nullptr);
 }
 
+// Entry n of an int32 or int64 index array in host memory (slot indices,
+// num_accepted_tokens).
+inline int64_t index_at(const void* indices, IndexType type, int64_t n) {
+  return type == IndexType::kInt64 ? static_cast<const int64_t*>(indices)[n] : static_cast<const int32_t*>(indices)[n];
+}
+
 // Number of sequences N (num_seqs with cu_seqlens, else B).
 int64_t num_sequences(const ForwardArgs& args);
 

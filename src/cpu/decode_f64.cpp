@@ -29,9 +29,7 @@ void decode_one(const DecodeArgs& a, int64_t n, int64_t hv) {
   // [N] indices, or [N, C] with speculative verify: the starting slot is column
   // num_accepted_tokens[n] − 1 (0 without it) and token t's state goes to column t.
   const int64_t C = speculative_verify(a) ? a.verify_slots : 1;
-  auto index = [&](const void* p, int64_t i) -> int64_t {
-    return a.index_type == IndexType::kInt64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
-  };
+  auto index = [&](const void* p, int64_t i) { return index_at(p, a.index_type, i); };
   const int64_t start = a.num_accepted_tokens != nullptr ? index(a.num_accepted_tokens, n) - 1 : 0;
   const int64_t slot = index(a.state_indices, n * C + start);
   if (slot < 0) return;  // padding entry: nothing is read or written
@@ -109,9 +107,7 @@ bool shares_a_slot(const DecodeArgs& a) {
   uses.reserve(static_cast<size_t>(a.num_seqs * C));
   for (int64_t n = 0; n < a.num_seqs; ++n)
     for (int64_t j = 0; j < C; ++j) {
-      const int64_t i = n * C + j;
-      const int64_t slot = a.index_type == IndexType::kInt64 ? static_cast<const int64_t*>(a.state_indices)[i]
-                                                             : static_cast<const int32_t*>(a.state_indices)[i];
+      const int64_t slot = index_at(a.state_indices, a.index_type, n * C + j);
       if (slot >= 0) uses.emplace_back(slot, n);
     }
   std::sort(uses.begin(), uses.end());

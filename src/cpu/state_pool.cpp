@@ -23,10 +23,7 @@ Status forward_on_pool(const ForwardArgs& args, const std::function<Status(const
   const size_t per_slot = static_cast<size_t>(per_state) * elem;
   const int64_t stride = args.pool_stride == 0 ? per_state : args.pool_stride;
   auto* pool = static_cast<unsigned char*>(args.state_pool);
-  auto index = [&](const void* indices, int64_t i) -> int64_t {
-    return args.state_index_type == IndexType::kInt64 ? static_cast<const int64_t*>(indices)[i]
-                                                      : static_cast<const int32_t*>(indices)[i];
-  };
+  auto index = [&](const void* indices, int64_t i) { return index_at(indices, args.state_index_type, i); };
   auto slot_bytes = [&](int64_t s) { return pool + static_cast<size_t>(s * stride) * elem; };
   std::vector<unsigned char> initial(static_cast<size_t>(N) * per_slot, 0), final_(initial.size(), 0);
   for (int64_t n = 0; n < N; ++n) {

@@ -230,7 +230,9 @@ int64_t split_segment_chunks(const ProblemShape& shape, int num_sms) {
   return std::max(kMinSegmentChunks, (shape.total_chunks + parts - 1) / parts);
 }
 
-// The output kernel's CTAs per (segment slot, value head), of `per_cta` chunks each.
+// The output kernel's CTAs per (segment slot, value head), of `per_cta` chunks each
+// (by default the smaller CTA, so the most CTAs the launch can take: the plan's
+// grid-size bound).
 int64_t output_parts(int64_t seg_chunks, int64_t per_cta = kOutputChunksPerCta) {
   return (seg_chunks + per_cta - 1) / per_cta;
 }
