@@ -247,9 +247,12 @@ enum class PdlMode : int32_t {
   kOn = 1,
 };
 
-// Arguments of one decode step. Sequence n has t_n >= 1 new tokens: t_n =
-// tokens_per_seq for every n, or cu_seqlens[n+1] − cu_seqlens[n] when cu_seqlens
-// is given. Tokens are laid out sequence after sequence (T = Σ t_n):
+// Arguments of one decode step. Sequence n has t_n new tokens: t_n =
+// tokens_per_seq (>= 1) for every n, or cu_seqlens[n+1] − cu_seqlens[n] (>= 0)
+// when cu_seqlens is given. A sequence with no tokens keeps its state: the slot
+// is left as it is in place, copied to state_out_pool when that is given, and
+// nothing is written with speculative verify (its states go to the token
+// columns, and it has none). Tokens are laid out sequence after sequence (T = Σ t_n):
 //   q, k        bf16 [T, H,  K]
 //   v, out      bf16 [T, HV, V]
 //   g           bf16 [T, HV, K]

@@ -467,6 +467,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
         scale: float, or None for ``K ** -0.5``.  lower_bound: float in ``[-5, 0)``, or None for -5.0.
         cu_seqlens: int64 or int32 (vLLM's offsets) ``[N+1]`` token offsets of the
             sequences, or None: then every sequence has T / N tokens (T must be a multiple of N).
+            A sequence may have no tokens: its state stays as it is (copied to
+            state_out_pool when given; with speculative verify nothing is written).
         state_out_pool: like state_pool (same shape and dtype, own slot stride), or None.
         per_token_states: ``[T, HV, V, K]`` in the state dtype, or None: also the state
             after every token (speculative verify).

@@ -187,6 +187,49 @@ TEST(Decode, PerTokenStatesAndOutPool) {
         << "sequence " << n;
 }
 
+// A sequence with no tokens (cu_seqlens[n] == cu_seqlens[n+1]) keeps its state:
+// in place its slot is left bitwise as it was, and with an out pool the state is
+// copied there; the sequences around it run as they would without it.
+TEST(Decode, SequencesWithoutTokensKeepTheirState) {
+  for (const DType dtype : {DType::kFP32, DType::kBF16}) {
+    SCOPED_TRACE(to_string(dtype));
+    DecodeSpec spec;
+    spec.seq_tokens = {2, 0, 3, 0, 1, 0};
+    spec.heads = 2;
+    spec.v_heads = 4;
+    spec.head_dim = 16;
+    spec.state_dtype = dtype;
+    const DecodeProblem p = make_decode_problem(spec, 29);
+    const size_t es = dtype == DType::kFP32 ? 4 : 2, slot_bytes = static_cast<size_t>(p.per_slot) * es;
+    const std::vector<uint8_t> initial = p.pool_bytes();
+    std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
+    std::vector<uint8_t> in_place = initial, pool_in = initial, pool_out(initial.size(), 0xAB);
+    ASSERT_TRUE(decode(p.args(out.data(), in_place.data(), nullptr), Backend::kCpuReference, nullptr).ok());
+    DecodeArgs a = p.args(out.data(), pool_in.data(), nullptr);
+    a.state_out_pool = pool_out.data();
+    ASSERT_TRUE(decode(a, Backend::kCpuReference, nullptr).ok());
+    // The same call without the empty sequences.
+    DecodeSpec dense = spec;
+    dense.seq_tokens = {2, 3, 1};
+    DecodeProblem d = p;
+    d.spec = dense;
+    d.N = 3;
+    d.cu_seqlens = {0, 2, 5, 6};
+    d.idx32 = {p.idx32[0], p.idx32[2], p.idx32[4]};
+    d.idx64 = {p.idx64[0], p.idx64[2], p.idx64[4]};
+    std::vector<uint16_t> out_dense(out.size());
+    std::vector<uint8_t> pool_dense = initial;
+    ASSERT_TRUE(decode(d.args(out_dense.data(), pool_dense.data(), nullptr), Backend::kCpuReference, nullptr).ok());
+    EXPECT_EQ(out, out_dense);
+    EXPECT_EQ(in_place, pool_dense) << "the empty sequences' slots are left as they were";
+    for (int64_t n = 0; n < p.N; ++n) {
+      const size_t off = static_cast<size_t>(p.index(n)) * slot_bytes;
+      EXPECT_EQ(0, std::memcmp(pool_out.data() + off, in_place.data() + off, slot_bytes)) << "sequence " << n;
+    }
+    EXPECT_EQ(pool_in, initial) << "with an out pool the input pool is read only";
+  }
+}
+
 Status decode_with(const DecodeProblem& p, void (*edit)(DecodeArgs&)) {
   std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V));
   std::vector<uint8_t> pool = p.pool_bytes();

@@ -307,6 +307,32 @@ TEST_P(GpuDecodeKernels, Int32CuSeqlensEqualInt64) {
   EXPECT_EQ(wide.per_token, narrow.per_token);
 }
 
+// Sequences without tokens among others (device cu_seqlens, no host copy of the
+// lengths): the CPU decode's result, and their slots bitwise as they were.
+TEST_P(GpuDecodeKernels, SequencesWithoutTokensKeepTheirState) {
+  for (const DType dtype : {DType::kFP32, DType::kBF16}) {
+    DecodeSpec spec;
+    spec.seq_tokens = {2, 0, 3, 0, 1, 0};
+    spec.heads = 2;
+    spec.v_heads = 4;
+    spec.padding_entries = 1;
+    spec.per_token_states = true;
+    spec.state_dtype = dtype;
+    const DecodeProblem p = make_decode_problem(spec, 27);
+    const std::string label = std::string("zero tokens ") + to_string(dtype) + " " + kernel_choice_name(GetParam());
+    const DecodeResult gpu = run_decode_cuda(p, GetParam());
+    compare(p, gpu, run_decode_cpu(p, std::string("zero tokens ") + to_string(dtype)),
+            dtype == DType::kFP32 ? 1e-5 : 2e-3, label.c_str());
+    const std::vector<uint8_t> initial = p.pool_bytes();
+    const size_t slot_bytes = static_cast<size_t>(p.per_slot) * state_elem_bytes(p);
+    for (int64_t n = 0; n < p.N; ++n)
+      if (p.index(n) >= 0 && p.cu_seqlens[n] == p.cu_seqlens[n + 1])
+        EXPECT_EQ(0, std::memcmp(gpu.pool.data() + p.index(n) * slot_bytes, initial.data() + p.index(n) * slot_bytes,
+                                 slot_bytes))
+            << label << ": sequence " << n << " has no tokens, but its slot changed";
+  }
+}
+
 TEST_P(GpuDecodeKernels, CudaGraphReplayEqualsDirectCall) {
   DecodeSpec spec;
   spec.num_seqs = 9;
@@ -549,6 +575,28 @@ INSTANTIATE_TEST_SUITE_P(Pools, GpuDecodeVerify,
                                   (std::get<1>(info.param) ? "_int64" : "_int32") + "_K" +
                                   std::to_string(std::get<2>(info.param));
                          });
+
+// A verify row without tokens between others: nothing of it is written (its
+// states go to its token columns, and it has none), as on the CPU.
+TEST(GpuDecodeVerifyEmptyRow, WritesNothing) {
+  skip_without_gpu();
+  if (IsSkipped()) return;
+  DecodeSpec spec;
+  spec.seq_tokens = {3, 2, 0, 1};  // row 2: slots {7, -1, 8, 9}, starting from 7
+  spec.heads = 2;
+  spec.extra_slots = 14;
+  const DecodeProblem p = make_decode_problem(spec, 23);
+  const VerifyCase vc = verify_case();
+  const DecodeResult gpu = run_verify(p, vc, Backend::kCuda), cpu = run_verify(p, vc, Backend::kCpuReference);
+  ASSERT_TRUE(gpu.status.ok()) << gpu.status.message;
+  ASSERT_TRUE(cpu.status.ok()) << cpu.status.message;
+  expect_verify_agrees(gpu, cpu, spec.state_dtype, 1e-5, " empty row");
+  const std::vector<uint8_t> initial = p.pool_bytes();
+  const size_t slot_bytes = static_cast<size_t>(p.per_slot) * state_elem_bytes(p);
+  for (const int64_t s : {int64_t{7}, int64_t{8}, int64_t{9}})
+    EXPECT_EQ(0, std::memcmp(gpu.pool.data() + s * slot_bytes, initial.data() + s * slot_bytes, slot_bytes))
+        << "slot " << s << " of the empty row was written";
+}
 
 // Device-resident verify arguments out of range: a count outside [1, C], a
 // token's slot past the pool, and a sequence with more tokens than C (device

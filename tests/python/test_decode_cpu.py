@@ -228,6 +228,22 @@ def test_multi_token_cu_seqlens_and_per_token_states(state_dtype):
             assert torch.equal(per_tok[cu[n + 1] - 1], pool[slot])
 
 
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_sequences_without_tokens_keep_their_state(state_dtype):
+    # Sequences 1 and 3 have no tokens: in place their slots stay as they were, and
+    # with an out pool their states are copied there.
+    p = make_decode(seqlens=[2, 0, 3, 0], H=2, K=16, P=6, indices=[4, 1, 0, 5], state_dtype=state_dtype, seed=16)
+    out, pool = run(p)
+    ref_out, ref_pool, _ = reference_decode(p)
+    assert_out_close(out, ref_out)
+    assert_state_close(pool, ref_pool)
+    assert torch.equal(pool[[1, 5]], p["pool"][[1, 5]])
+    pool_out = torch.full_like(p["pool"], 7.0)
+    run(p, pool=p["pool"].clone(), state_out_pool=pool_out)
+    assert torch.equal(pool_out[[1, 5]], p["pool"][[1, 5]])
+    assert torch.equal(pool_out[[0, 4]], pool[[0, 4]])
+
+
 def test_uniform_tokens_per_seq_and_rank4_inputs():
     p = make_decode(N=3, t=3, H=2, K=32, P=4, seed=7)
     out, pool = run(p)
