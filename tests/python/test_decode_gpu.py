@@ -145,6 +145,27 @@ def test_multi_token_cu_seqlens_and_per_token_states(state_dtype, head_dim):
             assert torch.equal(g["per_tok"][cu[n + 1] - 1], g["pool"][slot])
 
 
+@pytest.mark.parametrize("head_dim", [K, 64])
+@pytest.mark.parametrize("seqlens", [[2, 0, 3, 0], [0, 0, 0]])
+def test_sequences_without_tokens_keep_their_state(seqlens, head_dim):
+    # Among others, and a step where no sequence has a token (T = 0); with an out pool too.
+    p = make_decode(seqlens=seqlens, H=2, K=head_dim, P=8, indices=[6, 1, 4, 3][:len(seqlens)], seed=106)
+    c, g = cpu_and_gpu(p)
+    if g["out"].numel():
+        assert_out_within_one_ulp(g["out"], c["out"])
+    assert_state(g["pool"], c["pool"])
+    cu = p["cu_seqlens"].tolist()
+    for n, slot in enumerate(p["indices"].tolist()):
+        if cu[n] == cu[n + 1]:
+            assert torch.equal(g["pool"][slot], p["pool"][slot]), f"sequence {n} has no tokens, but its slot changed"
+    pd = to(p, "cuda")
+    pool_out = torch.full_like(pd["pool"], 7.0)
+    call(pd, pd["pool"].clone(), state_out_pool=pool_out)
+    torch.cuda.synchronize()
+    used = p["indices"].tolist()
+    assert torch.equal(pool_out[used].cpu(), g["pool"][used])
+
+
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 def test_int32_cu_seqlens_is_the_int64_call(state_dtype):
     """vLLM's int32 offsets, read on the device: the same bits as int64 ones."""

@@ -431,6 +431,24 @@ def test_fused_recurrent_kda_without_sequences_names_cu_seqlens_or_q():
         flash_kda.fused_recurrent_kda(*(x[:0] for x in args), output_final_state=True, **kw)
 
 
+def test_fused_recurrent_kda_without_tokens_carries_the_states():
+    # T = 0 in fla's [B, T] layout: o is empty and each batch row's state is carried
+    # over (fla's loop of no steps); on a pool the slots stay as they were.
+    p = make_problem(B=2, T=3, H=2, K=32, seed=39)
+    args = tuple(x[:, :0] for x in (p["q"], p["k"], p["v"], p["g"], p["beta"]))
+    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=-5.0, **RFLAGS)
+    s0 = 0.1 * torch.randn(2, 2, 32, 32, generator=torch.Generator().manual_seed(40))
+    o, fs = flash_kda.fused_recurrent_kda(*args, initial_state=s0, output_final_state=True, **kw)
+    assert o.shape == (2, 0, 2, 32) and torch.equal(fs, s0)
+    o, fs = flash_kda.fused_recurrent_kda(*args, output_final_state=True, **kw)
+    assert torch.equal(fs, torch.zeros_like(s0))
+    pool = 0.1 * torch.randn(5, 2, 32, 32, generator=torch.Generator().manual_seed(41))
+    before = pool.clone()
+    o, fs = flash_kda.fused_recurrent_kda(*args, initial_state=pool, ssm_state_indices=torch.tensor([3, 1]),
+                                          state_v_first=True, inplace_final_state=True, **kw)
+    assert fs is pool and torch.equal(pool, before) and o.shape == (2, 0, 2, 32)
+
+
 def test_fused_recurrent_kda_takes_strided_slot_indices():
     # fla reads ssm_state_indices through its strides: an engine's block-table column.
     p = make_problem(B=1, H=2, K=32, seqlens=[3, 2], seed=40)
