@@ -59,7 +59,7 @@ void usage(FILE* f) {
                "  --T N              tokens per batch row (default 1024; ignored with --varlen)\n"
                "  --H N              q/k heads (default 4)\n"
                "  --HV N             value heads, a multiple of H (default: = H)\n"
-               "  --dim 64|128       head dim K = V (default 128)\n"
+               "  --dim N            head dim K = V: 64 or 128 on kCuda, 1-256 on the CPU (default 128)\n"
                "  --batch N          batch rows (default 1; ignored with --varlen)\n"
                "  --varlen a,b,c     variable-length sequences (batch 1, cu_seqlens)\n"
                "  --state fp32|bf16|none   initial and final state dtype (default fp32)\n"

@@ -472,7 +472,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
         state_out_pool: like state_pool (same shape and dtype, own slot stride), or None.
         per_token_states: ``[T, HV, V, K]`` in the state dtype, or None: also the state
             after every token (speculative verify).
-        cu_seqlens_host: optional int64 CPU copy of cu_seqlens (validated; CUDA only).
+        cu_seqlens_host: optional int64 CPU copy of cu_seqlens (validated; on CPU tensors it
+            must equal cu_seqlens).
         Speculative verify on pool slots (fla's serving-form fused_recurrent_kda):
             state_indices ``[N, 1 + S]`` (S >= 1, or S = 0 with num_accepted_tokens) and optionally
             num_accepted_tokens ``[N]`` (the dtype of state_indices, values in [1, 1 + S]): sequence n starts from slot

@@ -4,10 +4,11 @@
 A call site written for fla's Triton path switches by changing one import. The
 arguments are fla's, for what flash_kda computes: the gate, the q/k L2 norm and the
 beta sigmoid inside the kernel (``use_gate_in_kernel``, ``use_qk_l2norm_in_kernel``,
-``use_beta_sigmoid_in_kernel`` all True) with the safe gate (``lower_bound`` in
-[-5, 0), or ``safe_gate=True`` for -5). Anything else raises NotImplementedError
-naming the argument, as do chunk_kda's inputs that require grad under autograd
-(forward only). States follow fla's ``state_v_first``: ``[N, HV, K, V]`` by
+``use_beta_sigmoid_in_kernel`` all True) with the safe gate (``lower_bound`` given,
+or ``safe_gate=True`` for -5; one outside [-5, 0) is fwd's ValueError). Anything else
+raises NotImplementedError naming the argument, as do chunk_kda's inputs that require
+grad under autograd (forward only; fused_recurrent_kda, like fla's, is no autograd
+function and reads them as they are). States follow fla's ``state_v_first``: ``[N, HV, K, V]`` by
 default, ``[N, HV, V, K]`` with ``state_v_first=True`` (flash_kda's own layout). chunk_kda
 reads and writes either in place (``fwd(states_key_major=)``); fused_recurrent_kda's
 dense ``[N, HV, K, V]`` states are transposed copies in and out (decode runs on a pool,

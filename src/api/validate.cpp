@@ -98,12 +98,13 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
   if (a.head_dim_v < 1) return Status::Invalid(cat("head_dim_v: expected a value >= 1, got ", a.head_dim_v));
   if (!cuda) {
     // The CPU backends take any head dimension up to 256 (kCuda: see check_supported below).
+    // Valid shapes this backend does not run: kNotSupported, as kCuda's.
     if (a.head_dim_k > kCpuMaxHeadDim)
-      return Status::Invalid(cat("head_dim_k: expected a value in [1, ", kCpuMaxHeadDim, "] for backend ",
-                                 to_string(backend), ", got ", a.head_dim_k));
+      return Status::NotSupported(cat("head_dim_k: backend ", to_string(backend), " runs head dims in [1, ",
+                                      kCpuMaxHeadDim, "], got ", a.head_dim_k));
     if (a.head_dim_v > kCpuMaxHeadDim)
-      return Status::Invalid(cat("head_dim_v: expected a value in [1, ", kCpuMaxHeadDim, "] for backend ",
-                                 to_string(backend), ", got ", a.head_dim_v));
+      return Status::NotSupported(cat("head_dim_v: backend ", to_string(backend), " runs head dims in [1, ",
+                                      kCpuMaxHeadDim, "], got ", a.head_dim_v));
   }
   const bool varlen = a.cu_seqlens != nullptr;
   // As validate_decode and the Python binding: a host copy of boundaries that are

@@ -1,4 +1,4 @@
-// Helpers shared by the argument validators (validate.cpp, validate_decode.cpp).
+// Helpers shared by the argument validators (validate.cpp, decode.cpp).
 #pragma once
 #include <array>
 #include <charconv>

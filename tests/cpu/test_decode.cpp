@@ -259,6 +259,11 @@ TEST(DecodeValidation, MessagesNameTheArgument) {
   expect_invalid(decode_with(p, [](DecodeArgs& a) { a.tokens_per_seq = 0; }), "tokens_per_seq");
   expect_invalid(decode_with(p, [](DecodeArgs& a) { a.programmatic_dependent_launch = static_cast<PdlMode>(5); }),
                  "programmatic_dependent_launch");
+  expect_invalid(decode_with(p, [](DecodeArgs& a) { a.head_dim_k = 0; }), "head_dim_k: expected a value >= 1, got 0");
+  // A valid shape no backend runs: kNotSupported, naming the dimension.
+  const Status big = decode_with(p, [](DecodeArgs& a) { a.head_dim_v = 300; });
+  EXPECT_EQ(big.code, StatusCode::kNotSupported) << big.message;
+  EXPECT_NE(big.message.find("head_dim_v: the decode runs head dims in [1, 256]"), std::string::npos) << big.message;
 }
 
 // Counts that would wrap before anything is read: int32 boundaries of 2^62

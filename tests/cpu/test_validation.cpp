@@ -203,11 +203,12 @@ TEST(Validation, BadHeadDims) {
   a.head_dim_v = -3;
   expect_invalid(a, {"head_dim_v:", "got -3"});
   a = f.args;
-  a.head_dim_k = 300;  // the CPU backends take [1, 256]
-  expect_invalid(a, {"head_dim_k:", "[1, 256]", "got 300"});
+  // Valid shapes the CPU backends (head dims 1-256) do not run.
+  a.head_dim_k = 300;
+  expect_rejected(a, Backend::kCpuChunked, StatusCode::kNotSupported, {"head_dim_k:", "kCpuChunked", "[1, 256]", "got 300"});
   a = f.args;
   a.head_dim_v = 257;
-  expect_invalid(a, {"head_dim_v:", "[1, 256]", "got 257"}, Backend::kCpuReference);
+  expect_rejected(a, Backend::kCpuReference, StatusCode::kNotSupported, {"head_dim_v:", "[1, 256]", "got 257"});
 }
 
 TEST(Validation, ScaleNotFinite) {
