@@ -566,6 +566,7 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
     except RuntimeError as e:  # torch.OutOfMemoryError is one; so is a size past int64
         raise ValueError(f"segments: {S} segments need M [S, HV, K, K] and B [S, HV, V, K] = "
                          f"{S * HV * (K + V) * K * 4} bytes on {device}, more than could be allocated") from e
+    A_log, dt_bias = _widened(A_log), _widened(dt_bias)  # half-precision parameters, as fwd takes them
     try:
         _C.segment_summaries(q, k, v, g, beta, A_log, dt_bias, lower_bound, cu_seqlens, segments, M, B, backend)
     except TypeError as e:

@@ -19,7 +19,8 @@ starts from, ``S_out = S_in @ M + B`` (spec section 6), so:
    once more.
 
 The final state of a sequence comes out on the rank that holds its last token. Before
-step 1, one small all-gather shares every rank's token count (the shard boundaries);
+step 1, one small all-gather shares every rank's token count (the shard boundaries),
+whether its arguments passed its own checks, and a digest of its cu_seqlens;
 step 2 is one all-gather each of fp32 ``M [K, K]`` and ``B [V, K]`` per rank and value
 head, ``(K*K + V*K) * 4`` bytes (128 KiB at K = V = 128). Nothing else communicates. The
 communication is torch.distributed's (gloo on CPU tensors, NCCL on CUDA tensors).
@@ -142,9 +143,27 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
     Returns the list of sequence indices whose final state this rank wrote. Collective:
     every rank of the group must call it, with the same ``cu_seqlens``. CPU tensors (gloo)
     or CUDA tensors (NCCL).
+
+    Errors: each rank checks its own arguments (the forward's checks included) before the
+    first collective, and the ranks then agree on the result in it: a rank whose
+    arguments are wrong raises its TypeError / ValueError / NotImplementedError naming the
+    argument, and every other rank a RuntimeError naming that rank, so that none waits in
+    a later collective. Ranks that pass different ``cu_seqlens`` all raise a ValueError.
+    Without an initialised process group the error is raised at once.
     """
-    cu_seqlens = _check_shard_args(q, v, initial_state, final_state, cu_seqlens)
-    plan = _plan(q, v, cu_seqlens, group)
+    error = None
+    try:
+        cu_seqlens = _check_shard_args(q, v, initial_state, final_state, cu_seqlens)
+        # The forward's own checks of this shard (no boundaries needed: [1, T_r] is one
+        # sequence), so that a bad k, g, beta, gate parameter, lower_bound or out fails
+        # here, not in the summaries call after the ranks have parted ways.
+        workspace_size(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                       backend=backend)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        if not _has_group(group):
+            raise
+        error = e
+    plan = _plan(q, v, cu_seqlens, group, error=error)
     local = _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backend)
     M_list, B_list = _exchange(plan, local, group)
     incoming = _incoming_states(plan, M_list, B_list, initial_state)
@@ -170,28 +189,70 @@ class _Plan:
         self.last_seq = [p[-1][0] if p else -1 for p in self.pieces]
 
 
-def _plan(q, v, cu_seqlens, group):
+def _has_group(group):
+    """Whether cp_fwd can reach the other ranks (a group given, or a default one)."""
+    import torch.distributed as dist
+
+    return group is not None or (dist.is_available() and dist.is_initialized())
+
+
+def _boundaries_digest(cu):
+    """A 61-bit polynomial hash of the boundaries, to compare the ranks' cu_seqlens in
+    the plan's all-gather without sending them."""
+    h = len(cu)
+    for x in cu:
+        h = (h * 1_000_003 + x) % (2**61 - 1)
+    return h
+
+
+def _agreement_device(q, group):
+    """Where the plan's all-gather runs: q's device, or for a q that is no CPU or CUDA
+    tensor (a rank that is about to report it) the device its group's backend takes."""
+    import torch.distributed as dist
+
+    nccl = dist.get_backend(group) == "nccl"
+    if isinstance(q, torch.Tensor) and q.device.type in ("cpu", "cuda") and not (nccl and q.device.type == "cpu"):
+        return q.device
+    return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+
+def _plan(q, v, cu_seqlens, group, error=None):
+    """The shard boundaries, from one all-gather of every rank's token count, which also
+    carries whether the rank's own checks failed (`error`) and a digest of its
+    cu_seqlens, so that every rank raises together or none does."""
     import torch.distributed as dist
 
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"group: expected a torch.distributed ProcessGroup or None, got {type(group).__name__}")
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    cu = _boundaries(cu_seqlens, "cu_seqlens")
-    if q.dim() != 4 or q.shape[0] != 1:
-        raise ValueError(f"q: expected this rank's shard as [1, T_r, H, K], got shape {tuple(q.shape)}")
-    T_r = int(q.shape[1])
-    dev = q.device
-    # Shard boundaries from every rank's token count (one small all-gather).
-    counts = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
-    dist.all_gather(counts, torch.tensor([T_r], dtype=torch.int64, device=dev), group=group)
+    dev = _agreement_device(q, group)
+    if error is None:
+        cu = _boundaries(cu_seqlens, "cu_seqlens")
+        T_r = int(q.shape[1])
+        mine = [T_r, 0, _boundaries_digest(cu)]
+    else:
+        mine = [0, 1, 0]
+    gathered = [torch.zeros(3, dtype=torch.int64, device=dev) for _ in range(world)]
+    dist.all_gather(gathered, torch.tensor(mine, dtype=torch.int64, device=dev), group=group)
+    rows = [[int(x) for x in t.tolist()] for t in gathered]
+    failed = [r for r, row in enumerate(rows) if row[1]]
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(f"cp_fwd: rank(s) {failed} of the group rejected their arguments (the error is raised "
+                           "there); nothing was computed")
+    differ = [r for r, row in enumerate(rows) if row[2] != rows[0][2]]
+    if differ:
+        raise ValueError(f"cu_seqlens: expected the same global boundaries on every rank; rank(s) {differ} passed "
+                         "others than rank 0")
     starts = [0]
-    for c in counts:
-        starts.append(starts[-1] + int(c.item()))
+    for row in rows:
+        starts.append(starts[-1] + row[0])
     if starts[-1] != cu[-1]:
         raise ValueError(f"cu_seqlens: cu_seqlens[N] = {cu[-1]}, but the ranks hold {starts[-1]} tokens in all "
                          f"(per rank: {[s1 - s0 for s0, s1 in zip(starts, starts[1:])]})")
-    return _Plan(world, rank, cu, starts, int(v.shape[2]), int(v.shape[3]), int(q.shape[3]), dev)
+    return _Plan(world, rank, cu, starts, int(v.shape[2]), int(v.shape[3]), int(q.shape[3]), q.device)
 
 
 class _Local:

@@ -198,3 +198,79 @@ def test_cp_fwd_names_bad_arguments_before_any_collective():
     with pytest.raises(ValueError, match=r"^v: expected this rank's shard as \[1, T_r, heads, dim\]"):
         flash_kda.distributed.cp_fwd(p["q"], p["k"], p["v"][0], p["g"], p["beta"], p["scale"], out,
                                      A_log=p["A_log"], dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"])
+
+
+# Arguments that fail on some ranks: each case a shard split [90 | 40] of two sequences,
+# an edit of the arguments on the ranks listed, and what each rank must raise (type,
+# message start). No rank may wait for the others in a later collective.
+ERROR_CASES = [
+    # The same bad value on every rank, rank 1's shard empty (no pieces, no summaries call).
+    ("lower_bound everywhere, empty shard", (130, 0), {0: dict(lower_bound=0.5), 1: dict(lower_bound=0.5)},
+     {0: (ValueError, "lower_bound: expected a finite value in [-5, 0)"),
+      1: (ValueError, "lower_bound: expected a finite value in [-5, 0)")}),
+    ("k on one rank", (90, 40), {0: dict(k_dtype=torch.float32)},
+     {0: (TypeError, "k: expected dtype"), 1: (RuntimeError, "cp_fwd: rank(s) [0] of the group rejected")}),
+    ("final_state on one rank", (90, 40), {1: dict(final_state_shape=(3, 4, 32, 32))},
+     {0: (RuntimeError, "cp_fwd: rank(s) [1] of the group rejected"), 1: (ValueError, "final_state: expected shape")}),
+    ("other boundaries on one rank", (90, 40), {1: dict(cu=[0, 120, 130])},
+     {0: (ValueError, "cu_seqlens: expected the same global boundaries on every rank; rank(s) [1]"),
+      1: (ValueError, "cu_seqlens: expected the same global boundaries on every rank; rank(s) [1]")}),
+]
+ERROR_DEADLINE_S = 20.0  # the group's timeout is 120 s: a rank left waiting would pass it
+
+
+def _error_worker(rank, world, init_file, errors):
+    import time
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        for name, sizes, edits, expect in ERROR_CASES:
+            p = make_problem(H=2, HV=4, K=32, seqlens=[90, 40], seed=3, state_dtype=torch.float32)
+            edit = edits.get(rank, {})
+            lo = sum(sizes[:rank])
+            x = {key: p[key][:, lo:lo + sizes[rank]].contiguous() for key in ("q", "k", "v", "g", "beta")}
+            if "k_dtype" in edit:
+                x["k"] = x["k"].to(edit["k_dtype"])
+            fin = torch.zeros(edit.get("final_state_shape", (2, 4, 32, 32)))
+            t0 = time.monotonic()
+            try:
+                flash_kda.distributed.cp_fwd(
+                    x["q"], x["k"], x["v"], x["g"], x["beta"], p["scale"], torch.empty_like(x["v"]),
+                    A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=edit.get("lower_bound", -5.0),
+                    cu_seqlens=edit.get("cu", p["cu_seqlens"]), final_state=fin, backend="cpu")
+                errors.append(f"{name}, rank {rank}: no error")
+            except Exception as e:
+                want_type, want_msg = expect[rank]
+                if type(e) is not want_type or not str(e).startswith(want_msg):
+                    errors.append(f"{name}, rank {rank}: {type(e).__name__}: {e}; expected {want_type.__name__}: "
+                                  f"{want_msg}")
+            took = time.monotonic() - t0
+            if took > ERROR_DEADLINE_S:
+                errors.append(f"{name}, rank {rank}: took {took:.1f} s (a rank waited for the others)")
+            dist.barrier()  # the next case starts together
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_errors(rank, world, init_file, result_dir):
+    errors = []
+    try:
+        _error_worker(rank, world, init_file, errors)
+    except Exception as e:
+        errors.append(f"rank {rank}: {type(e).__name__}: {e}")
+    with open(os.path.join(result_dir, f"rank{rank}.txt"), "w") as f:
+        f.write("\n".join(errors))
+
+
+def test_cp_fwd_ranks_raise_together():
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        init_file = os.path.join(d, "init")
+        mp.spawn(_run_errors, args=(2, init_file, d), nprocs=2, join=True)
+        errors = []
+        for r in range(2):
+            with open(os.path.join(d, f"rank{r}.txt")) as f:
+                errors += [line for line in f.read().splitlines() if line]
+    assert not errors, "\n".join(errors)

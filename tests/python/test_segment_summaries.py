@@ -90,6 +90,20 @@ def test_backends_agree_and_empty_is_identity():
         assert torch.equal(B[1], torch.zeros(2, 32, 32))
 
 
+def test_half_precision_gate_parameters_widen_as_in_fwd():
+    # A model cast to bf16 or fp16 passes A_log and dt_bias as they are (fwd widens them):
+    # bitwise the summaries of their fp32 values.
+    p = slow_decay_problem(seed=12)
+    segments = torch.tensor([[3, 140], [150, 187]], dtype=torch.int64)
+    for dtype in (torch.bfloat16, torch.float16):
+        A_h, dt_h = p["A_log"].to(dtype), p["dt_bias"].to(dtype)
+        got = flash_kda.segment_summaries(p["q"], p["k"], p["v"], p["g"], p["beta"], A_h, dt_h, segments,
+                                          lower_bound=-5.0, cu_seqlens=p["cu_seqlens"])
+        want = flash_kda.segment_summaries(p["q"], p["k"], p["v"], p["g"], p["beta"], A_h.float(), dt_h.float(),
+                                           segments, lower_bound=-5.0, cu_seqlens=p["cu_seqlens"])
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_compose_leading_dims_and_in_place():
     gen = torch.Generator().manual_seed(5)
     M1, M2 = (torch.randn(3, 2, 8, 8, generator=gen) for _ in range(2))
