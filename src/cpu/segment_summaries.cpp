@@ -77,11 +77,12 @@ Status segment_summaries_chunked_f32(const SegmentSummaryArgs& a, int num_thread
   std::vector<float> identity(static_cast<size_t>(HV * K * K), 0.f);
   for (int64_t h = 0; h < HV; ++h)
     for (int64_t r = 0; r < K; ++r) identity[static_cast<size_t>((h * K + r) * K + r)] = 1.f;
-  for (int64_t s = 0; s < a.num_segments; ++s) {
+  // One segment's two forwards, their heads spread over `threads`.
+  auto summarise = [&](int64_t s, int threads) -> Status {
     const int64_t begin = segment_begin(a, s), end = segment_end(a, s), len = end - begin;
     if (len == 0) {
       identity_summary(a, s);
-      continue;
+      return Status::Ok();
     }
     // B: the segment's own v from a zero state.
     std::vector<uint16_t> out(static_cast<size_t>(len * HV * std::max(K, V)));
@@ -89,7 +90,7 @@ Status segment_summaries_chunked_f32(const SegmentSummaryArgs& a, int num_thread
     fb.out = out.data();
     fb.final_state = a.B + s * HV * V * K;
     fb.final_state_dtype = DType::kFP32;
-    Status st = chunked_forward_f32(fb, num_threads);
+    Status st = chunked_forward_f32(fb, threads);
     if (!st.ok()) return st;
     // M: K rows from the identity, v = 0.
     std::vector<uint16_t> zeros(static_cast<size_t>(len * HV * K), 0);
@@ -101,9 +102,22 @@ Status segment_summaries_chunked_f32(const SegmentSummaryArgs& a, int num_thread
     fm.initial_state_dtype = DType::kFP32;
     fm.final_state = a.M + s * HV * K * K;
     fm.final_state_dtype = DType::kFP32;
-    st = chunked_forward_f32(fm, num_threads);
-    if (!st.ok()) return st;
+    return chunked_forward_f32(fm, threads);
+  };
+  // At least a segment a worker: the segments are the tasks, each forward on one
+  // thread (a forward of a few chunks spread over the threads was mostly their
+  // set-up: 4096 one-token ranges took 5x the float64 steps' time). Fewer: one
+  // segment after another, each spreading its heads.
+  const int64_t workers = worker_threads(num_threads);
+  if (a.num_segments < workers) {
+    for (int64_t s = 0; s < a.num_segments; ++s)
+      if (const Status st = summarise(s, num_threads); !st.ok()) return st;
+    return Status::Ok();
   }
+  std::vector<Status> results(static_cast<size_t>(a.num_segments));
+  parallel_for(a.num_segments, num_threads, [&](int64_t s) { results[static_cast<size_t>(s)] = summarise(s, 1); });
+  for (const Status& st : results)
+    if (!st.ok()) return st;
   return Status::Ok();
 }
 
