@@ -531,7 +531,8 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
     ``[S, 2]`` of ``(begin, end)`` on the flattened ``B*T`` token axis, each inside
     one sequence, in any order (``begin == end``: the identity). ``backend``:
     'auto' / 'cpu' (the chunked fp32 CPU backend) or 'reference' (float64 steps) for
-    CPU tensors; CUDA tensors run each range as a forward's summaries call on the GPU
+    CPU tensors ('cpu' runs two forwards a range, each padded to whole 16-token
+    chunks: for many ranges of a few tokens 'reference' is the faster); CUDA tensors run each range as a forward's summaries call on the GPU
     and return when they are done: ``segments`` (and ``cu_seqlens``) are copied to
     the host first, a synchronisation, so this is not a per-step call (on CUDA the
     summaries of whole sequences come cheaper from ``fwd(..., summaries=(M, B))``).
