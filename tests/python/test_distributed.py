@@ -106,10 +106,10 @@ def _worker(rank, world, init_file, errors):
         dist.destroy_process_group()
 
 
-def _run(rank, world, init_file, result_dir):
+def _run(rank, world, init_file, result_dir, worker=None):
     errors = []
     try:
-        _worker(rank, world, init_file, errors)
+        (worker or _worker)(rank, world, init_file, errors)
     except Exception as e:  # report, do not hang the others
         errors.append(f"rank {rank}: {type(e).__name__}: {e}")
     with open(os.path.join(result_dir, f"rank{rank}.txt"), "w") as f:
@@ -253,22 +253,12 @@ def _error_worker(rank, world, init_file, errors):
         dist.destroy_process_group()
 
 
-def _run_errors(rank, world, init_file, result_dir):
-    errors = []
-    try:
-        _error_worker(rank, world, init_file, errors)
-    except Exception as e:
-        errors.append(f"rank {rank}: {type(e).__name__}: {e}")
-    with open(os.path.join(result_dir, f"rank{rank}.txt"), "w") as f:
-        f.write("\n".join(errors))
-
-
 def test_cp_fwd_ranks_raise_together():
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as d:
         init_file = os.path.join(d, "init")
-        mp.spawn(_run_errors, args=(2, init_file, d), nprocs=2, join=True)
+        mp.spawn(_run, args=(2, init_file, d, _error_worker), nprocs=2, join=True)
         errors = []
         for r in range(2):
             with open(os.path.join(d, f"rank{r}.txt")) as f:
