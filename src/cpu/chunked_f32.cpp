@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/bf16.h"
+#include "common/gate.h"
 #include "common/sequences.h"
 #include "cpu/checkpoints.h"
 #include "cpu/cpu_backends.h"
@@ -84,7 +85,7 @@ void prepare_chunk(const ForwardArgs& args, int64_t t0, int n_c, int64_t h, int6
   const auto* v = static_cast<const uint16_t*>(args.v);
   const auto* g = static_cast<const uint16_t*>(args.g);
   const auto* beta = static_cast<const uint16_t*>(args.beta);
-  const float A = std::exp(args.A_log[hv]);
+  const float A = clamp_gate_scale(std::exp(args.A_log[hv]));  // as kCuda's prologue
   const float* dt_bias = args.dt_bias + hv * K;
   const float lb2 = args.lower_bound * kLog2e;  // log2(e) folded into lower_bound
 
@@ -106,15 +107,17 @@ void prepare_chunk(const ForwardArgs& args, int64_t t0, int n_c, int64_t h, int6
     const uint16_t* kt = k + (t * H + h) * K;
     const uint16_t* gt = g + (t * HV + hv) * K;
     const uint16_t* vt = v + (t * HV + hv) * V;
-    float qss = 0.f, kss = 0.f;
+    // The squared norms in double: in fp32 a row of norm above ~1.8e19 (a bf16 row
+    // can reach 3.4e38·sqrt(K)) overflows to inf, and the row would read as zero.
+    double qss = 0.0, kss = 0.0;
     for (int64_t d = 0; d < K; ++d) {
       qh[d] = bf16_to_float(qt[d]);
       kh[d] = bf16_to_float(kt[d]);
-      qss += qh[d] * qh[d];
-      kss += kh[d] * kh[d];
+      qss += static_cast<double>(qh[d]) * qh[d];
+      kss += static_cast<double>(kh[d]) * kh[d];
     }
-    const float qinv = 1.f / std::sqrt(qss + 1e-6f);
-    const float kinv = 1.f / std::sqrt(kss + 1e-6f);
+    const float qinv = static_cast<float>(1.0 / std::sqrt(qss + 1e-6));
+    const float kinv = static_cast<float>(1.0 / std::sqrt(kss + 1e-6));
     for (int64_t d = 0; d < K; ++d) {
       qh[d] *= qinv;
       kh[d] *= kinv;

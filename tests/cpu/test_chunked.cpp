@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu_test_util.h"
+#include "tests/common/huge_rows.h"
 
 namespace flashkda::testing {
 namespace {
@@ -219,6 +220,41 @@ TEST(Chunked, StrongestDecayStaysAccurate) {
   // Push every gate to its maximum: sigmoid(...) -> 1, a -> lower_bound.
   for (auto& e : p.g) e = float_to_bf16(30.f);
   const Errors e = chunked_vs_reference(p, "max decay (g=+30)");
+  EXPECT_LE(e.out, kBar);
+  EXPECT_LE(e.state, kBar);
+}
+
+// Rows of q and k whose fp32 squared norm overflows (huge_rows.h): normalised as
+// the oracle does, not read as zero (the squares are summed in double).
+TEST(Chunked, RowsWhoseSquaresOverflowFp32) {
+  for (const int64_t head_dim : {128, 64}) {
+    ProblemSpec spec;
+    spec.seqlen = 50;
+    spec.heads = 2;
+    spec.head_dim = head_dim;
+    HostProblem p = make_problem(spec, 2012);
+    // Rows are (token, head) pairs: tokens 3, 17 and 33 of head 0 in q, 4, 16 and 47 of head 1 in k.
+    make_rows_huge(p.q, head_dim, 3 * 2, 17 * 2, 33 * 2);
+    make_rows_huge(p.k, head_dim, 4 * 2 + 1, 16 * 2 + 1, 47 * 2 + 1);
+    const Errors e = chunked_vs_reference(p, head_dim == 128 ? "huge q/k rows, K=128" : "huge q/k rows, K=64");
+    EXPECT_LE(e.out, kBar);
+    EXPECT_LE(e.state, kBar);
+  }
+}
+
+// exp(A_log) past fp32's range where g + dt_bias is exactly 0: the gate is
+// sigmoid(0) (exp(A_log) clamped as kCuda clamps it, common/gate.h), not
+// sigmoid(inf · 0) = NaN.
+TEST(Chunked, OverflowingExpALogAtAZeroGateArgument) {
+  ProblemSpec spec;
+  spec.seqlen = 40;
+  spec.heads = 2;
+  spec.head_dim = 64;
+  HostProblem p = make_problem(spec, 2013);
+  for (auto& a : p.A_log) a = 100.f;
+  for (int64_t t = 0; t < 40; t += 3) p.g[static_cast<size_t>((t * 2 + 1) * 64 + 7)] = 0;  // head 1, column 7
+  p.dt_bias[static_cast<size_t>(64 + 7)] = 0.f;
+  const Errors e = chunked_vs_reference(p, "A_log = 100, g + dt_bias = 0");
   EXPECT_LE(e.out, kBar);
   EXPECT_LE(e.state, kBar);
 }

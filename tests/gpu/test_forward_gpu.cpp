@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "flashkda/flashkda.h"
+#include "tests/common/huge_rows.h"
 #include "tests/gpu/gpu_harness.h"
 
 #ifdef FLASHKDA_WITH_CUDA
@@ -213,6 +214,26 @@ TEST_F(GpuForward, HeadDim64WithOverflowingExpALog) {
     HostProblem p = make_problem(spec, fresh_seed());
     for (auto& a : p.A_log) a = 100.f;
     expect_within_bars(judge(p, run_cuda(p)), spec);
+  }
+}
+
+// Rows of q and k whose fp32 squared norm overflows (huge_rows.h): the
+// prologue sums them again at a scale (sm90/kernel/huge_rows.cuh), where they
+// read as zero before. One chain and the superposed segments (12 heads, long),
+// K = 128 and 64.
+TEST_F(GpuForward, RowsWhoseSquaresOverflowFp32) {
+  for (const int64_t head_dim : {128, 64}) {
+    for (const int64_t T : {300, 20000}) {
+      const int64_t H = T > 1000 ? 12 : 2;
+      const ProblemSpec spec = fixed(T, H, 1, head_dim);
+      HostProblem p = make_problem(spec, fresh_seed());
+      // Rows are (token, head) pairs: q in head 0, k in head 1, in the first chunks
+      // and (T = 20000) in a late one.
+      make_rows_huge(p.q, head_dim, 3 * H, 17 * H, (T - 7) * H);
+      make_rows_huge(p.k, head_dim, 4 * H + 1, 16 * H + 1, (T - 9) * H + 1);
+      SCOPED_TRACE("K = " + std::to_string(head_dim) + ", T = " + std::to_string(T));
+      expect_within_bars(judge(p, run_cuda(p), {0, 1}), spec);
+    }
   }
 }
 

@@ -3,15 +3,14 @@
 // threads of the prologue kernel: thread (d, half) owns key column d = tid % 128
 // and rows 8·half..8·half+7.
 #pragma once
+#include "common/gate.h"
 #include "sm90/kernel/fragments.cuh"
+#include "sm90/kernel/huge_rows.cuh"
 #include "sm90/kernel/shared_storage.cuh"
 
 namespace flashkda::sm90 {
 
 constexpr int kPrologueThreads = 256;
-// exp(A_log) is clamped here (gate_prefix): at 2^100 the gate's sigmoid is already
-// saturated for every |g + dt_bias| above ~2^-95, so only the infinities change.
-constexpr float kMaxGateScale = 0x1p100f;
 constexpr int kPrologueWarps = kPrologueThreads / 32;
 // Element-wise thread map: thread (pair p, group q) owns key columns 2p, 2p+1 and
 // rows 4q..4q+3, so that every shared-memory access moves two elements.
@@ -64,9 +63,29 @@ __device__ __forceinline__ void row_norms(Smem& s, int warp, int lane, float sca
     sq += __shfl_xor_sync(0xffffffffu, sq, off);
     sk += __shfl_xor_sync(0xffffffffu, sk, off);
   }
+  float rq = rsqrt_approx(sq + 1e-6f), rk = rsqrt_approx(sk + 1e-6f);  // sq + 1e-6 >= 1e-6: a normal float
+  const bool huge_q = squares_overflowed(sq), huge_k = squares_overflowed(sk);
+  if (huge_q || huge_k) {  // uniform over the half-warp (huge_rows.cuh)
+    const unsigned half = 0xffffu << (lane & 16);
+    const float fq = huge_q ? kHugeRowScale : 1.f, fk = huge_k ? kHugeRowScale : 1.f;
+    float sq2 = 0.f, sk2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 qf = bf16x2_bits_to_float2(qw[i]), kf = bf16x2_bits_to_float2(kw[i]);
+      sq2 = fmaf(qf.x * fq, qf.x * fq, fmaf(qf.y * fq, qf.y * fq, sq2));
+      sk2 = fmaf(kf.x * fk, kf.x * fk, fmaf(kf.y * fk, kf.y * fk, sk2));
+    }
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) {
+      sq2 += __shfl_xor_sync(half, sq2, off);
+      sk2 += __shfl_xor_sync(half, sk2, off);
+    }
+    if (huge_q) rq = rsqrt_approx(sq2) * kHugeRowScale;  // sq2 >= 3.9e-3: normal
+    if (huge_k) rk = rsqrt_approx(sk2) * kHugeRowScale;
+  }
   if ((lane & 15) == 0) {
-    s.rnorm_q_scaled[row] = rsqrt_approx(sq + 1e-6f) * scale;  // sq + 1e-6 >= 1e-6: a normal float
-    s.rnorm_k[row] = rsqrt_approx(sk + 1e-6f);
+    s.rnorm_q_scaled[row] = rq * scale;
+    s.rnorm_k[row] = rk;
   }
 }
 
