@@ -296,8 +296,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
         raise ValueError(f"q: expected batch size 1 with cu_seqlens (flattened sequences), got {B}")
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
     if cu_seqlens is None and T == 0 and B > 0:
-        # No tokens: each batch row a sequence of none (its state carried over, as
-        # fla's loop of no steps does). The decode's [N, t] form needs t >= 1.
+        # No tokens: each batch row a sequence of none, whose state comes back as it
+        # went in (fla's loop of no steps). The decode's [N, t] form needs t >= 1.
         cu_seqlens = torch.zeros(B + 1, dtype=torch.int32, device=q.device)
     A_log, dt_bias = _gate_parameters(A_log, dt_bias, q, HV, K)
     # Zeros, as fla's: a padding entry's rows (a negative slot) are not written.

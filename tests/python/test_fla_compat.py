@@ -431,9 +431,9 @@ def test_fused_recurrent_kda_without_sequences_names_cu_seqlens_or_q():
         flash_kda.fused_recurrent_kda(*(x[:0] for x in args), output_final_state=True, **kw)
 
 
-def test_fused_recurrent_kda_without_tokens_carries_the_states():
-    # T = 0 in fla's [B, T] layout: o is empty and each batch row's state is carried
-    # over (fla's loop of no steps); on a pool the slots stay as they were.
+def test_fused_recurrent_kda_without_tokens_returns_the_states_unchanged():
+    # T = 0 in fla's [B, T] layout: o is empty and each batch row's state comes back
+    # unchanged (fla's loop of no steps); on a pool the slots stay as they were.
     p = make_problem(B=2, T=3, H=2, K=32, seed=39)
     args = tuple(x[:, :0] for x in (p["q"], p["k"], p["v"], p["g"], p["beta"]))
     kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=-5.0, **RFLAGS)
