@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   // op: ~2^-22 of relative error in a scale of the gate's argument, against nine
   // instructions a thread for expf.
   const float e_a = ex2_approx(a_log * 1.4426950408889634f);
-  const float exp_a = real_column ? (e_a > kMaxGateScale ? kMaxGateScale : e_a) : 0.f;  // a NaN stays NaN
+  const float exp_a = real_column ? clamp_gate_scale(e_a) : 0.f;  // common/gate.h; a NaN stays NaN
   cute::cp_async_wait<0>();
   if (tid < kChunk) s.beta_sig[tid] = sigmoid(bf16_bits_to_float(beta_bits));  // pad rows: sigmoid(0)
   __syncthreads();
