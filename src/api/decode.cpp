@@ -75,13 +75,10 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
   if (a.num_v_heads < 0 || (a.num_v_heads > 0 && a.num_v_heads % a.num_heads != 0))
     return Status::Invalid(cat("num_v_heads: expected 0 (= num_heads) or a positive multiple of num_heads=",
                                a.num_heads, ", got ", a.num_v_heads));
-  if (a.head_dim_k < 1) return Status::Invalid(cat("head_dim_k: expected a value >= 1, got ", a.head_dim_k));
-  if (a.head_dim_v < 1) return Status::Invalid(cat("head_dim_v: expected a value >= 1, got ", a.head_dim_v));
-  // Valid shapes no backend runs (kCuda's narrower set: check_decode_supported).
-  if (a.head_dim_k > kCpuMaxHeadDim || a.head_dim_v > kCpuMaxHeadDim)
-    return Status::NotSupported(cat(a.head_dim_k > kCpuMaxHeadDim ? "head_dim_k" : "head_dim_v",
-                                    ": the decode runs head dims in [1, ", kCpuMaxHeadDim,
-                                    "] (kCuda: 64 or 128), got K = ", a.head_dim_k, ", V = ", a.head_dim_v));
+  // Above 256 on every backend (kCuda's narrower set: check_decode_supported).
+  if (const Status s = check_head_dims(a.head_dim_k, a.head_dim_v, kCpuMaxHeadDim, [] { return "the decode"; });
+      !s.ok())
+    return s;
   const int64_t N = a.num_seqs, H = a.num_heads, HV = decode_value_heads(a);
   const int64_t K = a.head_dim_k, V = a.head_dim_v, T = a.total_tokens;
   if (T < 0) return Status::Invalid(cat("total_tokens: expected a value >= 0, got ", T));

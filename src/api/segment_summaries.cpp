@@ -137,13 +137,10 @@ Status validate_compose(const ComposeSummariesArgs& a, Backend backend) {
   if (const Status s = check_backend(backend); !s.ok()) return s;
   if (a.count < 0) return Status::Invalid(cat("count: expected a value >= 0, got ", a.count));
   const int64_t max_dim = backend == Backend::kCuda ? sm90::kCudaMaxComposeDim : kCpuMaxHeadDim;
-  const char* on = backend == Backend::kCuda ? " on backend kCuda" : "";
-  if (a.head_dim_k < 1) return Status::Invalid(cat("head_dim_k: expected a value >= 1, got ", a.head_dim_k));
-  if (a.head_dim_v < 1) return Status::Invalid(cat("head_dim_v: expected a value >= 1, got ", a.head_dim_v));
-  if (a.head_dim_k > max_dim)
-    return Status::NotSupported(cat("head_dim_k: expected a value in [1, ", max_dim, "]", on, ", got ", a.head_dim_k));
-  if (a.head_dim_v > max_dim)
-    return Status::NotSupported(cat("head_dim_v: expected a value in [1, ", max_dim, "]", on, ", got ", a.head_dim_v));
+  if (const Status s = check_head_dims(a.head_dim_k, a.head_dim_v, max_dim,
+                                       [&] { return cat("the composition on backend ", to_string(backend)); });
+      !s.ok())
+    return s;
   int64_t n = 0;
   if (!tensor_fits({a.count, a.head_dim_k + a.head_dim_v, a.head_dim_k}, 4, &n))
     return Status::Invalid(cat("count: ", a.count, " summaries overflow int64 element counts"));

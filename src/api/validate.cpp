@@ -94,18 +94,11 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
   if (a.num_v_heads < 0 || (a.num_v_heads > 0 && a.num_v_heads % a.num_heads != 0))
     return Status::Invalid(cat("num_v_heads: expected 0 (= num_heads) or a positive multiple of num_heads=",
                                a.num_heads, ", got ", a.num_v_heads));
-  if (a.head_dim_k < 1) return Status::Invalid(cat("head_dim_k: expected a value >= 1, got ", a.head_dim_k));
-  if (a.head_dim_v < 1) return Status::Invalid(cat("head_dim_v: expected a value >= 1, got ", a.head_dim_v));
-  if (!cuda) {
-    // The CPU backends take any head dimension up to 256 (kCuda: see check_supported below).
-    // Valid shapes this backend does not run: kNotSupported, as kCuda's.
-    if (a.head_dim_k > kCpuMaxHeadDim)
-      return Status::NotSupported(cat("head_dim_k: backend ", to_string(backend), " runs head dims in [1, ",
-                                      kCpuMaxHeadDim, "], got ", a.head_dim_k));
-    if (a.head_dim_v > kCpuMaxHeadDim)
-      return Status::NotSupported(cat("head_dim_v: backend ", to_string(backend), " runs head dims in [1, ",
-                                      kCpuMaxHeadDim, "], got ", a.head_dim_v));
-  }
+  // The CPU backends take any head dimension up to 256 (kCuda's set: check_supported below).
+  if (const Status s = check_head_dims(a.head_dim_k, a.head_dim_v, cuda ? kInt64Max : kCpuMaxHeadDim,
+                                       [&] { return cat("backend ", to_string(backend)); });
+      !s.ok())
+    return s;
   const bool varlen = a.cu_seqlens != nullptr;
   // As validate_decode and the Python binding: a host copy of boundaries that are
   // not given would be silently ignored (the call would run as a B·T batch).

@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/sequences.h"
@@ -38,6 +39,18 @@ std::string cat(const Ts&... parts) {
   std::ostringstream os;
   (put_part(os, parts), ...);
   return os.str();
+}
+
+// head_dim_k and head_dim_v: below 1 an invalid argument; above `max`, what
+// `runner()` names (a backend, or the decode) runs, a valid shape it does not run
+// (kNotSupported). `runner` is called only for that message.
+template <typename Runner>
+Status check_head_dims(int64_t head_dim_k, int64_t head_dim_v, int64_t max, Runner&& runner) {
+  for (const auto& [name, dim] : {std::pair<const char*, int64_t>{"head_dim_k", head_dim_k}, {"head_dim_v", head_dim_v}}) {
+    if (dim < 1) return Status::Invalid(cat(name, ": expected a value >= 1, got ", dim));
+    if (dim > max) return Status::NotSupported(cat(name, ": ", runner(), " runs head dims in [1, ", max, "], got ", dim));
+  }
+  return Status::Ok();
 }
 
 inline bool known_backend(Backend b) {

@@ -263,7 +263,7 @@ TEST(DecodeValidation, MessagesNameTheArgument) {
   // A valid shape no backend runs: kNotSupported, naming the dimension.
   const Status big = decode_with(p, [](DecodeArgs& a) { a.head_dim_v = 300; });
   EXPECT_EQ(big.code, StatusCode::kNotSupported) << big.message;
-  EXPECT_NE(big.message.find("head_dim_v: the decode runs head dims in [1, 256]"), std::string::npos) << big.message;
+  EXPECT_NE(big.message.find("head_dim_v: the decode runs head dims in [1, 256], got 300"), std::string::npos) << big.message;
 }
 
 // Counts that would wrap before anything is read: int32 boundaries of 2^62

@@ -374,7 +374,7 @@ TEST(SegmentSummariesApi, BadArgumentsAreNamed) {
   c.head_dim_k = 129;
   st = compose_summaries(c, Backend::kCuda);
   EXPECT_EQ(st.code, StatusCode::kNotSupported);  // a valid shape this backend does not run
-  EXPECT_NE(st.message.find("head_dim_k: expected a value in [1, 128] on backend kCuda"), std::string::npos)
+  EXPECT_NE(st.message.find("head_dim_k: the composition on backend kCuda runs head dims in [1, 128], got 129"), std::string::npos)
       << st.message;
   c.head_dim_k = p.K;
   // Without a usable device (these pointers are host memory: not run where one is).
