@@ -4,6 +4,7 @@
 // docs/spec.md, whose sections "spec section N" refers to):
 //   q̂ = q/sqrt(|q|²+1e-6), k̂ = k/sqrt(|k|²+1e-6)
 //   a = lower_bound·sigmoid(exp(A_log[h])·(g + dt_bias[h])),  b = sigmoid(beta)
+//   (or a = g and b = beta as given: GateForm::kLogDecay, beta_is_probability)
 //   S ← S·diag(exp(a));  S ← S + b·(v − S k̂) k̂ᵀ;  o = scale·S q̂
 // with the state S of shape [V, K] per (sequence, value head).
 //
@@ -51,12 +52,32 @@ struct Status {
 // Element type of slot indices into a state pool (forward and decode).
 enum class IndexType : int32_t { kInt32 = 0, kInt64 = 1 };
 
+// What g holds (ForwardArgs, DecodeArgs): fla's use_gate_in_kernel.
+enum class GateForm : int32_t {
+  // The raw gate, activated inside: a = lower_bound·sigmoid(exp(A_log[hv])·(g + dt_bias[hv]))
+  // (FlashKDA's safe gate; fla's use_gate_in_kernel=True with lower_bound). g is bf16 or fp32.
+  kSafeGate = 0,
+  // The activation a itself: the natural log of each key channel's decay at
+  // that token, a <= 0 (fla's use_gate_in_kernel=False, e.g. the output of
+  // fla's fused_kda_gate, as vLLM's Kimi Linear layer passes it). bf16 or fp32
+  // (g_dtype); A_log, dt_bias and lower_bound are not read (A_log and dt_bias
+  // may be null). Any decay a chunk of 16 tokens accumulates is exact, however
+  // strong (a chunk whose decay spans more than 2^-116 takes a slower exact path
+  // on kCpuChunked and kCuda). A value above 0 is not a decay: the CPU backends
+  // refuse it (kInvalidArgument naming g), and kCuda, which cannot read device
+  // values without a synchronisation, reads it as 0 and records it for
+  // check_device_faults.
+  kLogDecay = 1,
+};
+
 // Arguments of one KDA forward. Shapes (row-major; dense unless the stride
 // fields below say otherwise):
 //   q, k        bf16 [B, T, H,  K]
 //   v, out      bf16 [B, T, HV, V]
-//   g           bf16 [B, T, HV, K]     raw gate (before activation)
-//   beta        bf16 [B, T, HV]        raw beta logit
+//   g           bf16 [B, T, HV, K]     raw gate (before activation); or, with
+//                                      gate_form kLogDecay, the log decay (bf16 or fp32)
+//   beta        bf16 [B, T, HV]        raw beta logit; or b itself (beta_is_probability),
+//                                      bf16 or fp32 (beta_dtype)
 //   A_log       fp32 [HV]
 //   dt_bias     fp32 [HV, K]
 //   initial_state, final_state   bf16 or fp32 [N, HV, V, K], each optional
@@ -112,11 +133,12 @@ struct ForwardArgs {
   const int32_t* cu_seqlens_int32 = nullptr;
 
   // Strided token tensors, e.g. views of one fused projection output (spec
-  // section 7): element strides between consecutive tokens of the flattened B·T
-  // axis and between heads, the last dimension contiguous; 0 means dense (q, k:
-  // H·K and K; v: HV·V and V; g: HV·K and K; beta: HV and 1). The CPU backends
-  // take any; kCuda needs q, k, v, g strides that are multiples of 8 elements
-  // (16-byte aligned rows) and every stride below 2^31.
+  // section 7): element strides (in elements of the tensor's own dtype) between
+  // consecutive tokens of the flattened B·T axis and between heads, the last
+  // dimension contiguous; 0 means dense (q, k: H·K and K; v: HV·V and V; g: HV·K
+  // and K; beta: HV and 1). The CPU backends take any; kCuda needs q, k, v, g
+  // strides that are multiples of 16 bytes (16-byte aligned rows: 8 bf16
+  // elements, 4 for an fp32 g) and every stride below 2^31.
   int64_t q_token_stride = 0, q_head_stride = 0;
   int64_t k_token_stride = 0, k_head_stride = 0;
   int64_t v_token_stride = 0, v_head_stride = 0;
@@ -131,7 +153,14 @@ struct ForwardArgs {
   int64_t head_dim_v = 0;   // V
 
   float scale = 0.f;          // usually K^-0.5; set it: the default 0 is valid and gives out = 0
-  float lower_bound = -5.f;   // in [-5, 0)
+  float lower_bound = -5.f;   // in [-5, 0) (read with GateForm::kSafeGate only)
+
+  // What g and beta hold (fla's use_gate_in_kernel and use_beta_sigmoid_in_kernel).
+  // The defaults are FlashKDA's: the raw gate and the beta logit, both bf16.
+  GateForm gate_form = GateForm::kSafeGate;
+  DType g_dtype = DType::kBF16;     // kBF16 or kFP32 (either gate form)
+  bool beta_is_probability = false; // true: b = beta as given (no sigmoid)
+  DType beta_dtype = DType::kBF16;  // kBF16 or kFP32
 
   // Forward on a state pool (serving engines, spec section 7), instead of
   // initial_state / final_state (which must then be null). Sequence n starts
@@ -255,8 +284,8 @@ enum class PdlMode : int32_t {
 // columns, and it has none). Tokens are laid out sequence after sequence (T = Σ t_n):
 //   q, k        bf16 [T, H,  K]
 //   v, out      bf16 [T, HV, V]
-//   g           bf16 [T, HV, K]
-//   beta        bf16 [T, HV]
+//   g           bf16 [T, HV, K]   (or the log decay, bf16 or fp32: gate_form)
+//   beta        bf16 [T, HV]      (or b itself, bf16 or fp32: beta_is_probability)
 //   A_log, dt_bias  fp32 [HV], [HV, K]
 // Sequence n's state is slot state_indices[n] of the pool: element (hv, i, j) of
 // slot s lives at state_pool[s·pool_stride + (hv·V + i)·K + j] ([V, K] layout per
@@ -328,6 +357,11 @@ struct DecodeArgs {
   int64_t head_dim_v = 0;
   float scale = 0.f;  // usually K^-0.5; set it: the default 0 is valid and gives out = 0
   float lower_bound = -5.f;
+  // As ForwardArgs' (fla's use_gate_in_kernel and use_beta_sigmoid_in_kernel).
+  GateForm gate_form = GateForm::kSafeGate;
+  DType g_dtype = DType::kBF16;
+  bool beta_is_probability = false;
+  DType beta_dtype = DType::kBF16;
 
   // kCuda only: whether to launch with programmatic dependent launch (PDL), so
   // the decode kernel may be scheduled while the previous kernel in the stream
@@ -392,8 +426,8 @@ Status check_device_faults(void* stream = nullptr);
 // backend, a forward's summaries call (ForwardArgs::summaries_M) also summarises
 // whole sequences, and the resume call runs from given incoming states.
 struct SegmentSummaryArgs {
-  // The tokens: q, k, v, g, beta, A_log, dt_bias, the shapes, cu_seqlens and
-  // lower_bound as for forward(). Its out, scale and states are not used (the
+  // The tokens: q, k, v, g, beta, A_log, dt_bias, the shapes, cu_seqlens,
+  // lower_bound and the gate fields (gate_form, g_dtype, ...) as for forward(). Its out, scale and states are not used (the
   // state does not depend on scale).
   ForwardArgs inputs;
   // int64 [S, 2], in the backend's memory: segment s is the tokens
@@ -431,5 +465,6 @@ const char* to_string(DType dtype);
 const char* to_string(Backend backend);
 const char* to_string(StatusCode code);
 const char* to_string(IndexType type);
+const char* to_string(GateForm form);
 
 }  // namespace flashkda

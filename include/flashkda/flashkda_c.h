@@ -7,15 +7,19 @@
  * recent call on that thread ("" after a successful one).
  *
  * The struct layouts are part of the ABI (on 64-bit platforms, no padding):
- * flashkda_forward_args is 21 pointers, 21 int64, 8 int32 and 2 float, 376 bytes
+ * flashkda_forward_args is 21 pointers, 21 int64, 12 int32 and 2 float, 392 bytes
  * (ABI 2 appended the state-pool, checkpoint and split-forward fields to ABI 1's
  * 168 bytes; ABI 5 gave its last int32, reserved until then, a meaning:
- * states_key_major);
- * flashkda_decode_args is 16 pointers, 21 int64, 3 int32, 2 float and a reserved
- * int32, 320 bytes (ABI 2 appended cu_seqlens_int32, verify_slots,
- * num_accepted_tokens; ABI 4 the token tensors' strides to ABI 3's 240 bytes);
+ * states_key_major; ABI 6 appended gate_form, g_dtype, beta_is_probability and
+ * beta_dtype to ABI 5's 376 bytes);
+ * flashkda_decode_args is 16 pointers, 21 int64, 7 int32, 2 float and a reserved
+ * int32, 336 bytes (ABI 2 appended cu_seqlens_int32, verify_slots,
+ * num_accepted_tokens; ABI 4 the token tensors' strides to ABI 3's 240 bytes;
+ * ABI 6 gave the reserved int32 after lower_bound a meaning, gate_form, and
+ * appended g_dtype, beta_is_probability, beta_dtype and a new reserved int32 to
+ * ABI 5's 320 bytes);
  * flashkda_segment_summary_args is a flashkda_forward_args,
- * a pointer, an int64 and two pointers, 408 bytes; flashkda_compose_summaries_args
+ * a pointer, an int64 and two pointers, 424 bytes; flashkda_compose_summaries_args
  * is 3 int64 and 7 pointers, 80 bytes (ABI 3 appended its stream to ABI 2's 72
  * bytes). A layout change bumps FLASHKDA_C_ABI_VERSION. */
 #ifndef FLASHKDA_FLASHKDA_C_H_
@@ -31,7 +35,7 @@ extern "C" {
 #define FLASHKDA_VERSION_MAJOR 0
 #define FLASHKDA_VERSION_MINOR 1
 #define FLASHKDA_VERSION_PATCH 0
-#define FLASHKDA_C_ABI_VERSION 5
+#define FLASHKDA_C_ABI_VERSION 6
 
 /* Status codes (= flashkda::StatusCode). */
 #define FLASHKDA_STATUS_OK 0
@@ -50,6 +54,11 @@ extern "C" {
 #define FLASHKDA_DTYPE_BF16 1
 #define FLASHKDA_DTYPE_FP32 2
 
+/* What g holds (= flashkda::GateForm): the raw gate, activated inside (the safe
+ * gate), or the natural-log decay itself (fla's use_gate_in_kernel=False). */
+#define FLASHKDA_GATE_SAFE_GATE 0
+#define FLASHKDA_GATE_LOG_DECAY 1
+
 /* Mirrors flashkda::ForwardArgs; see there for shapes and meaning.
  * Zero-initialise, then set lower_bound (the C++ default is -5) and the rest,
  * or call flashkda_forward_args_init(). An output that certainly shares memory
@@ -59,10 +68,10 @@ typedef struct flashkda_forward_args {
   const void* q;               /* bf16 [B, T, H, K] */
   const void* k;               /* bf16 [B, T, H, K] */
   const void* v;               /* bf16 [B, T, HV, V] */
-  const void* g;               /* bf16 [B, T, HV, K] */
-  const void* beta;            /* bf16 [B, T, HV] */
-  const float* A_log;          /* fp32 [HV] */
-  const float* dt_bias;        /* fp32 [HV, K] */
+  const void* g;               /* bf16 [B, T, HV, K] (g_dtype) */
+  const void* beta;            /* bf16 [B, T, HV] (beta_dtype) */
+  const float* A_log;          /* fp32 [HV] (may be NULL with FLASHKDA_GATE_LOG_DECAY) */
+  const float* dt_bias;        /* fp32 [HV, K] (may be NULL with FLASHKDA_GATE_LOG_DECAY) */
   void* out;                   /* bf16 [B, T, HV, V] */
   const void* initial_state;   /* bf16/fp32 [N, HV, V, K] ([N, HV, K, V] with states_key_major) or NULL */
   void* final_state;           /* bf16/fp32 [N, HV, V, K] ([N, HV, K, V] with states_key_major) or NULL;
@@ -79,7 +88,7 @@ typedef struct flashkda_forward_args {
   int32_t initial_state_dtype; /* FLASHKDA_DTYPE_* */
   int32_t final_state_dtype;   /* FLASHKDA_DTYPE_* */
   float scale;                 /* usually K^-0.5 */
-  float lower_bound;           /* in [-5, 0) */
+  float lower_bound;           /* in [-5, 0) (read with FLASHKDA_GATE_SAFE_GATE only) */
   /* Forward on a state pool instead of initial_state / final_state (see
    * flashkda::ForwardArgs): slot state_indices[n] in, and out again in place. */
   void* state_pool;                 /* bf16/fp32 [pool_size, HV, V, K], slots pool_stride apart, or NULL */
@@ -117,6 +126,12 @@ typedef struct flashkda_forward_args {
   float* summaries_B;             /* fp32 [N, HV, V, K], or NULL */
   int32_t resume_from_summaries;  /* 0 or 1 */
   int32_t states_key_major;       /* 0: initial_state / final_state [N, HV, V, K]; 1: [N, HV, K, V] (ABI 5) */
+  /* What g and beta hold (ABI 6; see flashkda::ForwardArgs). Zero keeps the
+   * safe gate and the beta logit, both bf16. */
+  int32_t gate_form;              /* FLASHKDA_GATE_*: 0 the raw gate, 1 the log decay (<= 0) */
+  int32_t g_dtype;                /* 0 or FLASHKDA_DTYPE_BF16: bf16; FLASHKDA_DTYPE_FP32: fp32 */
+  int32_t beta_is_probability;    /* 0: b = sigmoid(beta); 1: b = beta as given */
+  int32_t beta_dtype;             /* 0 or FLASHKDA_DTYPE_BF16: bf16; FLASHKDA_DTYPE_FP32: fp32 */
 } flashkda_forward_args;
 
 /* Zeroes *args and sets lower_bound = -5 (the C++ defaults). */
@@ -138,10 +153,10 @@ typedef struct flashkda_decode_args {
   const void* q;                  /* bf16 [T, H, K] */
   const void* k;                  /* bf16 [T, H, K] */
   const void* v;                  /* bf16 [T, HV, V] */
-  const void* g;                  /* bf16 [T, HV, K] */
-  const void* beta;               /* bf16 [T, HV] */
-  const float* A_log;             /* fp32 [HV] */
-  const float* dt_bias;           /* fp32 [HV, K] */
+  const void* g;                  /* bf16 [T, HV, K] (g_dtype) */
+  const void* beta;               /* bf16 [T, HV] (beta_dtype) */
+  const float* A_log;             /* fp32 [HV] (may be NULL with FLASHKDA_GATE_LOG_DECAY) */
+  const float* dt_bias;           /* fp32 [HV, K] (may be NULL with FLASHKDA_GATE_LOG_DECAY) */
   void* out;                      /* bf16 [T, HV, V] */
   const int64_t* cu_seqlens;      /* [N+1] in the backend's memory, or NULL: tokens_per_seq each */
   const int64_t* cu_seqlens_host; /* optional host copy (kCuda) */
@@ -163,8 +178,8 @@ typedef struct flashkda_decode_args {
   int32_t index_type;             /* FLASHKDA_INDEX_* */
   int32_t programmatic_dependent_launch; /* kCuda: FLASHKDA_PDL_AUTO (0, default), _ON (1) or _OFF (-1) */
   float scale;                    /* usually K^-0.5 */
-  float lower_bound;              /* in [-5, 0) */
-  int32_t reserved;               /* must be 0 (kept for a later ABI) */
+  float lower_bound;              /* in [-5, 0) (read with FLASHKDA_GATE_SAFE_GATE only) */
+  int32_t gate_form;              /* FLASHKDA_GATE_* (ABI 6; the reserved 0 of ABI 5: the safe gate) */
   const int32_t* cu_seqlens_int32; /* int32 [N+1] instead of cu_seqlens, or NULL (every backend) */
   int64_t verify_slots;            /* >= 2 (or 1 with num_accepted_tokens): speculative verify,
                                     * state_indices [N, verify_slots] */
@@ -176,6 +191,11 @@ typedef struct flashkda_decode_args {
   int64_t v_token_stride, v_head_stride;
   int64_t g_token_stride, g_head_stride;
   int64_t beta_token_stride, beta_head_stride;
+  /* As in flashkda_forward_args (ABI 6): zero keeps bf16 and the beta logit. */
+  int32_t g_dtype;                /* 0 or FLASHKDA_DTYPE_BF16: bf16; FLASHKDA_DTYPE_FP32: fp32 */
+  int32_t beta_is_probability;    /* 0: b = sigmoid(beta); 1: b = beta as given */
+  int32_t beta_dtype;             /* 0 or FLASHKDA_DTYPE_BF16: bf16; FLASHKDA_DTYPE_FP32: fp32 */
+  int32_t reserved;               /* must be 0 (kept for a later ABI) */
 } flashkda_decode_args;
 
 /* Zeroes *args and sets the C++ defaults: tokens_per_seq = 1, state_dtype fp32,
@@ -218,7 +238,8 @@ int32_t flashkda_check_device_faults(void* stream);
  * backend the summaries of given ranges are synchronous (their ranges are read on
  * the host), the composition asynchronous on its stream. */
 typedef struct flashkda_segment_summary_args {
-  flashkda_forward_args inputs; /* the token tensors, shapes, cu_seqlens, lower_bound; out/states/scale unused */
+  flashkda_forward_args inputs; /* the token tensors, shapes, cu_seqlens, the gate (lower_bound, gate_form, ...);
+                                   out/states/scale unused */
   const int64_t* segments;      /* int64 [S, 2]: (begin, end) on the flattened B*T token axis */
   int64_t num_segments;         /* S */
   float* M;                     /* fp32 [S, HV, K, K] */

@@ -2,6 +2,7 @@
 #include "flashkda/flashkda_c.h"
 
 #include <cstddef>
+#include <initializer_list>
 #include <utility>
 #include <string>
 #include <type_traits>
@@ -13,6 +14,7 @@ namespace {
 using flashkda::Backend;
 using flashkda::DecodeArgs;
 using flashkda::DType;
+using flashkda::GateForm;
 using flashkda::IndexType;
 using flashkda::ForwardArgs;
 using flashkda::PdlMode;
@@ -31,6 +33,9 @@ static_assert(FLASHKDA_BACKEND_CUDA == static_cast<int32_t>(Backend::kCuda), "")
 static_assert(FLASHKDA_DTYPE_NONE == static_cast<int32_t>(DType::kNone), "");
 static_assert(FLASHKDA_DTYPE_BF16 == static_cast<int32_t>(DType::kBF16), "");
 static_assert(FLASHKDA_DTYPE_FP32 == static_cast<int32_t>(DType::kFP32), "");
+static_assert(FLASHKDA_GATE_SAFE_GATE == static_cast<int32_t>(GateForm::kSafeGate), "");
+static_assert(FLASHKDA_GATE_LOG_DECAY == static_cast<int32_t>(GateForm::kLogDecay), "");
+static_assert(std::is_same<std::underlying_type<GateForm>::type, int32_t>::value, "");
 static_assert(FLASHKDA_INDEX_INT32 == static_cast<int32_t>(IndexType::kInt32), "");
 static_assert(FLASHKDA_INDEX_INT64 == static_cast<int32_t>(IndexType::kInt64), "");
 static_assert(FLASHKDA_PDL_OFF == static_cast<int32_t>(PdlMode::kOff), "");
@@ -68,20 +73,29 @@ static_assert(offsetof(flashkda_forward_args, summaries_M) == 352, "");
 static_assert(offsetof(flashkda_forward_args, summaries_B) == 360, "");
 static_assert(offsetof(flashkda_forward_args, resume_from_summaries) == 368, "");
 static_assert(offsetof(flashkda_forward_args, states_key_major) == 372, "");
-static_assert(sizeof(flashkda_forward_args) == 376, "");
+static_assert(offsetof(flashkda_forward_args, gate_form) == 376, "");
+static_assert(offsetof(flashkda_forward_args, g_dtype) == 380, "");
+static_assert(offsetof(flashkda_forward_args, beta_is_probability) == 384, "");
+static_assert(offsetof(flashkda_forward_args, beta_dtype) == 388, "");
+static_assert(sizeof(flashkda_forward_args) == 392, "");
 static_assert(offsetof(flashkda_decode_args, per_token_states) == 104, "");
 static_assert(offsetof(flashkda_decode_args, num_seqs) == 112, "");
 static_assert(offsetof(flashkda_decode_args, head_dim_v) == 184, "");
 static_assert(offsetof(flashkda_decode_args, state_dtype) == 192, "");
 static_assert(offsetof(flashkda_decode_args, lower_bound) == 208, "");
+static_assert(offsetof(flashkda_decode_args, gate_form) == 212, "");
 static_assert(offsetof(flashkda_decode_args, cu_seqlens_int32) == 216, "");
 static_assert(offsetof(flashkda_decode_args, verify_slots) == 224, "");
 static_assert(offsetof(flashkda_decode_args, q_token_stride) == 240, "");
 static_assert(offsetof(flashkda_decode_args, beta_head_stride) == 312, "");
-static_assert(sizeof(flashkda_decode_args) == 320, "");
-static_assert(offsetof(flashkda_segment_summary_args, segments) == 376, "");
-static_assert(offsetof(flashkda_segment_summary_args, B) == 400, "");
-static_assert(sizeof(flashkda_segment_summary_args) == 408, "");
+static_assert(offsetof(flashkda_decode_args, g_dtype) == 320, "");
+static_assert(offsetof(flashkda_decode_args, beta_is_probability) == 324, "");
+static_assert(offsetof(flashkda_decode_args, beta_dtype) == 328, "");
+static_assert(offsetof(flashkda_decode_args, reserved) == 332, "");
+static_assert(sizeof(flashkda_decode_args) == 336, "");
+static_assert(offsetof(flashkda_segment_summary_args, segments) == 392, "");
+static_assert(offsetof(flashkda_segment_summary_args, B) == 416, "");
+static_assert(sizeof(flashkda_segment_summary_args) == 424, "");
 static_assert(offsetof(flashkda_compose_summaries_args, M1) == 24, "");
 static_assert(offsetof(flashkda_compose_summaries_args, stream) == 72, "");
 static_assert(sizeof(flashkda_compose_summaries_args) == 80, "");
@@ -103,8 +117,14 @@ int32_t null_args() {
   return FLASHKDA_STATUS_INVALID_ARGUMENT;
 }
 
+// A g or beta dtype of the C structs: 0 (a zero-initialised struct of an older
+// ABI) is bf16, as FLASHKDA_DTYPE_BF16 is; any other value is the DType it names
+// (validate() refuses the unknown ones and kNone).
+DType token_dtype(int32_t c) { return c == 0 ? DType::kBF16 : static_cast<DType>(c); }
+
 // The fields both argument structs share, under the same names: the token
-// tensors, the output, the sequence boundaries, head counts and dims, scalars.
+// tensors, the output, the sequence boundaries, head counts and dims, scalars,
+// what g and beta hold.
 template <class CArgs, class CppArgs>
 void copy_shared_fields(const CArgs& c, CppArgs& a) {
   a.q = c.q;
@@ -124,6 +144,10 @@ void copy_shared_fields(const CArgs& c, CppArgs& a) {
   a.head_dim_v = c.head_dim_v;
   a.scale = c.scale;
   a.lower_bound = c.lower_bound;
+  a.gate_form = static_cast<GateForm>(c.gate_form);  // unknown values: validate() rejects
+  a.g_dtype = token_dtype(c.g_dtype);
+  a.beta_is_probability = c.beta_is_probability != 0;
+  a.beta_dtype = token_dtype(c.beta_dtype);
 }
 
 // The token tensors' strides, under the same names in both argument structs.
@@ -199,16 +223,21 @@ DecodeArgs to_cpp(const flashkda_decode_args& c) {
 // The C structs' fields that have no C++ counterpart to be checked by: the flags
 // are 0 or 1, and the decode struct's `reserved` is 0, so that a later ABI can give
 // it a meaning without a caller's leftover value taking it.
-Status check_c_fields(const flashkda_forward_args& c) {
-  for (const auto& [name, flag] : {std::pair<const char*, int32_t>{"checkpoints_value_major", c.checkpoints_value_major},
-                                   {"resume_from_summaries", c.resume_from_summaries},
-                                   {"states_key_major", c.states_key_major}})
-    if (flag != 0 && flag != 1) return Status::Invalid(std::string(name) + ": expected 0 or 1, got " + std::to_string(flag));
+Status check_flags(std::initializer_list<std::pair<const char*, int32_t>> flags) {
+  for (const auto& [name, flag] : flags)
+    if (flag != 0 && flag != 1)
+      return Status::Invalid(std::string(name) + ": expected 0 or 1, got " + std::to_string(flag));
   return Status::Ok();
+}
+Status check_c_fields(const flashkda_forward_args& c) {
+  return check_flags({{"checkpoints_value_major", c.checkpoints_value_major},
+                      {"resume_from_summaries", c.resume_from_summaries},
+                      {"states_key_major", c.states_key_major},
+                      {"beta_is_probability", c.beta_is_probability}});
 }
 Status check_c_fields(const flashkda_decode_args& c) {
   if (c.reserved != 0) return Status::Invalid("reserved: expected 0, got " + std::to_string(c.reserved));
-  return Status::Ok();
+  return check_flags({{"beta_is_probability", c.beta_is_probability}});
 }
 
 template <typename Fn>

@@ -90,9 +90,13 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
       return Status::Invalid(cat("total_tokens: expected num_seqs * tokens_per_seq = ", N, " * ",
                                  a.tokens_per_seq, ", got ", T));
   }
-  int64_t per_slot = 0, n_qk = 0, n_v = 0, n_g = 0, n_tok_states = 0;
+  // What g and beta hold, and their dtypes (which the sizes below depend on).
+  if (const Status s = check_gate_inputs(a); !s.ok()) return s;
+  const bool safe_gate = a.gate_form == GateForm::kSafeGate;
+  int64_t per_slot = 0, n_qk = 0, n_v = 0, n_g = 0, n_beta = 0, n_tok_states = 0;
   if (!tensor_fits({HV, V, K}, 4, &per_slot) || !tensor_fits({T, H, K}, 2, &n_qk) ||
-      !tensor_fits({T, HV, V}, 2, &n_v) || !tensor_fits({T, HV, K}, 2, &n_g) ||
+      !tensor_fits({T, HV, V}, 2, &n_v) || !tensor_fits({T, HV, K}, dtype_bytes(a.g_dtype), &n_g) ||
+      !tensor_fits({T, HV}, dtype_bytes(a.beta_dtype), &n_beta) ||
       (a.per_token_states != nullptr && !tensor_fits({T, HV, V, K}, 4, &n_tok_states)))
     return Status::Invalid(cat("total_tokens: tensor sizes overflow int64 (total_tokens=", T, ", num_v_heads=", HV,
                                ", head_dim_k=", K, ", head_dim_v=", V, ")"));
@@ -153,15 +157,16 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
   const Req required[] = {
       {"q", a.q, n_qk > 0},        {"k", a.k, n_qk > 0},         {"v", a.v, n_v > 0},
       {"g", a.g, n_g > 0},         {"beta", a.beta, T > 0},       {"out", a.out, n_v > 0},
-      {"A_log", a.A_log, true},    {"dt_bias", a.dt_bias, true},  {"state_pool", a.state_pool, true},
+      {"A_log", a.A_log, safe_gate}, {"dt_bias", a.dt_bias, safe_gate}, {"state_pool", a.state_pool, true},
       {"state_indices", a.state_indices, N > 0},
   };
   for (const Req& r : required)
     if (r.needed && r.ptr == nullptr) return Status::Invalid(cat(r.name, ": null pointer"));
 
   if (!std::isfinite(a.scale)) return Status::Invalid(cat("scale: expected a finite value, got ", a.scale));
-  // The same rule as the forward: the chunked prefill and this decode share states.
-  if (!std::isfinite(a.lower_bound) || !(a.lower_bound >= -5.f && a.lower_bound < 0.f))
+  // The same rule as the forward: the chunked prefill and this decode share states
+  // (and lower_bound is not read with a given log decay).
+  if (safe_gate && (!std::isfinite(a.lower_bound) || !(a.lower_bound >= -5.f && a.lower_bound < 0.f)))
     return Status::Invalid(cat("lower_bound: expected a finite value in [-5, 0), got ", a.lower_bound));
 
   // ---- alignment ---------------------------------------------------------------
@@ -182,7 +187,9 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
     const void* ptr;
     uintptr_t align;
   } aligns[] = {{"q", a.q, 2},          {"k", a.k, 2},         {"v", a.v, 2},
-                {"g", a.g, 2},          {"beta", a.beta, 2},   {"out", a.out, 2},
+                {"g", a.g, static_cast<uintptr_t>(dtype_bytes(a.g_dtype))},
+                {"beta", a.beta, static_cast<uintptr_t>(dtype_bytes(a.beta_dtype))},
+                {"out", a.out, 2},
                 {"A_log", a.A_log, 4},  {"dt_bias", a.dt_bias, 4},
                 {"state_indices", a.state_indices, a.index_type == IndexType::kInt64 ? 8u : 4u},
                 {"num_accepted_tokens", a.num_accepted_tokens, a.index_type == IndexType::kInt64 ? 8u : 4u},
@@ -238,6 +245,19 @@ Status validate_decode_impl(const DecodeArgs& a, Backend backend) {
           return Status::Invalid(cat("num_accepted_tokens: entry ", n, " is ", acc, ", expected a value in [1, ",
                                      a.verify_slots, "]"));
       }
+    }
+  }
+  // The log decays of the tokens the step reads (host memory for the CPU backends;
+  // kCuda reads a value above 0 as 0 and records it for check_device_faults): a
+  // padding entry's tokens are skipped, so whatever they hold is not refused.
+  if (!safe_gate && !cuda) {
+    const int64_t C = verify ? a.verify_slots : 1;
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t start = a.num_accepted_tokens != nullptr ? index_at(a.num_accepted_tokens, a.index_type, n) - 1 : 0;
+      if (index_at(a.state_indices, a.index_type, n * C + start) < 0) continue;
+      const int64_t t0 = cu_host != nullptr ? cu_host[n] : n * a.tokens_per_seq;
+      const int64_t t1 = cu_host != nullptr ? cu_host[n + 1] : t0 + a.tokens_per_seq;
+      if (const Status s = check_log_decays(a, t0, t1, HV, K); !s.ok()) return s;
     }
   }
   if (cuda) return sm90::check_decode_supported(a);

@@ -161,4 +161,12 @@ const char* to_string(StatusCode code) {
   return "unknown StatusCode";
 }
 
+const char* to_string(GateForm form) {
+  switch (form) {
+    case GateForm::kSafeGate: return "kSafeGate";
+    case GateForm::kLogDecay: return "kLogDecay";
+  }
+  return "unknown GateForm";
+}
+
 }  // namespace flashkda

@@ -77,14 +77,13 @@ inline ArgBytes row_bytes(const char* name, const void* ptr, int64_t count, int6
 }
 
 // A strided token tensor (ForwardArgs' / DecodeArgs' *_token_stride, *_head_stride)
-// over `tokens` tokens of 2-byte elements.
+// over `tokens` tokens of its own elements (bf16; g and beta bf16 or fp32).
 inline ArgBytes token_view_bytes(const TokenView& x, const void* ptr, int64_t tokens) {
-  constexpr int64_t kElem = 2;  // bf16
-  ArgBytes b = dense_bytes(x.name, ptr, x.width * kElem);
+  ArgBytes b = dense_bytes(x.name, ptr, x.width * x.elem_bytes);
   b.n_outer = tokens;
-  b.s_outer = x.token_stride * kElem;
+  b.s_outer = x.token_stride * x.elem_bytes;
   b.n_inner = x.heads;
-  b.s_inner = x.head_stride * kElem;
+  b.s_inner = x.head_stride * x.elem_bytes;
   return b;
 }
 

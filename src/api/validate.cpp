@@ -1,10 +1,11 @@
 // flashkda::validate: every rule of the contract (spec sections 1-2) that can be
 // checked on the host, with messages that name the argument and what was expected.
 //
-// Order: backend, shapes, size overflow, null pointers, scalars, state dtypes,
-// alignment, sequence boundaries, and last the backend's own shape support (for
-// kCuda: sm90::check_supported, which answers kNotSupported). Shape errors come
-// before anything that uses the shapes, so every later product is known to fit.
+// Order: backend, shapes, what g and beta hold, size overflow, null pointers,
+// scalars, state dtypes, alignment, sequence boundaries, the CPU backends' log
+// decays, and last the backend's own shape support (for kCuda:
+// sm90::check_supported, which answers kNotSupported). Shape errors come before
+// anything that uses the shapes, so every later product is known to fit.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -113,6 +114,9 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
     if (a.num_seqs < 1)
       return Status::Invalid(cat("num_seqs: expected a value >= 1 with cu_seqlens, got ", a.num_seqs));
   }
+  // What g and beta hold, and their dtypes (which the sizes below depend on).
+  if (const Status s = check_gate_inputs(a); !s.ok()) return s;
+  const bool safe_gate = a.gate_form == GateForm::kSafeGate;
 
   // ---- sizes: every tensor's element and byte count must fit in int64 --------
   const int64_t B = a.batch, T = a.seqlen, H = a.num_heads, HV = value_heads(a);
@@ -126,8 +130,8 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
   };
   if (!tensor_fits({B, T, H, K}, 2, &n_qk)) return overflow("q", "B*T*H*K");
   if (!tensor_fits({B, T, HV, V}, 2, &n_v)) return overflow("v", "B*T*HV*V");
-  if (!tensor_fits({B, T, HV, K}, 2, &n_g)) return overflow("g", "B*T*HV*K");
-  if (!tensor_fits({B, T, HV}, 2, &n_beta)) return overflow("beta", "B*T*HV");
+  if (!tensor_fits({B, T, HV, K}, dtype_bytes(a.g_dtype), &n_g)) return overflow("g", "B*T*HV*K");
+  if (!tensor_fits({B, T, HV}, dtype_bytes(a.beta_dtype), &n_beta)) return overflow("beta", "B*T*HV");
   if (!tensor_fits({HV, K}, 4, &n_state)) return overflow("dt_bias", "HV*K");
   if (!tensor_fits({N, HV, V, K}, 4, &n_state)) return overflow("initial_state", "N*HV*V*K");
   int64_t n_summary_m = 0;
@@ -142,7 +146,8 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
   // ---- pointers: null --------------------------------------------------------
   // A tensor with zero elements (seqlen == 0) may come with a null pointer, as an
   // empty framework tensor does; it is never dereferenced.
-  // A summaries call writes no out (ForwardArgs::summaries_M).
+  // A summaries call writes no out (ForwardArgs::summaries_M); a log decay reads
+  // no A_log or dt_bias.
   const bool summaries_call = a.summaries_M != nullptr || a.summaries_B != nullptr;
   struct Req {
     const char* name;
@@ -151,8 +156,8 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
   };
   const Req required[] = {
       {"q", a.q, n_qk},       {"k", a.k, n_qk},       {"v", a.v, n_v},
-      {"g", a.g, n_g},        {"beta", a.beta, n_beta}, {"A_log", a.A_log, HV},
-      {"dt_bias", a.dt_bias, HV * K}, {"out", a.out, summaries_call ? 0 : n_v},
+      {"g", a.g, n_g},        {"beta", a.beta, n_beta}, {"A_log", a.A_log, safe_gate ? HV : 0},
+      {"dt_bias", a.dt_bias, safe_gate ? HV * K : 0}, {"out", a.out, summaries_call ? 0 : n_v},
   };
   for (const Req& r : required)
     if (r.ptr == nullptr && r.elems > 0) return Status::Invalid(cat(r.name, ": null pointer"));
@@ -163,8 +168,10 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
   // base-2 prefix sums G of a = lower_bound·sigmoid(..) over a 16-token chunk and
   // forms 2^G and 2^-G; |G| <= 16·|lower_bound|·log2(e), which must stay below 127
   // so that every 2^±G is a normal float (16·5·1.4427 = 115.4 < 127). Zero or
-  // positive bounds would make the "decay" a growth and are not KDA.
-  if (!(std::isfinite(a.lower_bound) && a.lower_bound >= -5.f && a.lower_bound < 0.f))
+  // positive bounds would make the "decay" a growth and are not KDA. Not read with
+  // a given log decay (GateForm::kLogDecay), whose chunks the backends bound
+  // themselves (common/gate.h, kMaxChunkDecayLog2).
+  if (safe_gate && !(std::isfinite(a.lower_bound) && a.lower_bound >= -5.f && a.lower_bound < 0.f))
     return Status::Invalid(cat("lower_bound: expected a finite value in [-5, 0), got ", a.lower_bound));
 
   // ---- states ----------------------------------------------------------------
@@ -284,9 +291,10 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
   }
 
   // ---- pointers: alignment ---------------------------------------------------
-  // kCuda loads bf16 tiles with 16-byte vector / TMA accesses; the CPU backends
-  // need the natural alignment of the element type.
-  const uintptr_t tile_align = cuda ? 16 : 2;
+  // kCuda loads bf16 tiles (and g's rows, bf16 or fp32) with 16-byte vector / TMA
+  // accesses; the CPU backends need the natural alignment of the element type, as
+  // does kCuda for beta, which it reads element by element.
+  const uintptr_t tile_align = cuda ? kCudaRowAlignBytes : 2;
   const uintptr_t state_align = 16;  // kCuda; CPU: natural, below
   struct Al {
     const char* name;
@@ -297,9 +305,9 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
       {"q", a.q, tile_align},
       {"k", a.k, tile_align},
       {"v", a.v, tile_align},
-      {"g", a.g, tile_align},
+      {"g", a.g, cuda ? tile_align : static_cast<uintptr_t>(dtype_bytes(a.g_dtype))},
       {"out", a.out, tile_align},
-      {"beta", a.beta, 2},
+      {"beta", a.beta, static_cast<uintptr_t>(dtype_bytes(a.beta_dtype))},
       {"A_log", a.A_log, 4},
       {"dt_bias", a.dt_bias, 4},
       {"initial_state", a.initial_state,
@@ -372,6 +380,13 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
           return Status::Invalid(cat("slot_checkpoint_offsets: entry [", n, ", ", i, "] is ", off,
                                      ", expected a multiple of 16 in [16, ", L, "] (the sequence's length) or negative"));
       }
+  }
+
+  // ---- log decays (host memory for the CPU backends; kCuda reads a value above 0
+  // as 0 and records it for check_device_faults) -----------------------------------
+  if (!safe_gate && !cuda) {
+    const Status s = check_log_decays(a, 0, B * T, HV, K);
+    if (!s.ok()) return s;
   }
 
   // ---- backend-specific shape support ------------------------------------------

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/gate.h"
 #include "common/sequences.h"
 #include "flashkda/flashkda.h"
 
@@ -21,6 +22,9 @@ inline constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 // Head dimensions the CPU backends accept (any value in this range).
 inline constexpr int64_t kCpuMaxHeadDim = 256;
+// kCuda's forward loads rows of q, k, v, g as 16-byte vectors (TMA and vector
+// copies): their pointers and strides must keep every row on a 16-byte boundary.
+inline constexpr int64_t kCudaRowAlignBytes = 16;
 
 // Floats print as the shortest text that reads back as the same float, so that a
 // value just outside a range does not print as the bound it missed (a stream's 6
@@ -163,11 +167,11 @@ inline Status check_host_copy(const int64_t* cu, const int64_t* copy, int64_t N)
 }
 
 // Strided token tensors (ForwardArgs' and DecodeArgs' *_token_stride and
-// *_head_stride) over `tokens` tokens: any non-negative strides (reads only:
-// overlapping views are harmless), the farthest element addressable in int64;
-// with `row_aligned` (kCuda's forward copies rows of q, k, v, g as 16-byte
-// vectors) strides of q, k, v, g that are multiples of 8 elements (beta is read
-// element by element).
+// *_head_stride, in elements of each tensor's dtype) over `tokens` tokens: any
+// non-negative strides (reads only: overlapping views are harmless), the farthest
+// element addressable in int64 bytes; with `row_aligned` (kCuda's forward copies
+// rows of q, k, v, g as 16-byte vectors) strides of q, k, v, g that are multiples
+// of 16 bytes: 8 bf16 or 4 fp32 elements (beta is read element by element).
 template <class Args>
 Status check_token_views(const Args& a, int64_t tokens, int64_t H, int64_t HV, int64_t K, int64_t V,
                          bool row_aligned) {
@@ -176,26 +180,61 @@ Status check_token_views(const Args& a, int64_t tokens, int64_t H, int64_t HV, i
     if (x.given_token_stride < 0 || x.given_head_stride < 0)
       return Status::Invalid(cat(x.name, "_token_stride / ", x.name, "_head_stride: expected values >= 0 (0: dense), got ",
                                  x.given_token_stride, " / ", x.given_head_stride));
-    // In bytes (bf16 elements): the overlap checks and the kernels form byte
-    // offsets from these strides. Counted in elements, a stride near 2^62 passed
-    // and the CPU backend's copy then read far outside the tensor.
-    constexpr int64_t kMaxElems = kInt64Max / 2;
+    // In bytes: the overlap checks and the kernels form byte offsets from these
+    // strides. Counted in elements, a stride near 2^62 passed and the CPU
+    // backend's copy then read far outside the tensor.
+    const int64_t max_elems = kInt64Max / x.elem_bytes;
     const int64_t last_token = tokens > 0 ? tokens - 1 : 0;
     int64_t a1 = 0, a2 = 0;
-    if (x.token_stride > kMaxElems || x.head_stride > kMaxElems || !mul_ok(last_token, x.token_stride, &a1) ||
-        !mul_ok(x.heads - 1, x.head_stride, &a2) || a1 > kMaxElems - a2 - x.width)
+    if (x.token_stride > max_elems || x.head_stride > max_elems || !mul_ok(last_token, x.token_stride, &a1) ||
+        !mul_ok(x.heads - 1, x.head_stride, &a2) || a1 > max_elems - a2 - x.width)
       return Status::Invalid(cat(x.name, "_token_stride / ", x.name, "_head_stride: the farthest byte (token ",
                                  last_token, ", head ", x.heads - 1, ") overflows int64 with strides ",
-                                 x.token_stride, " / ", x.head_stride, " (elements of 2 bytes)"));
+                                 x.token_stride, " / ", x.head_stride, " (elements of ", x.elem_bytes, " bytes)"));
   }
   if (row_aligned)
     for (const TokenView& x : views) {
       if (std::string(x.name) == "beta") continue;
-      if (x.given_token_stride % 8 != 0 || x.given_head_stride % 8 != 0)
+      const int64_t row_elems = kCudaRowAlignBytes / x.elem_bytes;
+      if (x.given_token_stride % row_elems != 0 || x.given_head_stride % row_elems != 0)
         return Status::Invalid(cat(x.name, "_token_stride / ", x.name, "_head_stride: backend kCuda needs ",
-                                   "multiples of 8 elements (16-byte aligned rows), got ", x.given_token_stride, " / ",
-                                   x.given_head_stride));
+                                   "multiples of ", row_elems, " elements (16-byte aligned rows), got ",
+                                   x.given_token_stride, " / ", x.given_head_stride));
     }
+  return Status::Ok();
+}
+
+// What g and beta hold (ForwardArgs, DecodeArgs): a known gate_form, and g_dtype
+// and beta_dtype kBF16 or kFP32 (checked before anything sizes g or beta by them).
+template <class Args>
+Status check_gate_inputs(const Args& a) {
+  if (a.gate_form != GateForm::kSafeGate && a.gate_form != GateForm::kLogDecay)
+    return Status::Invalid(cat("gate_form: unknown value ", static_cast<int32_t>(a.gate_form),
+                               " (expected kSafeGate=0 or kLogDecay=1)"));
+  for (const auto& [name, dtype] : {std::pair<const char*, DType>{"g_dtype", a.g_dtype}, {"beta_dtype", a.beta_dtype}})
+    if (dtype != DType::kBF16 && dtype != DType::kFP32)
+      return Status::Invalid(cat(name, ": expected kBF16 or kFP32, got ",
+                                 known_dtype(dtype) ? std::string(to_string(dtype))
+                                                    : cat("unknown value ", static_cast<int32_t>(dtype))));
+  return Status::Ok();
+}
+
+// With GateForm::kLogDecay on a CPU backend (g in host memory): the g of tokens
+// [token_begin, token_end) are log decays, <= 0. A value above 0 is a growth, which
+// the recurrence is not defined for and the chunked algorithm's exponents assume
+// away; it is refused naming the first (token, head, channel). NaN passes (it
+// propagates to the outputs like any NaN input), and so does -inf (a decay of 0).
+template <class Args>
+Status check_log_decays(const Args& a, int64_t token_begin, int64_t token_end, int64_t HV, int64_t K) {
+  const TokenView g = token_views(a, a.num_heads, HV, K, a.head_dim_v)[3];
+  for (int64_t t = token_begin; t < token_end; ++t)
+    for (int64_t h = 0; h < HV; ++h)
+      for (int64_t d = 0; d < K; ++d) {
+        const float x = load_gate_input(a.g, a.g_dtype, t * g.token_stride + h * g.head_stride + d);
+        if (x > 0.f)
+          return Status::Invalid(cat("g: expected log decays <= 0 with gate_form kLogDecay (the natural log of ",
+                                     "each channel's decay), got ", x, " at token ", t, ", head ", h, ", channel ", d));
+      }
   return Status::Ok();
 }
 
@@ -210,8 +249,6 @@ inline bool tensor_fits(std::initializer_list<int64_t> dims, int64_t elem_bytes,
   return true;
 }
 
-
-inline int64_t dtype_bytes(DType d) { return d == DType::kFP32 ? 4 : 2; }
 
 // Slot indices in host memory (forward's state pool, decode): the first entry
 // >= pool_size as an error naming the argument `name`, else Ok. Negative entries

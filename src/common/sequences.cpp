@@ -27,9 +27,10 @@ bool strided(const Args& a) {
 }
 
 // tokens x heads rows of `width` elements from a strided view into a dense array.
+template <class E>
 void densify(const void* src, int64_t token_stride, int64_t head_stride, int64_t tokens, int64_t heads,
-             int64_t width, std::vector<uint16_t>& dst) {
-  const auto* s = static_cast<const uint16_t*>(src);
+             int64_t width, std::vector<E>& dst) {
+  const auto* s = static_cast<const E*>(src);
   const int64_t ts = token_stride != 0 ? token_stride : heads * width, hs = head_stride != 0 ? head_stride : width;
   dst.resize(static_cast<size_t>(tokens * heads * width));
   for (int64_t t = 0; t < tokens; ++t)
@@ -48,13 +49,24 @@ Args dense(const Args& args, int64_t tokens, DenseInputs& storage) {
   densify(args.q, args.q_token_stride, args.q_head_stride, tokens, H, K, storage.q);
   densify(args.k, args.k_token_stride, args.k_head_stride, tokens, H, K, storage.k);
   densify(args.v, args.v_token_stride, args.v_head_stride, tokens, HV, V, storage.v);
-  densify(args.g, args.g_token_stride, args.g_head_stride, tokens, HV, K, storage.g);
-  densify(args.beta, args.beta_token_stride, args.beta_head_stride, tokens, HV, 1, storage.beta);
   d.q = storage.q.data();
   d.k = storage.k.data();
   d.v = storage.v.data();
-  d.g = storage.g.data();
-  d.beta = storage.beta.data();
+  // g and beta in their own dtype (bf16 or fp32).
+  if (args.g_dtype == DType::kFP32) {
+    densify(args.g, args.g_token_stride, args.g_head_stride, tokens, HV, K, storage.g_fp32);
+    d.g = storage.g_fp32.data();
+  } else {
+    densify(args.g, args.g_token_stride, args.g_head_stride, tokens, HV, K, storage.g);
+    d.g = storage.g.data();
+  }
+  if (args.beta_dtype == DType::kFP32) {
+    densify(args.beta, args.beta_token_stride, args.beta_head_stride, tokens, HV, 1, storage.beta_fp32);
+    d.beta = storage.beta_fp32.data();
+  } else {
+    densify(args.beta, args.beta_token_stride, args.beta_head_stride, tokens, HV, 1, storage.beta);
+    d.beta = storage.beta.data();
+  }
   d.q_token_stride = d.q_head_stride = d.k_token_stride = d.k_head_stride = 0;
   d.v_token_stride = d.v_head_stride = d.g_token_stride = d.g_head_stride = 0;
   d.beta_token_stride = d.beta_head_stride = 0;

@@ -40,11 +40,15 @@ std::vector<SequenceSpan> sequence_spans(const ForwardArgs& args, const int64_t*
 ForwardArgs with_int64_cu_seqlens(const ForwardArgs& args, std::vector<int64_t>& storage);
 DecodeArgs with_int64_cu_seqlens(const DecodeArgs& args, std::vector<int64_t>& storage);
 
+// Bytes of one element of a tensor of dtype `d` (kBF16 or kFP32).
+inline int64_t dtype_bytes(DType d) { return d == DType::kFP32 ? 4 : 2; }
+
 // `args` with strided token tensors (q, k, v, g, beta) copied densely into
-// `storage` (one buffer per tensor); `args` unchanged when all five are dense.
-// Host memory only (the CPU backends).
+// `storage` (one buffer per tensor; g and beta in their own dtype); `args`
+// unchanged when all five are dense. Host memory only (the CPU backends).
 struct DenseInputs {
   std::vector<uint16_t> q, k, v, g, beta;
+  std::vector<float> g_fp32, beta_fp32;
 };
 ForwardArgs with_dense_inputs(const ForwardArgs& args, DenseInputs& storage);
 DecodeArgs with_dense_inputs(const DecodeArgs& args, DenseInputs& storage);
@@ -52,22 +56,25 @@ bool has_strided_inputs(const ForwardArgs& args);
 bool has_strided_inputs(const DecodeArgs& args);
 
 // One token tensor as ForwardArgs / DecodeArgs give it: its strides as given (0:
-// dense), the same with "0 means dense" resolved, its heads and row width.
+// dense), the same with "0 means dense" resolved (both in elements), its heads,
+// row width and bytes an element (2 for bf16; g and beta may be fp32).
 struct TokenView {
   const char* name;  // "q", "k", "v", "g", "beta"
   int64_t given_token_stride, given_head_stride;
   int64_t token_stride, head_stride;
   int64_t heads, width;
+  int64_t elem_bytes;
 };
 // q, k, v, g, beta of `a` (H q/k heads, HV value heads, head dims K, V).
 template <class Args>
 std::array<TokenView, 5> token_views(const Args& a, int64_t H, int64_t HV, int64_t K, int64_t V) {
-  auto view = [](const char* name, int64_t ts, int64_t hs, int64_t heads, int64_t width) {
-    return TokenView{name, ts, hs, ts != 0 ? ts : heads * width, hs != 0 ? hs : width, heads, width};
+  auto view = [](const char* name, int64_t ts, int64_t hs, int64_t heads, int64_t width, int64_t elem_bytes) {
+    return TokenView{name, ts, hs, ts != 0 ? ts : heads * width, hs != 0 ? hs : width, heads, width, elem_bytes};
   };
-  return {view("q", a.q_token_stride, a.q_head_stride, H, K), view("k", a.k_token_stride, a.k_head_stride, H, K),
-          view("v", a.v_token_stride, a.v_head_stride, HV, V), view("g", a.g_token_stride, a.g_head_stride, HV, K),
-          view("beta", a.beta_token_stride, a.beta_head_stride, HV, 1)};
+  return {view("q", a.q_token_stride, a.q_head_stride, H, K, 2), view("k", a.k_token_stride, a.k_head_stride, H, K, 2),
+          view("v", a.v_token_stride, a.v_head_stride, HV, V, 2),
+          view("g", a.g_token_stride, a.g_head_stride, HV, K, dtype_bytes(a.g_dtype)),
+          view("beta", a.beta_token_stride, a.beta_head_stride, HV, 1, dtype_bytes(a.beta_dtype))};
 }
 
 // The views' resolved strides into the CUDA kernels' 32-bit parameters, {token,

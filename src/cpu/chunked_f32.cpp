@@ -4,9 +4,12 @@
 // the kernel can be compared against the one computed here:
 //
 //   token-parallel (per chunk, no state):
-//     prepare_chunk   q̂, k̂ (fp32 L2 norm), γ (base-2 gate), G (prefix sum),
+//     prepare_chunk   q̂, k̂ (fp32 L2 norm), γ (base-2 log decay: the safe gate or
+//                     the given one), G (prefix sum),
 //                     K_dec, Q_dec, K_inv, K_res, b
 //     form_L_Mqk      L = strictly_lower(b ⊙ K_dec K_invᵀ), Mqk = lower_incl(Q_dec K_invᵀ)
+//                     (form_L_Mqk_pairwise for a chunk whose decay passes 2^-116,
+//                     where K_inv = k̂·2^-G would overflow: common/gate.h)
 //     unit_lower_inverse_16   INV = (I + L)^{-1} by forward substitution
 //     wy_operands     A_w = INV·diag(b); w = A_w K_dec; u = A_w V
 //   sequential (per chunk, with the state S [V, K]):
@@ -34,9 +37,6 @@ namespace flashkda::cpu {
 namespace {
 
 constexpr int kChunk = 16;
-constexpr float kLog2e = 1.4426950408889634f;
-
-inline float sigmoid_f32(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // C[m][n] (+)= A[m][kk] · B[kk][n], all row-major fp32. Tiny and plain on purpose.
 void matmul(const float* A, const float* B, float* C, int64_t m, int64_t n, int64_t kk,
@@ -66,12 +66,17 @@ struct ChunkScratch {
   std::vector<float> w;                     // [16, K]
   std::vector<float> u, U, o;               // [16, V]
   std::vector<float> decay_last;            // [K] = 2^G_last
+  std::vector<float> pair_exponent;         // [K], form_L_Mqk_pairwise's running sums
+  // Some G of the chunk is below -kMaxChunkDecayLog2 (common/gate.h): L, Mqk and
+  // K_res are formed pairwise from γ (form_L_Mqk_pairwise) and K_inv is not formed.
+  bool wide = false;
 
   ChunkScratch(int64_t k, int64_t v) : K(k), V(v) {
     for (auto* x : {&q_hat, &k_hat, &gamma, &G, &K_dec, &Q_dec, &K_inv, &K_res, &w})
       x->assign(static_cast<size_t>(kChunk * K), 0.f);
     G_last.assign(static_cast<size_t>(K), 0.f);
     decay_last.assign(static_cast<size_t>(K), 0.f);
+    pair_exponent.assign(static_cast<size_t>(K), 0.f);
     for (auto* x : {&vals, &u, &U, &o}) x->assign(static_cast<size_t>(kChunk * V), 0.f);
   }
 };
@@ -83,10 +88,10 @@ void prepare_chunk(const ForwardArgs& args, int64_t t0, int n_c, int64_t h, int6
   const auto* q = static_cast<const uint16_t*>(args.q);
   const auto* k = static_cast<const uint16_t*>(args.k);
   const auto* v = static_cast<const uint16_t*>(args.v);
-  const auto* g = static_cast<const uint16_t*>(args.g);
-  const auto* beta = static_cast<const uint16_t*>(args.beta);
-  const float A = clamp_gate_scale(std::exp(args.A_log[hv]));  // as kCuda's prologue
-  const float* dt_bias = args.dt_bias + hv * K;
+  const bool log_decay = args.gate_form == GateForm::kLogDecay;
+  // The safe gate's per-head operands (A_log and dt_bias may be null with a log decay).
+  const float A = log_decay ? 0.f : clamp_gate_scale(std::exp(args.A_log[hv]));  // as kCuda's prologue
+  const float* dt_bias = log_decay ? nullptr : args.dt_bias + hv * K;
   const float lb2 = args.lower_bound * kLog2e;  // log2(e) folded into lower_bound
 
   for (int i = 0; i < kChunk; ++i) {
@@ -105,7 +110,7 @@ void prepare_chunk(const ForwardArgs& args, int64_t t0, int n_c, int64_t h, int6
     const int64_t t = t0 + i;
     const uint16_t* qt = q + (t * H + h) * K;
     const uint16_t* kt = k + (t * H + h) * K;
-    const uint16_t* gt = g + (t * HV + hv) * K;
+    const int64_t gt = (t * HV + hv) * K;  // g's first element of this row (g_dtype)
     const uint16_t* vt = v + (t * HV + hv) * V;
     // The squared norms in double: in fp32 a row of norm above ~1.8e19 (a bf16 row
     // can reach 3.4e38·sqrt(K)) overflows to inf, and the row would read as zero.
@@ -121,23 +126,27 @@ void prepare_chunk(const ForwardArgs& args, int64_t t0, int n_c, int64_t h, int6
     for (int64_t d = 0; d < K; ++d) {
       qh[d] *= qinv;
       kh[d] *= kinv;
-      gm[d] = lb2 * sigmoid_f32(A * (bf16_to_float(gt[d]) + dt_bias[d]));
+      const float g = load_gate_input(args.g, args.g_dtype, gt + d);
+      gm[d] = log_decay ? log_decay_log2(g) : safe_gate(g, dt_bias[d], A, lb2);
     }
     for (int64_t e = 0; e < V; ++e) vr[e] = bf16_to_float(vt[e]);
-    c.b[i] = sigmoid_f32(bf16_to_float(beta[t * HV + hv]));
+    c.b[i] = beta_coefficient(load_gate_input(args.beta, args.beta_dtype, t * HV + hv), args.beta_is_probability);
   }
 
   // G = inclusive prefix sum of γ over rows; G_last = G of the last real row.
+  c.wide = false;
   for (int64_t d = 0; d < K; ++d) {
     float acc = 0.f;
     for (int i = 0; i < kChunk; ++i) {
       acc += c.gamma[i * K + d];
       c.G[i * K + d] = acc;
+      c.wide = c.wide || acc < -kMaxChunkDecayLog2;
     }
     c.G_last[d] = c.G[(n_c - 1) * K + d];
     c.decay_last[d] = std::exp2(c.G_last[d]);
   }
 
+  // 2^G <= 1 and 2^(G_last - G) <= 1 in any chunk; 2^-G only where |G| <= 116.
   const float scale = args.scale;
   for (int i = 0; i < kChunk; ++i) {
     for (int64_t d = 0; d < K; ++d) {
@@ -146,6 +155,7 @@ void prepare_chunk(const ForwardArgs& args, int64_t t0, int n_c, int64_t h, int6
       const float kh = c.k_hat[x];
       c.K_dec[x] = kh * std::exp2(Gi);
       c.Q_dec[x] = scale * c.q_hat[x] * std::exp2(Gi);
+      if (c.wide) continue;  // K_res: form_L_Mqk_pairwise
       c.K_inv[x] = kh * std::exp2(-Gi);
       c.K_res[x] = kh * std::exp2(c.G_last[d] - Gi);
     }
@@ -172,6 +182,49 @@ void form_L_Mqk(ChunkScratch& c) {
       c.Mqk[i * kChunk + j] = m;
     }
   }
+}
+
+// Part 2 for a wide chunk (c.wide), where 2^-G overflows: with D_ij = 2^(G_i - G_j)
+// on each channel (the decay from row j to row i, <= 1 for i >= j),
+//   L_ij = b_i Σ_d k̂_id k̂_jd D_ij,d (i > j);  Mqk_ij = scale Σ_d q̂_id k̂_jd D_ij,d (i >= j);
+//   K_res_j = k̂_j 2^(G_last - G_j).
+// Each exponent G_i - G_j is formed as the sum of γ over rows j+1..i, not as the
+// difference of the prefix sums: once strong decays have taken G to -8000, the
+// prefix sums hold the later rows' mild γ only to their ulp (2^-11), and a γ of
+// -inf (a decay of exactly 0) would give -inf - (-inf) = NaN; the sum of the rows
+// between is the exponent to fp32 rounding, and -inf where the decay is 0.
+void form_L_Mqk_pairwise(ChunkScratch& c, float scale) {
+  const int64_t K = c.K;
+  std::vector<float>& exponent = c.pair_exponent;  // [K]: Σ γ over rows j+1..i
+  for (int j = 0; j < kChunk; ++j) {
+    const float* kj = c.k_hat.data() + j * K;
+    std::fill(exponent.begin(), exponent.end(), 0.f);
+    for (int i = 0; i < j; ++i) {
+      c.L[i * kChunk + j] = 0.f;
+      c.Mqk[i * kChunk + j] = 0.f;
+    }
+    for (int i = j; i < kChunk; ++i) {
+      const float* gi = c.gamma.data() + i * K;
+      const float* ki = c.k_hat.data() + i * K;
+      const float* qi = c.q_hat.data() + i * K;
+      float l = 0.f, m = 0.f;
+      for (int64_t d = 0; d < K; ++d) {
+        if (i > j) exponent[d] += gi[d];
+        const float decay = std::exp2(exponent[d]);
+        m += qi[d] * kj[d] * decay;
+        l += ki[d] * kj[d] * decay;
+      }
+      c.L[i * kChunk + j] = i > j ? c.b[i] * l : 0.f;
+      c.Mqk[i * kChunk + j] = scale * m;
+    }
+  }
+  // K_res_j = k̂_j 2^(Σ γ over rows j+1..15), from the last row up (pad rows add γ = 0).
+  std::fill(exponent.begin(), exponent.end(), 0.f);
+  for (int j = kChunk - 1; j >= 0; --j)
+    for (int64_t d = 0; d < K; ++d) {
+      c.K_res[j * K + d] = c.k_hat[j * K + d] * std::exp2(exponent[d]);
+      exponent[d] += c.gamma[j * K + d];
+    }
 }
 
 // Token-parallel part 3: A_w = INV·diag(b); w = A_w K_dec [16, K]; u = A_w V [16, V].
@@ -315,7 +368,8 @@ void pair_step(ChunkScratch& a, ChunkScratch& b, PairScratch& pr, float* S) {
 // The token-parallel part of one chunk: everything but the state.
 void chunk_operands(const ForwardArgs& args, int64_t t0, int n_c, int64_t h, int64_t hv, ChunkScratch& c) {
   prepare_chunk(args, t0, n_c, h, hv, c);
-  form_L_Mqk(c);
+  if (c.wide) form_L_Mqk_pairwise(c, args.scale);
+  else form_L_Mqk(c);
   unit_lower_inverse_16(c.L, c.INV);
   wy_operands(c);
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/bf16.h"
+#include "common/gate.h"
 #include "common/sequences.h"
 #include "cpu/cpu_backends.h"
 #include "cpu/parallel.h"
@@ -41,8 +42,6 @@ void decode_one(const DecodeArgs& a, int64_t n, int64_t hv) {
   const auto* q = static_cast<const uint16_t*>(a.q);
   const auto* k = static_cast<const uint16_t*>(a.k);
   const auto* v = static_cast<const uint16_t*>(a.v);
-  const auto* g = static_cast<const uint16_t*>(a.g);
-  const auto* beta = static_cast<const uint16_t*>(a.beta);
   auto* out = static_cast<uint16_t*>(a.out);
 
   std::vector<double> S(static_cast<size_t>(V * K));
@@ -50,7 +49,9 @@ void decode_one(const DecodeArgs& a, int64_t n, int64_t hv) {
   for (int64_t i = 0; i < V * K; ++i) S[i] = load_state(a.state_pool, a.state_dtype, base + i);
 
   std::vector<double> qn(K), kn(K), decay(K);
-  const double exp_A = std::exp(static_cast<double>(a.A_log[hv]));
+  // The safe gate's per-head scale (A_log may be null with a log decay).
+  const bool log_decay = a.gate_form == GateForm::kLogDecay;
+  const double exp_A = log_decay ? 0.0 : std::exp(static_cast<double>(a.A_log[hv]));
   for (int64_t t = t0; t < t1; ++t) {
     double qss = 0, kss = 0;
     for (int64_t d = 0; d < K; ++d) {
@@ -63,10 +64,11 @@ void decode_one(const DecodeArgs& a, int64_t n, int64_t hv) {
     for (int64_t d = 0; d < K; ++d) {
       qn[d] *= qi;
       kn[d] *= ki;
-      const double x = exp_A * (static_cast<double>(bf16_to_float(g[(t * HV + hv) * K + d])) + a.dt_bias[hv * K + d]);
-      decay[d] = std::exp(a.lower_bound / (1.0 + std::exp(-x)));
+      const double g = load_gate_input(a.g, a.g_dtype, (t * HV + hv) * K + d);
+      decay[d] = std::exp(log_decay ? g : safe_gate<double>(g, a.dt_bias[hv * K + d], exp_A, a.lower_bound));
     }
-    const double b = 1.0 / (1.0 + std::exp(-static_cast<double>(bf16_to_float(beta[t * HV + hv]))));
+    const double beta_t = load_gate_input(a.beta, a.beta_dtype, t * HV + hv);
+    const double b = beta_coefficient(beta_t, a.beta_is_probability);
     for (int64_t e = 0; e < V; ++e) {
       double* row = S.data() + e * K;
       double sk = 0;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/bf16.h"
+#include "common/gate.h"
 #include "common/sequences.h"
 #include "cpu/checkpoints.h"
 #include "cpu/cpu_backends.h"
@@ -23,10 +24,9 @@
 namespace flashkda::cpu {
 namespace {
 
-inline double sigmoid_f64(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
 // Steps 1-3 of the contract for token t of value head hv: q̂, k̂ (L2 normalised,
-// eps inside the root), the decay exp(a) and b = sigmoid(beta).
+// eps inside the root), the decay exp(a) and b (common/gate.h: the gate and beta
+// in the forms ForwardArgs says they come in).
 struct TokenInputs {
   std::vector<double> qn, kn, decay;
   double b = 0;
@@ -39,7 +39,7 @@ void token_inputs(const ForwardArgs& args, int64_t t, int64_t hv, TokenInputs& x
   const int64_t h = hv / (HV / H);  // q/k head of this value head (GVA)
   const uint16_t* qt = static_cast<const uint16_t*>(args.q) + (t * H + h) * K;
   const uint16_t* kt = static_cast<const uint16_t*>(args.k) + (t * H + h) * K;
-  const uint16_t* gt = static_cast<const uint16_t*>(args.g) + (t * HV + hv) * K;
+  const int64_t gt = (t * HV + hv) * K;  // g's first element of this row (g_dtype)
   x.qn.resize(static_cast<size_t>(K));
   x.kn.resize(static_cast<size_t>(K));
   x.decay.resize(static_cast<size_t>(K));
@@ -57,15 +57,21 @@ void token_inputs(const ForwardArgs& args, int64_t t, int64_t hv, TokenInputs& x
     x.qn[d] *= qinv;
     x.kn[d] *= kinv;
   }
-  // 2. Gate: a = lower_bound · sigmoid(exp(A_log) · (g + dt_bias)); decay = exp(a).
-  const double A = std::exp(static_cast<double>(args.A_log[hv]));
-  const float* dt_bias = args.dt_bias + hv * K;
-  for (int64_t d = 0; d < K; ++d) {
-    const double a = A * (static_cast<double>(bf16_to_float(gt[d])) + dt_bias[d]);
-    x.decay[d] = std::exp(static_cast<double>(args.lower_bound) * sigmoid_f64(a));
+  // 2. Gate: a = lower_bound · sigmoid(exp(A_log) · (g + dt_bias)), or a = g given
+  // as the log decay (A_log and dt_bias may then be null); decay = exp(a).
+  if (args.gate_form == GateForm::kLogDecay) {
+    for (int64_t d = 0; d < K; ++d)
+      x.decay[d] = std::exp(static_cast<double>(load_gate_input(args.g, args.g_dtype, gt + d)));
+  } else {
+    const double A = std::exp(static_cast<double>(args.A_log[hv]));
+    const float* dt_bias = args.dt_bias + hv * K;
+    for (int64_t d = 0; d < K; ++d) {
+      const double g = load_gate_input(args.g, args.g_dtype, gt + d);
+      x.decay[d] = std::exp(safe_gate<double>(g, dt_bias[d], A, args.lower_bound));
+    }
   }
-  // 3. b = sigmoid(beta).
-  x.b = sigmoid_f64(bf16_to_float(static_cast<const uint16_t*>(args.beta)[t * HV + hv]));
+  // 3. b = sigmoid(beta), or beta itself when given as the probability.
+  x.b = beta_coefficient<double>(load_gate_input(args.beta, args.beta_dtype, t * HV + hv), args.beta_is_probability);
 }
 
 // Steps 4-5 on row `row` of a state (K columns) with value v_e:

@@ -39,10 +39,15 @@ ForwardArgs segment_forward_args(const ForwardArgs& in, int64_t begin, int64_t e
   f.q = static_cast<const uint16_t*>(in.q) + begin * H * K;
   f.k = static_cast<const uint16_t*>(in.k) + begin * H * K;
   f.v = static_cast<const uint16_t*>(in.v) + begin * HV * V;
-  f.g = static_cast<const uint16_t*>(in.g) + begin * HV * K;
-  f.beta = static_cast<const uint16_t*>(in.beta) + begin * HV;
+  // g and beta in their own dtypes (2 or 4 bytes an element).
+  f.g = static_cast<const char*>(in.g) + begin * HV * K * dtype_bytes(in.g_dtype);
+  f.beta = static_cast<const char*>(in.beta) + begin * HV * dtype_bytes(in.beta_dtype);
   f.A_log = in.A_log;
   f.dt_bias = in.dt_bias;
+  f.gate_form = in.gate_form;
+  f.g_dtype = in.g_dtype;
+  f.beta_is_probability = in.beta_is_probability;
+  f.beta_dtype = in.beta_dtype;
   f.batch = 1;
   f.seqlen = end - begin;
   f.num_heads = H;

@@ -39,6 +39,14 @@ struct HostProblem {
   std::vector<uint16_t> init_bf16;         // [N, HV, V, K], when initial_state == kBF16
   std::vector<float> init_f32;             // [N, HV, V, K], when initial_state == kFP32
   float scale = 0.f;
+  // The general inputs (ForwardArgs::gate_form, g_dtype, beta_is_probability,
+  // beta_dtype; tests/common/general_inputs.h makes them): with an fp32 dtype, g
+  // and beta are g_f32 and beta_f32 instead of the bf16 vectors above.
+  GateForm gate_form = GateForm::kSafeGate;
+  DType g_dtype = DType::kBF16;
+  bool beta_is_probability = false;
+  DType beta_dtype = DType::kBF16;
+  std::vector<float> g_f32, beta_f32;
 
   int64_t tokens() const { return B * T; }
   size_t out_elems() const { return static_cast<size_t>(B * T * HV * V); }
@@ -50,6 +58,13 @@ struct HostProblem {
     ForwardArgs a;
     a.q = q.data(); a.k = k.data(); a.v = v.data(); a.g = g.data(); a.beta = beta.data();
     a.A_log = A_log.data(); a.dt_bias = dt_bias.data();
+    a.gate_form = gate_form;
+    a.g_dtype = g_dtype;
+    a.beta_is_probability = beta_is_probability;
+    a.beta_dtype = beta_dtype;
+    if (g_dtype == DType::kFP32) a.g = g_f32.data();
+    if (beta_dtype == DType::kFP32) a.beta = beta_f32.data();
+    if (gate_form == GateForm::kLogDecay) a.A_log = a.dt_bias = nullptr;  // not read: may be null
     a.out = out;
     a.initial_state_dtype = spec.initial_state;
     a.initial_state = spec.initial_state == DType::kBF16 ? static_cast<const void*>(init_bf16.data())

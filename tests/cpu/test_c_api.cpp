@@ -49,6 +49,10 @@ flashkda_forward_args to_c(const flashkda::ForwardArgs& a) {
   c.beta_token_stride = a.beta_token_stride; c.beta_head_stride = a.beta_head_stride;
   c.summaries_M = a.summaries_M; c.summaries_B = a.summaries_B;
   c.resume_from_summaries = a.resume_from_summaries ? 1 : 0;
+  c.gate_form = static_cast<int32_t>(a.gate_form);
+  c.g_dtype = static_cast<int32_t>(a.g_dtype);
+  c.beta_is_probability = a.beta_is_probability ? 1 : 0;
+  c.beta_dtype = static_cast<int32_t>(a.beta_dtype);
   return c;
 }
 
@@ -63,7 +67,7 @@ HostProblem small_problem(bool varlen) {
 }
 
 TEST(CApi, LayoutAndVersion) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_forward_args) == 376, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_forward_args) == 392, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || offsetof(flashkda_forward_args, lower_bound) == 164, "C struct layout changed");
   EXPECT_EQ(flashkda_abi_version(), FLASHKDA_C_ABI_VERSION);
   EXPECT_STREQ(flashkda_version(), "0.1.0");
@@ -76,6 +80,10 @@ TEST(CApi, LayoutAndVersion) {
   EXPECT_EQ(a.summaries_M, nullptr);
   EXPECT_EQ(a.resume_from_summaries, 0);
   EXPECT_EQ(a.states_key_major, 0);
+  EXPECT_EQ(a.gate_form, FLASHKDA_GATE_SAFE_GATE);
+  EXPECT_EQ(a.g_dtype, 0);  // bf16
+  EXPECT_EQ(a.beta_is_probability, 0);
+  EXPECT_EQ(a.beta_dtype, 0);
   EXPECT_STREQ(flashkda_status_string(FLASHKDA_STATUS_INVALID_ARGUMENT), "kInvalidArgument");
   EXPECT_STREQ(flashkda_status_string(99), "unknown status");
 }
@@ -247,6 +255,10 @@ flashkda_decode_args to_c(const flashkda::DecodeArgs& a) {
   c.index_type = static_cast<int32_t>(a.index_type);
   c.programmatic_dependent_launch = static_cast<int32_t>(a.programmatic_dependent_launch);
   c.scale = a.scale; c.lower_bound = a.lower_bound;
+  c.gate_form = static_cast<int32_t>(a.gate_form);
+  c.g_dtype = static_cast<int32_t>(a.g_dtype);
+  c.beta_is_probability = a.beta_is_probability ? 1 : 0;
+  c.beta_dtype = static_cast<int32_t>(a.beta_dtype);
   c.q_token_stride = a.q_token_stride; c.q_head_stride = a.q_head_stride;
   c.k_token_stride = a.k_token_stride; c.k_head_stride = a.k_head_stride;
   c.v_token_stride = a.v_token_stride; c.v_head_stride = a.v_head_stride;
@@ -256,7 +268,7 @@ flashkda_decode_args to_c(const flashkda::DecodeArgs& a) {
 }
 
 TEST(CApi, DecodeLayoutAndInit) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_decode_args) == 320, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_decode_args) == 336, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || offsetof(flashkda_decode_args, lower_bound) == 208, "C struct layout changed");
   flashkda_decode_args a;
   std::memset(&a, 0xff, sizeof a);
@@ -270,6 +282,10 @@ TEST(CApi, DecodeLayoutAndInit) {
   EXPECT_EQ(a.programmatic_dependent_launch, FLASHKDA_PDL_AUTO);
   EXPECT_EQ(a.programmatic_dependent_launch, 0);  // the value the C header documents as the default
   EXPECT_EQ(a.lower_bound, defaults.lower_bound);
+  EXPECT_EQ(a.gate_form, FLASHKDA_GATE_SAFE_GATE);
+  EXPECT_EQ(a.g_dtype, 0);  // bf16
+  EXPECT_EQ(a.beta_is_probability, 0);
+  EXPECT_EQ(a.beta_dtype, 0);
   EXPECT_EQ(a.reserved, 0);
 }
 
@@ -373,7 +389,7 @@ namespace {
 // Segment summaries and their composition through the C ABI: the same bits as
 // the C++ API, and errors with their message.
 TEST(CApi, SegmentSummariesMatchCppBitwise) {
-  static_assert(sizeof(void*) != 8 || sizeof(flashkda_segment_summary_args) == 408, "C struct layout changed");
+  static_assert(sizeof(void*) != 8 || sizeof(flashkda_segment_summary_args) == 424, "C struct layout changed");
   static_assert(sizeof(void*) != 8 || sizeof(flashkda_compose_summaries_args) == 80, "C struct layout changed");
   const HostProblem p = small_problem(true);  // sequences [0, 19), [19, 19), [19, 40)
   const std::vector<int64_t> segments = {0, 7, 7, 19, 19, 19, 25, 40};
