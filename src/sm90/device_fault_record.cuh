@@ -10,12 +10,12 @@ namespace flashkda::sm90 {
 
 namespace {  // one record (and one take kernel) per translation unit that includes this
 
-static_assert(kNumDeviceFaultKinds == 7, "every kind's first index starts at kNoFaultIndex below");
+static_assert(kNumDeviceFaultKinds == 9, "every kind's first index starts at kNoFaultIndex below");
 __device__ DeviceFaults g_faults = {0u, 0u, {kNoFaultIndex, kNoFaultIndex, kNoFaultIndex, kNoFaultIndex, kNoFaultIndex,
-                                             kNoFaultIndex, kNoFaultIndex}};
+                                             kNoFaultIndex, kNoFaultIndex, kNoFaultIndex, kNoFaultIndex}};
 __device__ DeviceFaults g_faults_taken;
 
-// Called by one thread per faulty sequence.
+// Called by one thread per faulty sequence (or by each thread that met a faulty gate).
 __device__ __forceinline__ void record_fault(DeviceFaultKind kind, int64_t index) {
   atomicOr(&g_faults.kinds, 1u << kind);
   atomicMin(&g_faults.first_index[kind], static_cast<unsigned long long>(index));

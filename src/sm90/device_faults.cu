@@ -34,6 +34,9 @@ std::string describe(const DeviceFaults& f) {
       "num_accepted_tokens (decode): device values outside [1, verify_slots], first at sequence ",
       "cu_seqlens (decode, verify): a sequence with more tokens than verify_slots (its state_indices row has a "
       "slot per token), first at sequence ",
+      "g (forward, gate_form kLogDecay): a log decay above 0 (expected <= 0; read as 0), first in the 16-token "
+      "chunk from token ",
+      "g (decode, gate_form kLogDecay): a log decay above 0 (expected <= 0; read as 0), first at token ",
   };
   std::string msg;
   for (int k = 0; k < kNumDeviceFaultKinds; ++k) {

@@ -2,7 +2,8 @@
 //
 // Some arguments live in device memory and cannot be checked on the host without
 // a synchronisation: the values of cu_seqlens (forward and decode, int64 or
-// int32) and state_indices (decode, and the forward on a pool). Whatever they hold, no kernel reads or writes outside the
+// int32) and state_indices (decode, and the forward on a pool), and log decays
+// (g with GateForm::kLogDecay, read as 0 where above 0). Whatever they hold, no kernel reads or writes outside the
 // tensors it was given: a sequence's bounds are clamped to [0, T] (begin <= end),
 // an index past the pool is skipped. The kernel that meets such a value also
 // records it on its device; check_device_faults() (flashkda.h) turns the record
@@ -31,11 +32,13 @@ enum DeviceFaultKind : int {
   kFaultForwardSlotCheckpoint = 4,  // forward: a slot checkpoint's offset or slot out of range
   kFaultDecodeAcceptedTokens = 5,   // decode, verify: num_accepted_tokens[n] outside [1, verify_slots]
   kFaultDecodeVerifyLength = 6,     // decode, verify: sequence n has more tokens than verify_slots
-  kNumDeviceFaultKinds = 7,
+  kFaultForwardGate = 7,  // forward, GateForm::kLogDecay: a log decay above 0 (index: its chunk's first token)
+  kFaultDecodeGate = 8,   // decode, GateForm::kLogDecay: a log decay above 0 (index: its token)
+  kNumDeviceFaultKinds = 9,
 };
 
 // The record: which kinds happened, and the lowest offending position of each
-// (sequence n; ~0 when none).
+// (sequence n, or a token for the gates; ~0 when none).
 struct DeviceFaults {
   unsigned int kinds;
   unsigned int reserved;

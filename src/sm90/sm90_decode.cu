@@ -117,13 +117,20 @@ bool use_pdl(PdlMode mode) { return mode != PdlMode::kOff; }
 
 // The latency kernel's build for a pool dtype and verify or not, at head dim kDim
 // with kRows rows a thread.
-template <int kDim, int kRows, bool kStrided = false>
+template <int kDim, int kRows, bool kStrided = false, bool kGeneral = false>
 DecodeKernel latency_build(bool fp32, bool verify) {
   if (verify)
-    return fp32 ? &kda_decode_latency_kernel<true, 4, true, kDim, kRows, kStrided>
-                : &kda_decode_latency_kernel<false, 4, true, kDim, kRows, kStrided>;
-  return fp32 ? &kda_decode_latency_kernel<true, 4, false, kDim, kRows, kStrided>
-              : &kda_decode_latency_kernel<false, 4, false, kDim, kRows, kStrided>;
+    return fp32 ? &kda_decode_latency_kernel<true, 4, true, kDim, kRows, kStrided, kGeneral>
+                : &kda_decode_latency_kernel<false, 4, true, kDim, kRows, kStrided, kGeneral>;
+  return fp32 ? &kda_decode_latency_kernel<true, 4, false, kDim, kRows, kStrided, kGeneral>
+              : &kda_decode_latency_kernel<false, 4, false, kDim, kRows, kStrided, kGeneral>;
+}
+// The strided builds, or their general-inputs twins (kGeneral).
+template <bool kGeneral>
+DecodeKernel strided_build(int64_t K, bool two_rows, bool fp32, bool verify) {
+  if (K == 64)
+    return two_rows ? latency_build<64, 2, true, kGeneral>(fp32, verify) : latency_build<64, 1, true, kGeneral>(fp32, verify);
+  return latency_build<kDecodeDim, 1, true, kGeneral>(fp32, verify);
 }
 
 std::atomic<int> g_decode_variant_override{-1};
@@ -186,8 +193,13 @@ Status decode(const DecodeArgs& a, void* stream) {
   p.q = static_cast<const uint16_t*>(a.q);
   p.k = static_cast<const uint16_t*>(a.k);
   p.v = static_cast<const uint16_t*>(a.v);
-  p.g = static_cast<const uint16_t*>(a.g);
-  p.beta = static_cast<const uint16_t*>(a.beta);
+  const bool g_f32 = a.g_dtype == DType::kFP32, beta_f32 = a.beta_dtype == DType::kFP32;
+  p.g = g_f32 ? nullptr : static_cast<const uint16_t*>(a.g);
+  p.g_f32 = g_f32 ? static_cast<const float*>(a.g) : nullptr;
+  p.beta = beta_f32 ? nullptr : static_cast<const uint16_t*>(a.beta);
+  p.beta_f32 = beta_f32 ? static_cast<const float*>(a.beta) : nullptr;
+  p.gate_log_decay = a.gate_form == GateForm::kLogDecay ? 1 : 0;
+  p.beta_probability = a.beta_is_probability ? 1 : 0;
   p.A_log = a.A_log;
   p.dt_bias = a.dt_bias;
   p.out = static_cast<uint16_t*>(a.out);
@@ -232,10 +244,14 @@ Status decode(const DecodeArgs& a, void* stream) {
   // other builds keep the dense addressing they were tuned with; with the strides
   // they spilled). At K = 128 from ~2,048 pairs the bandwidth kernels on dense
   // copies are faster (docs/perf-log.md): the Python decode copies there.
+  // The general inputs (a log-decay gate, fp32 g or beta, b as given) run the
+  // strided builds' twins, whose loads and gate read them at run time (every
+  // other build keeps its code).
+  const bool general = a.gate_form != GateForm::kSafeGate || a.beta_is_probability || g_f32 || beta_f32;
   const bool strided = has_strided_inputs(a);
   const DecodeKernel kernel =
-      strided   ? (K == 64 ? (two_rows ? latency_build<64, 2, true>(fp32, verify) : latency_build<64, 1, true>(fp32, verify))
-                           : latency_build<kDecodeDim, 1, true>(fp32, verify))
+      general   ? strided_build<true>(K, two_rows, fp32, verify)
+      : strided ? strided_build<false>(K, two_rows, fp32, verify)
       : K == 64 ? (two_rows ? latency_build<64, 2>(fp32, verify) : latency_build<64, 1>(fp32, verify))
       : verify  ? latency_build<kDecodeDim, 1>(fp32, true)
       : fp32    ? kDecodeVariants[variant].fp32

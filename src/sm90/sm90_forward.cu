@@ -588,8 +588,13 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   p.q = static_cast<const uint16_t*>(args.q);
   p.k = static_cast<const uint16_t*>(args.k);
   p.v = static_cast<const uint16_t*>(args.v);
-  p.g = static_cast<const uint16_t*>(args.g);
-  p.beta = static_cast<const uint16_t*>(args.beta);
+  const bool g_f32 = args.g_dtype == DType::kFP32, beta_f32 = args.beta_dtype == DType::kFP32;
+  p.g = g_f32 ? nullptr : static_cast<const uint16_t*>(args.g);
+  p.g_f32 = g_f32 ? static_cast<const float*>(args.g) : nullptr;
+  p.beta = beta_f32 ? nullptr : static_cast<const uint16_t*>(args.beta);
+  p.beta_f32 = beta_f32 ? static_cast<const float*>(args.beta) : nullptr;
+  p.gate_log_decay = args.gate_form == GateForm::kLogDecay ? 1 : 0;
+  p.beta_probability = args.beta_is_probability ? 1 : 0;
   p.A_log = args.A_log;
   p.dt_bias = args.dt_bias;
   p.out = static_cast<uint16_t*>(args.out);

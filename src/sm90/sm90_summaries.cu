@@ -27,15 +27,17 @@ Status cuda_error(cudaError_t err, const char* what) {
 // The one-sequence summaries call over tokens [b, b + len) of `in`.
 ForwardArgs range_call(const ForwardArgs& in, int64_t b, int64_t len, float* M, float* B) {
   const int64_t H = in.num_heads, HV = value_heads(in), K = in.head_dim_k, V = in.head_dim_v;
-  auto at = [b](const void* p, int64_t token_stride, int64_t dense) {
-    return static_cast<const uint16_t*>(p) + b * (token_stride != 0 ? token_stride : dense);
+  // Token b of a tensor of `bytes`-byte elements (bf16, or fp32 g and beta).
+  auto at = [b](const void* p, int64_t token_stride, int64_t dense, int64_t bytes = 2) -> const void* {
+    return static_cast<const char*>(p) + b * (token_stride != 0 ? token_stride : dense) * bytes;
   };
+  auto bytes_of = [](DType t) -> int64_t { return t == DType::kFP32 ? 4 : 2; };
   ForwardArgs f = in;
   f.q = at(in.q, in.q_token_stride, H * K);
   f.k = at(in.k, in.k_token_stride, H * K);
   f.v = at(in.v, in.v_token_stride, HV * V);
-  f.g = at(in.g, in.g_token_stride, HV * K);
-  f.beta = at(in.beta, in.beta_token_stride, HV);
+  f.g = at(in.g, in.g_token_stride, HV * K, bytes_of(in.g_dtype));
+  f.beta = at(in.beta, in.beta_token_stride, HV, bytes_of(in.beta_dtype));
   f.batch = 1;
   f.seqlen = len;
   f.num_seqs = 0;

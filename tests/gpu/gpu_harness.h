@@ -146,7 +146,7 @@ inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int grap
                           SplitSummaries* split = nullptr, bool states_key_major = false,
                           bool state_in_place = false) {
   DeviceBuffer<uint16_t> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta);
-  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias), g_f32(p.g_f32), beta_f32(p.beta_f32);
   DeviceBuffer<int64_t> cu(p.cu_seqlens);
   DeviceBuffer<uint16_t> init_bf16(p.init_bf16);
   DeviceBuffer<float> init_f32(p.init_f32);
@@ -162,7 +162,12 @@ inline RunResult run_cuda(const HostProblem& p, void* stream = nullptr, int grap
   ForwardArgs a = p.host_args(out.ptr, final_state.ptr);
   a.states_key_major = states_key_major;
   a.q = q.ptr; a.k = k.ptr; a.v = v.ptr; a.g = g.ptr; a.beta = beta.ptr;
-  a.A_log = A_log.ptr; a.dt_bias = dt_bias.ptr;
+  if (p.g_dtype == DType::kFP32) a.g = g_f32.ptr;
+  if (p.beta_dtype == DType::kFP32) a.beta = beta_f32.ptr;
+  if (p.gate_form == GateForm::kSafeGate) {  // the log decay reads neither: host_args left them null
+    a.A_log = A_log.ptr;
+    a.dt_bias = dt_bias.ptr;
+  }
   if (p.spec.initial_state == DType::kBF16) a.initial_state = init_bf16.ptr;
   if (p.spec.initial_state == DType::kFP32) a.initial_state = init_f32.ptr;
   RunResult r;
@@ -287,6 +292,8 @@ inline HostProblem slice_heads(const HostProblem& p, const std::vector<int64_t>&
   slice(p.v, s.v, BT, p.V);
   slice(p.g, s.g, BT, p.K);
   slice(p.beta, s.beta, BT, 1);
+  if (!p.g_f32.empty()) slice(p.g_f32, s.g_f32, BT, p.K);
+  if (!p.beta_f32.empty()) slice(p.beta_f32, s.beta_f32, BT, 1);
   slice(p.A_log, s.A_log, 1, 1);
   slice(p.dt_bias, s.dt_bias, 1, p.K);
   if (!p.init_f32.empty()) slice(p.init_f32, s.init_f32, p.N, p.V * p.K);

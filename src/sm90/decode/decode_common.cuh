@@ -28,6 +28,13 @@ struct DecodeParams {
   const float* A_log;    // [HV]
   const float* dt_bias;  // [HV, K]
   uint16_t* out;         // [T, HV, V]
+  // The general inputs (DecodeArgs' gate_form, g_dtype, beta_is_probability,
+  // beta_dtype), read only by the latency kernel's kGeneral builds, which every
+  // decode with them runs: g_f32 / beta_f32 replace g / beta where those are fp32.
+  const float* g_f32;
+  const float* beta_f32;
+  int32_t gate_log_decay;
+  int32_t beta_probability;
   const int64_t* cu_seqlens;  // [N+1] or null: tokens_per_seq each; values clamped to [0, total_tokens]
   const int32_t* cu_seqlens32;  // the same as int32 (vLLM's offsets), instead of cu_seqlens
   int64_t tokens_per_seq;

@@ -57,8 +57,9 @@ struct WarpTokenInputs {
   float q[kLatColsPerLane], k[kLatColsPerLane], g[kLatColsPerLane], beta, v[kRows];
 };
 // kStrided: the token tensors' strides from DecodeParams (views of a fused
-// projection); else dense [T, heads, dim].
-template <int kDim, int kRows, bool kStrided>
+// projection); else dense [T, heads, dim]. kGeneral: also the general inputs' fp32
+// g and beta (DecodeParams::g_f32, beta_f32).
+template <int kDim, int kRows, bool kStrided, bool kGeneral = false>
 __device__ __forceinline__ WarpTokenInputs<kRows> load_warp_token_inputs(const DecodeParams& p, int64_t t, int h,
                                                                          int hv, int lane, int row0) {
   const int col = kLatColsPerLane * lane;
@@ -77,15 +78,16 @@ __device__ __forceinline__ WarpTokenInputs<kRows> load_warp_token_inputs(const D
     b_off = vh;
   }
   WarpTokenInputs<kRows> in{};
+  const bool g_f32 = kGeneral && p.g_f32 != nullptr, beta_f32 = kGeneral && p.beta_f32 != nullptr;
   if (kDim == kDecodeDim || col < kDim) {
 #pragma unroll
     for (int e = 0; e < kLatColsPerLane; ++e) {
       in.q[e] = bf16_at(p.q, q_off + e);
       in.k[e] = bf16_at(p.k, k_off + e);
-      in.g[e] = bf16_at(p.g, g_off + e);
+      in.g[e] = g_f32 ? p.g_f32[g_off + e] : bf16_at(p.g, g_off + e);
     }
   }
-  in.beta = bf16_at(p.beta, b_off);
+  in.beta = beta_f32 ? p.beta_f32[b_off] : bf16_at(p.beta, b_off);
 #pragma unroll
   for (int i = 0; i < kRows; ++i) in.v[i] = bf16_at(p.v, v_off + kDecodeRows * i);
   return in;
@@ -101,8 +103,11 @@ __device__ __forceinline__ WarpTokenInputs<kRows> load_warp_token_inputs(const D
 // kRows: the rows a thread holds, kDecodeRows apart (2 only at K = 64).
 // kStrided: token tensors read through their strides (views of a fused
 // projection output), the build every strided decode runs.
+// kGeneral (with kStrided): the general inputs (DecodeParams::gate_log_decay,
+// beta_probability, g_f32, beta_f32) read at run time; the build every decode with
+// them runs, so that the others keep their code.
 template <bool kFp32, int kMinBlocks, bool kVerify = false, int kDim = kDecodeDim, int kRows = 1,
-          bool kStrided = false>
+          bool kStrided = false, bool kGeneral = false>
 __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     kda_decode_latency_kernel(const __grid_constant__ DecodeParams p) {
   static_assert(kDim == 64 || kDim == kDecodeDim, "K = V = 64 or 128");
@@ -125,15 +130,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
   const DecodeSequence seq = decode_sequence<kVerify>(p, tile.n);
   uint32_t faults = seq.faults;
   const int64_t t0 = seq.t0, t1 = seq.t1;
-  const float exp_a = __expf(p.A_log[hv]);
+  static_assert(!kGeneral || kStrided, "the general inputs' build addresses by strides");
+  // The general inputs' log decay reads neither A_log nor dt_bias, which may then be null.
+  const bool log_decay = kGeneral && p.gate_log_decay != 0;
+  const float exp_a = log_decay ? 0.f : __expf(p.A_log[hv]);
   float dt_bias[kLatColsPerLane] = {};
-  if (kDim == kDecodeDim || kLatColsPerLane * lane < kDim) {
+  if (!log_decay && (kDim == kDecodeDim || kLatColsPerLane * lane < kDim)) {
 #pragma unroll
     for (int e = 0; e < kLatColsPerLane; ++e)
       dt_bias[e] = p.dt_bias[static_cast<int64_t>(hv) * kDim + kLatColsPerLane * lane + e];
   }
   WarpTokenInputs<kRows> next{};
-  if (t0 < t1) next = load_warp_token_inputs<kDim, kRows, kStrided>(p, t0, h, hv, lane, row);
+  if (t0 < t1) next = load_warp_token_inputs<kDim, kRows, kStrided, kGeneral>(p, t0, h, hv, lane, row);
   const int64_t slot = seq.slot;
   if (slot < 0 || slot >= p.pool_size) {  // padding entry or index past the pool: no access
     report_decode_faults<kVerify>(p, tile, faults);
@@ -167,7 +175,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     // Verify: this token's slot, requested before the math that precedes its store.
     const int64_t token_slot = kVerify ? index_at(p, p.indices, tile.n * p.verify_slots + (t - t0)) : -1;
     const WarpTokenInputs<kRows> in = next;
-    if (t + 1 < t1) next = load_warp_token_inputs<kDim, kRows, kStrided>(p, t + 1, h, hv, lane, row);
+    if (t + 1 < t1) next = load_warp_token_inputs<kDim, kRows, kStrided, kGeneral>(p, t + 1, h, hv, lane, row);
     const int64_t vh = t * p.num_v_heads + hv;
 
     // The token's vectors, built by this warp alone.
@@ -188,20 +196,27 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
     const float q_scale = rq * p.scale;
     const float kq = qk * rk * q_scale;  // k̂·q̂·scale
     float kh[kLatColsPerLane], dc[kLatColsPerLane], dk[kLatColsPerLane], dq[kLatColsPerLane];
+    bool above_zero = false;  // a log decay above 0: read as 0, recorded
 #pragma unroll
     for (int e = 0; e < kLatColsPerLane; ++e) {
-      const float x = exp_a * (in.g[e] + dt_bias[e]);
-      dc[e] = __expf(p.lower_bound * __fdividef(1.f, 1.f + __expf(-x)));  // exp(lower_bound·sigmoid(x))
+      if (log_decay) {
+        above_zero = above_zero || in.g[e] > 0.f;
+        dc[e] = __expf(in.g[e] > 0.f ? 0.f : in.g[e]);  // a NaN stays NaN
+      } else {
+        const float x = exp_a * (in.g[e] + dt_bias[e]);
+        dc[e] = __expf(p.lower_bound * __fdividef(1.f, 1.f + __expf(-x)));  // exp(lower_bound·sigmoid(x))
+      }
       kh[e] = in.k[e] * rk;
       dk[e] = dc[e] * kh[e];
       dq[e] = dc[e] * (in.q[e] * q_scale);
     }
+    if (above_zero) record_fault(kFaultDecodeGate, t);
     const int c0 = kLatColsPerLane * lane;
     *reinterpret_cast<float4*>(&sh.khat[c0]) = make_float4(kh[0], kh[1], kh[2], kh[3]);
     *reinterpret_cast<float4*>(&sh.decay[c0]) = make_float4(dc[0], dc[1], dc[2], dc[3]);
     *reinterpret_cast<float4*>(&sh.dkhat[c0]) = make_float4(dk[0], dk[1], dk[2], dk[3]);
     *reinterpret_cast<float4*>(&sh.dqhat[c0]) = make_float4(dq[0], dq[1], dq[2], dq[3]);
-    const float b = __fdividef(1.f, 1.f + __expf(-in.beta));
+    const float b = kGeneral && p.beta_probability ? in.beta : __fdividef(1.f, 1.f + __expf(-in.beta));
     __syncwarp();
 
     // Per row: (S·diag(decay)) k̂ and (S·diag(decay)) q̂ in eight independent

@@ -15,18 +15,18 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
       *reinterpret_cast<const cute::uint128_t*>(gmem_src), *reinterpret_cast<cute::uint128_t*>(smem_dst), pred);
 }
 
-// `rows` valid rows of a bf16 tensor (element (t, h, c) at t·tok_stride +
-// h·head_stride + c) at head offset head_off = h·head_stride, columns
-// col0..col0+kCols-1, into dst[16][ld]; invalid rows, and the columns from
-// kValidCols on (a 64-wide head in 128-wide tiles), become zeros.
+// `rows` valid rows of a bf16 (T = uint16_t) or fp32 (T = float) tensor (element
+// (t, h, c) at t·tok_stride + h·head_stride + c) at head offset head_off =
+// h·head_stride, columns col0..col0+kCols-1, into dst[16][ld]; invalid rows, and
+// the columns from kValidCols on (a 64-wide head in 128-wide tiles), become zeros.
 // The copies per thread are a compile-time count, fully unrolled: a run-time
 // loop here cost the prologue kernel ~200 integer instructions a warp per chunk
 // (loop control and 64-bit address arithmetic), a fifth of its issue slots.
-template <int kCols, int kThreadCount, int kValidCols = kCols>
-__device__ __forceinline__ void load_token_rows_async(uint16_t* dst, int ld, const uint16_t* base, int64_t tok0,
-                                                      int rows, int32_t tok_stride, int64_t head_off, int col0,
-                                                      int tid) {
-  constexpr int kVecPerRow = kCols / 8;
+template <int kCols, int kThreadCount, int kValidCols = kCols, class T>
+__device__ __forceinline__ void load_token_rows_async(T* dst, int ld, const T* base, int64_t tok0, int rows,
+                                                      int32_t tok_stride, int64_t head_off, int col0, int tid) {
+  constexpr int kPerVec = 16 / sizeof(T);
+  constexpr int kVecPerRow = kCols / kPerVec;
   constexpr int kVectors = kChunk * kVecPerRow;
   static_assert(kVectors % kThreadCount == 0, "every thread copies the same number of vectors");
 #pragma unroll
@@ -34,9 +34,9 @@ __device__ __forceinline__ void load_token_rows_async(uint16_t* dst, int ld, con
     const int idx = tid + j * kThreadCount;
     const int r = idx / kVecPerRow, c = idx % kVecPerRow;
     bool valid = r < rows;
-    if constexpr (kValidCols < kCols) valid = valid && 8 * c < kValidCols;
-    const uint16_t* src = valid ? base + (tok0 + r) * tok_stride + head_off + col0 + 8 * c : base;
-    cp_async_16(dst + r * ld + 8 * c, src, valid);
+    if constexpr (kValidCols < kCols) valid = valid && kPerVec * c < kValidCols;
+    const T* src = valid ? base + (tok0 + r) * tok_stride + head_off + col0 + kPerVec * c : base;
+    cp_async_16(dst + r * ld + kPerVec * c, src, valid);
   }
 }
 

@@ -38,12 +38,27 @@ __device__ __forceinline__ void times_kinv_t(FragC (&c)[2], LoadHi load_x_hi, co
   }
 }
 
-template <int kDim, class Smem>
-__device__ __forceinline__ void build_inverse(Smem& s, int lane) {
+// A 16x16 product given in shared memory (wide_decay.cuh's sums) in the accumulator
+// layout times_kinv_t leaves.
+__device__ __forceinline__ void load_tile16(FragC (&c)[2], const float (*x)[kChunk], int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[nt].x[e] = x[g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)];
+}
+
+// kMaybeWide (the general inputs' prologue): where `wide` is non-null, L's sum comes
+// from it (wide_decay.cuh) instead of the products with K_inv.
+template <int kDim, bool kMaybeWide = false, class Smem>
+__device__ __forceinline__ void build_inverse(Smem& s, int lane, const float (*wide)[kChunk] = nullptr) {
   const int g = lane >> 2, t = lane & 3;
   FragC n[2];
-  times_kinv_t<kDim>(
-      n, [&](int kk, int l) { return ldsm_a(&s.kdec_hi[0][0], kLdRow, 0, 16 * kk, l); }, s.kdec_lo, s, lane);
+  if (kMaybeWide && wide != nullptr)
+    load_tile16(n, wide, lane);
+  else
+    times_kinv_t<kDim>(
+        n, [&](int kk, int l) { return ldsm_a(&s.kdec_hi[0][0], kLdRow, 0, 16 * kk, l); }, s.kdec_lo, s, lane);
   // N = −diag(b)·strict_lower(·). A select, not a multiply: the masked upper
   // triangle holds products 2^(G_i − G_j) with i < j that may overflow to inf.
 #pragma unroll
@@ -74,13 +89,15 @@ __device__ __forceinline__ void build_inverse(Smem& s, int lane) {
   }
 }
 
-template <int kDim, class Smem>
-__device__ __forceinline__ void build_mqk(Smem& s, int lane) {
+template <int kDim, bool kMaybeWide = false, class Smem>
+__device__ __forceinline__ void build_mqk(Smem& s, int lane, const float (*wide)[kChunk] = nullptr) {
   const int g = lane >> 2, t = lane & 3;
   FragC m[2];
-  // Q_dec's high part is rows 16-31 of the record's swizzled wq.
-  times_kinv_t<kDim>(
-      m, [&](int kk, int l) { return ldsm_a_sw128(s.wq, kChunk, 16 * kk, l); }, s.qdec_lo, s, lane);
+  if (kMaybeWide && wide != nullptr)
+    load_tile16(m, wide, lane);
+  else  // Q_dec's high part is rows 16-31 of the record's swizzled wq.
+    times_kinv_t<kDim>(
+        m, [&](int kk, int l) { return ldsm_a_sw128(s.wq, kChunk, 16 * kk, l); }, s.qdec_lo, s, lane);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     const int col = 8 * nt + 2 * t;

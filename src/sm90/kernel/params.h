@@ -53,6 +53,13 @@ struct FwdParams {
   const float* A_log;    // [HV]
   const float* dt_bias;  // [HV, K]
   uint16_t* out;         // [B*T, HV, V]
+  // The general inputs (ForwardArgs' gate_form, g_dtype, beta_is_probability,
+  // beta_dtype), read only by the prologue's kGeneralInputs instantiations:
+  // g_f32 / beta_f32 replace g / beta where those are fp32 (the other is null).
+  const float* g_f32;
+  const float* beta_f32;
+  int32_t gate_log_decay;    // g is the log decay a (GateForm::kLogDecay)
+  int32_t beta_probability;  // b = beta as given
 
   const void* initial_state;  // [N, HV, V, K] ([N, HV, K, V] with states_key_major) or null
   void* final_state;          // the same layout, or null

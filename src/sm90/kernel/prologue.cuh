@@ -118,10 +118,47 @@ __device__ __forceinline__ void gate_prefix(Smem& s, const ElementMap& m, const 
   *reinterpret_cast<float2*>(&s.g_part[m.group][m.d0]) = acc;
 }
 
-// Adds the totals of the earlier row groups and publishes 2^G_last (G of the last real row).
+// The general inputs' gate (the kGeneralInputs prologue): g in bf16 (s.g) or fp32
+// (g32, non-null), either the raw gate (γ as gate_prefix forms it) or the log
+// decay a itself (γ = a·log2(e)). A log decay above 0 is not a decay: it is read
+// as 0 and reported through the return value (the kernel records it); a NaN stays
+// NaN, as any NaN input does. γ is held at kMinTokenDecayLog2 and above: a token
+// that keeps 2^-64 of the state instead of less changes no fp32 result (the state's
+// own rounding is 2^-24), while G stays finite (a = −inf, a decay of 0, would make
+// the wide path's G_i − G_j NaN) and small enough (at least −1024 over a chunk) that
+// those differences lose at most 2^-13 of a unit to cancellation.
+constexpr float kMinTokenDecayLog2 = -64.f;
+template <class Smem>
+__device__ __forceinline__ bool gate_prefix_general(Smem& s, const ElementMap& m, const GateConstants& k,
+                                                    float lb_log2e, bool log_decay, const float (*g32)[kHeadDim],
+                                                    float2 (&G)[kRowsPerThread]) {
+  float2 acc = make_float2(0.f, 0.f);
+  bool above_zero = false;
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const float2 x = g32 != nullptr ? *reinterpret_cast<const float2*>(&g32[m.row(r)][m.d0])
+                                    : bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.g[m.row(r)][m.d0]));
+    if (log_decay) {
+      above_zero = above_zero || x.x > 0.f || x.y > 0.f;
+      // Selects, not fminf / fmaxf, so that a NaN stays NaN.
+      const float g0 = x.x > 0.f ? 0.f : kLog2e * x.x, g1 = x.y > 0.f ? 0.f : kLog2e * x.y;
+      acc.x += g0 < kMinTokenDecayLog2 ? kMinTokenDecayLog2 : g0;
+      acc.y += g1 < kMinTokenDecayLog2 ? kMinTokenDecayLog2 : g1;
+    } else {
+      acc.x = fmaf(lb_log2e, rcp_approx(1.f + ex2_approx(fmaf(x.x, k.c, k.cd.x))), acc.x);
+      acc.y = fmaf(lb_log2e, rcp_approx(1.f + ex2_approx(fmaf(x.y, k.c, k.cd.y))), acc.y);
+    }
+    G[r] = acc;
+  }
+  *reinterpret_cast<float2*>(&s.g_part[m.group][m.d0]) = acc;
+  return above_zero;
+}
+
+// Adds the totals of the earlier row groups and publishes 2^G_last (G of the last
+// real row); with g_last (the general inputs), G_last itself as well.
 template <class Smem>
 __device__ __forceinline__ void finish_gate_prefix(Smem& s, const ElementMap& m, float2 (&G)[kRowsPerThread],
-                                                   int rows) {
+                                                   int rows, float* g_last = nullptr) {
   float2 base = make_float2(0.f, 0.f);
 #pragma unroll
   for (int q = 0; q < kRowGroups - 1; ++q) {
@@ -135,8 +172,10 @@ __device__ __forceinline__ void finish_gate_prefix(Smem& s, const ElementMap& m,
   for (int r = 0; r < kRowsPerThread; ++r) {
     G[r].x += base.x;
     G[r].y += base.y;
-    if (static_cast<int>(m.row(r)) == rows - 1)  // unrolled compare: G stays in registers
+    if (static_cast<int>(m.row(r)) == rows - 1) {  // unrolled compare: G stays in registers
       *reinterpret_cast<float2*>(&s.decay_last[m.d0]) = make_float2(ex2_approx(G[r].x), ex2_approx(G[r].y));
+      if (g_last != nullptr) *reinterpret_cast<float2*>(&g_last[m.d0]) = G[r];
+    }
   }
 }
 

@@ -17,6 +17,7 @@
 #include "sm90/kernel/shared_storage.cuh"
 #include "sm90/kernel/state_location.cuh"
 #include "sm90/kernel/tile_scheduler.cuh"
+#include "sm90/kernel/wide_decay.cuh"
 
 namespace flashkda::sm90 {
 
@@ -72,7 +73,11 @@ __device__ __noinline__ void batch_setup(const FwdParams& p, unsigned char* smem
 // registers and schedule changed throughout, and the K = 64 rows that order
 // nothing measured 0.4-1.3 % slower; so the other calls keep a kernel without
 // the set-up's code.
-template <int kDim, bool kOrderSequences, bool kSetupLast>
+// kGeneralInputs: g as the log decay (GateForm::kLogDecay) or in fp32, beta as b
+// itself or in fp32 (FwdParams' general inputs), and chunks whose decay is too
+// wide for K_inv (wide_decay.cuh). Instantiations of their own, so that the
+// default inputs' kernels keep their code.
+template <int kDim, bool kOrderSequences, bool kSetupLast, bool kGeneralInputs = false>
 __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
     kda_chunk_prologue_kernel(const __grid_constant__ FwdParams p) {
   static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
@@ -128,10 +133,20 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   // only 4-byte alignment, and ptxas put two plain 4-byte loads behind the wait.
   const bool real_column = kDim == kHeadDim || m.d0 < kDim;  // padding columns: zero k and q
   const bool beta_row = tid < kChunk && tid < chunk.rows;
-  const uint16_t beta_bits =
-      beta_row ? p.beta[(chunk.token_begin + tid) * p.beta_tok + static_cast<int64_t>(v_head) * p.beta_head] : 0;
-  const float a_log = real_column ? p.A_log[v_head] : 0.f;
-  if (tid < kDim)
+  // The safe gate's scale and bias (the general inputs' log decay reads neither:
+  // A_log and dt_bias may be null there).
+  const bool safe_gate = !kGeneralInputs || !p.gate_log_decay;
+  float beta_in = 0.f;  // the general inputs' beta, widened
+  uint16_t beta_bits = 0;
+  if constexpr (kGeneralInputs) {
+    const int64_t at = (chunk.token_begin + tid) * p.beta_tok + static_cast<int64_t>(v_head) * p.beta_head;
+    if (beta_row) beta_in = p.beta_f32 != nullptr ? p.beta_f32[at] : bf16_bits_to_float(p.beta[at]);
+  } else {
+    beta_bits =
+        beta_row ? p.beta[(chunk.token_begin + tid) * p.beta_tok + static_cast<int64_t>(v_head) * p.beta_head] : 0;
+  }
+  const float a_log = real_column && safe_gate ? p.A_log[v_head] : 0.f;
+  if (tid < kDim && safe_gate)
     cute::SM80_CP_ASYNC_CACHEALWAYS<uint32_t>::copy(
         *reinterpret_cast<const uint32_t*>(p.dt_bias + static_cast<int64_t>(v_head) * kDim + tid),
         *reinterpret_cast<uint32_t*>(&s.dt_bias[tid]));
@@ -141,8 +156,16 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
                                                            p.q_tok, static_cast<int64_t>(qk_head) * p.q_head, 0, tid);
   load_token_rows_async<kHeadDim, kPrologueThreads, kDim>(&s.k[0][0], kHeadDim, p.k, chunk.token_begin, chunk.rows,
                                                            p.k_tok, static_cast<int64_t>(qk_head) * p.k_head, 0, tid);
-  load_token_rows_async<kHeadDim, kPrologueThreads, kDim>(&s.g[0][0], kHeadDim, p.g, chunk.token_begin, chunk.rows,
-                                                           p.g_tok, static_cast<int64_t>(v_head) * p.g_head, 0, tid);
+  const float(*g32)[kHeadDim] = nullptr;  // the general inputs' fp32 g, in G's place (wide_decay.cuh)
+  if (kGeneralInputs && p.g_f32 != nullptr) {
+    g32 = wide_g(s);
+    load_token_rows_async<kHeadDim, kPrologueThreads, kDim>(&wide_g(s)[0][0], kHeadDim, p.g_f32, chunk.token_begin,
+                                                             chunk.rows, p.g_tok,
+                                                             static_cast<int64_t>(v_head) * p.g_head, 0, tid);
+  } else {
+    load_token_rows_async<kHeadDim, kPrologueThreads, kDim>(&s.g[0][0], kHeadDim, p.g, chunk.token_begin, chunk.rows,
+                                                             p.g_tok, static_cast<int64_t>(v_head) * p.g_head, 0, tid);
+  }
   cute::cp_async_fence();
   // Padding columns get the gate of exp_a = 0 (finite whatever A_log is: an
   // exp(A_log) that overflows times their zero g would be NaN). exp by the MUFU
@@ -151,25 +174,51 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
   const float e_a = ex2_approx(a_log * 1.4426950408889634f);
   const float exp_a = real_column ? clamp_gate_scale(e_a) : 0.f;  // common/gate.h; a NaN stays NaN
   cute::cp_async_wait<0>();
-  if (tid < kChunk) s.beta_sig[tid] = sigmoid(bf16_bits_to_float(beta_bits));  // pad rows: sigmoid(0)
+  if constexpr (kGeneralInputs) {
+    if (tid < kChunk) s.beta_sig[tid] = p.beta_probability ? beta_in : sigmoid(beta_in);  // pad rows: 0 or 0.5
+  } else {
+    if (tid < kChunk) s.beta_sig[tid] = sigmoid(bf16_bits_to_float(beta_bits));  // pad rows: sigmoid(0)
+  }
   __syncthreads();
 
   const GateConstants gate = gate_constants(exp_a, *reinterpret_cast<const float2*>(&s.dt_bias[m.d0]));
   row_norms(s, warp, lane, p.scale);
   float2 G[kRowsPerThread];
-  gate_prefix(s, m, gate, p.lower_bound_log2e, G);
-  __syncthreads();
-  finish_gate_prefix(s, m, G, chunk.rows);
-  __syncthreads();
-  write_decayed_operands(s, m, G);
-  __syncthreads();
+  bool wide = false;  // this chunk takes wide_decay.cuh's path (general inputs only)
+  if constexpr (kGeneralInputs) {
+    if (gate_prefix_general(s, m, gate, p.lower_bound_log2e, p.gate_log_decay != 0, g32, G))
+      record_fault(kFaultForwardGate, chunk.token_begin);
+    __syncthreads();
+    finish_gate_prefix(s, m, G, chunk.rows, wide_g_last(s));
+    bool below = false;
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r)
+      below = below || G[r].x < -kMaxChunkDecayLog2 || G[r].y < -kMaxChunkDecayLog2;
+    wide = __syncthreads_or(below) != 0;
+    if (wide)
+      write_decayed_operands_wide(s, m, G);
+    else
+      write_decayed_operands(s, m, G);
+    __syncthreads();
+    if (wide) {
+      wide_lower_sums<kDim>(s, warp, lane);
+      __syncthreads();
+    }
+  } else {
+    gate_prefix(s, m, gate, p.lower_bound_log2e, G);
+    __syncthreads();
+    finish_gate_prefix(s, m, G, chunk.rows);
+    __syncthreads();
+    write_decayed_operands(s, m, G);
+    __syncthreads();
+  }
   constexpr bool kEarlyPart = kDim == kHeadDim;
   constexpr int kStoreThreads = kPrologueThreads - kMatrixWarps * 32;
   auto record_address = [&] { return reinterpret_cast<uint4*>(const_cast<ChunkOperands*>(chunk_record(p, slot, v_head))); };
   // K = 64 computes it at the end: no address held across the matrices there.
   uint4* const record = kEarlyPart ? record_address() : nullptr;
-  if (warp == 0) build_inverse<kDim>(s, lane);
-  else if (warp == 1) build_mqk<kDim>(s, lane);
+  if (warp == 0) build_inverse<kDim, kGeneralInputs>(s, lane, wide ? wide_sums(s).l : nullptr);
+  else if (warp == 1) build_mqk<kDim, kGeneralInputs>(s, lane, wide ? wide_sums(s).mqk : nullptr);
   else if constexpr (kEarlyPart)
     store_record_range<kDim, kRecordQdecVector, kRecordEarlyEnd, kStoreThreads>(record, s, tid - kMatrixWarps * 32);
   __syncthreads();

@@ -208,8 +208,15 @@ struct PrologueSmem : ChunkOperands {
     __nv_bfloat16 kdec_lo[kChunk][kLdRow];  // written by write_decayed_operands
   };
   alignas(16) __nv_bfloat16 kdec_hi[kChunk][kLdRow];  // k̂·2^G   (A of L)
-  alignas(16) __nv_bfloat16 kinv_hi[kChunk][kLdRow];  // k̂·2^-G  (B of L and Mqk)
-  alignas(16) __nv_bfloat16 kinv_lo[kChunk][kLdRow];
+  union alignas(16) {
+    struct {
+      __nv_bfloat16 kinv_hi[kChunk][kLdRow];  // k̂·2^-G  (B of L and Mqk)
+      __nv_bfloat16 kinv_lo[kChunk][kLdRow];
+    };
+    // The general inputs' fp32 g (read by gate_prefix_general), then a wide chunk's
+    // G (wide_decay.cuh), where K_inv is never formed.
+    float wide_g[kChunk][kHeadDim];
+  };
   alignas(16) __nv_bfloat16 qdec_lo[kChunk][kLdRow];  // low part of Q_dec (A of Mqk; the high part is in wq)
   float rnorm_q_scaled[kChunk];  // scale/sqrt(|q|²+1e-6)
   float rnorm_k[kChunk];         // 1/sqrt(|k|²+1e-6)
