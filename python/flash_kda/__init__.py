@@ -237,7 +237,8 @@ def _resolve_scalars(q, scale, lower_bound):
 # check runs: a value of another type gets nanobind's "incompatible function
 # arguments" with the whole signature. _raise_named names the argument instead.
 _PARAMETER_TYPES = (("backend", str), ("checkpoint_interval", int), ("checkpoints_value_major", bool),
-                    ("resume_from_summaries", bool), ("states_key_major", bool))
+                    ("resume_from_summaries", bool), ("states_key_major", bool), ("use_gate_in_kernel", bool),
+                    ("use_beta_sigmoid_in_kernel", bool))
 
 
 def _raise_named(err, **given):
@@ -287,25 +288,37 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
         checkpoints=None, checkpoint_interval=64, checkpoints_value_major=False,
         slot_checkpoint_offsets=None, slot_checkpoint_slots=None,
         summaries=None, resume_from_summaries=False, states_key_major=False,
+        use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
         workspace=None, stream=None, backend="auto") -> None:
     """KDA forward into ``out`` (and ``final_state``), in place. FlashKDA's signature.
 
     Args (B batch, T tokens, H q/k heads, HV value heads = a multiple of H, K/V head dims,
     N sequences = ``len(cu_seqlens) - 1`` or B):
         q, k: bf16 ``[B, T, H, K]``.  v: bf16 ``[B, T, HV, V]``.
-        g: bf16 ``[B, T, HV, K]``, raw gate.  beta: bf16 ``[B, T, HV]``, raw logit.
+        g: bf16 ``[B, T, HV, K]``, raw gate (or the log decay: ``use_gate_in_kernel``).
+        beta: bf16 or fp32 ``[B, T, HV]``, raw logit (or b itself: ``use_beta_sigmoid_in_kernel``).
         scale: float, or None for ``K ** -0.5``.
         out: bf16 ``[B, T, HV, V]``, written in place.
         A_log: fp32 ``[HV]``.  dt_bias: fp32 ``[HV, K]`` (torch bf16 or fp16 ones, from a
             model cast to half precision, are widened exactly: fla's dispatch passes them
-            as the model holds them).
-        lower_bound: float in ``[-5, 0)``, or None for -5.0.
+            as the model holds them). Not read with ``use_gate_in_kernel=False`` (may be None).
+        lower_bound: float in ``[-5, 0)``, or None for -5.0 (not read with ``use_gate_in_kernel=False``).
         initial_state: bf16/fp32 ``[N, HV, V, K]`` or None (zeros).
         final_state: bf16/fp32 ``[N, HV, V, K]`` written in place, or None; same dtype
             as initial_state when both are given. It may be ``initial_state`` itself
             (an in-place state update: bitwise the call with a separate final state).
         cu_seqlens: int64 or int32 (vLLM's offsets) ``[N+1]`` on the tensors' device
             (requires B == 1), or None.
+    What g and beta hold (fla's flags of the same names; the defaults are FlashKDA's):
+      ``use_gate_in_kernel=True``: g is the raw gate, activated inside as
+        ``a = lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``. ``False``: g is ``a``
+        itself, bf16 or fp32, the natural log of each key channel's decay (``<= 0``; e.g. fla's
+        ``fused_kda_gate``, ``-exp(A_log) * softplus(g + dt_bias)``, as vLLM's Kimi Linear layer
+        passes it), any strength; A_log, dt_bias and lower_bound are then not read. A value above 0
+        is a ValueError naming g on the CPU; CUDA reads it as 0 and records it for
+        :func:`check_device_faults`.
+      ``use_beta_sigmoid_in_kernel=True``: beta is the logit, ``b = sigmoid(beta)``. ``False``:
+        ``b = beta`` as given (e.g. ``sigmoid(b.float())`` computed outside).
     Keyword-only extensions: ``cu_seqlens_host`` (an int64 CPU copy of cu_seqlens: validated, and
     with CPU tensors equal to cu_seqlens; never made implicitly, as a device-to-host copy would
     synchronise; with it the host plans how a
@@ -342,9 +355,9 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
       2. The resume call, ``resume_from_summaries=True``: the ordinary forward (``out``, and
          ``final_state`` from ``initial_state``, the incoming states composed from the
          exchanged summaries). It must get the same token tensors, A_log, dt_bias, scale,
-         lower_bound and cu_seqlens on the same device, and the same ``workspace`` tensor, untouched
-         since the summaries call: on CUDA it runs only the part that depends on the initial
-         states, from what the summaries call left there. Both calls therefore take an
+         lower_bound, gate and beta forms and cu_seqlens on the same device, and the same
+         ``workspace`` tensor, untouched since the summaries call: on CUDA it runs only the
+         part that depends on the initial states, from what the summaries call left there. Both calls therefore take an
          explicit ``workspace`` (``workspace_size(..., summaries=(M, B))`` bytes, + 255
          unless 256-byte aligned; none on the CPU, whose backends run the whole forward).
     One resume call per summaries call; neither call with state_pool or checkpoints.
@@ -365,11 +378,13 @@ def fwd(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None
         _C.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
                cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
                checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
-               resume_from_summaries, workspace, alloc, stream, backend, states_key_major)
+               resume_from_summaries, workspace, alloc, stream, backend, states_key_major, use_gate_in_kernel,
+               use_beta_sigmoid_in_kernel)
     except TypeError as e:
         _raise_named(e, backend=backend, checkpoint_interval=checkpoint_interval,
                      checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries,
-                     states_key_major=states_key_major)
+                     states_key_major=states_key_major, use_gate_in_kernel=use_gate_in_kernel,
+                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)
 
 
 def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower_bound=None,
@@ -377,7 +392,8 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
                    cu_seqlens_host=None, state_pool=None, state_indices=None, has_initial_state=None,
                    checkpoints=None, checkpoint_interval=64, checkpoints_value_major=False,
                    slot_checkpoint_offsets=None, slot_checkpoint_slots=None, summaries=None,
-                   resume_from_summaries=False, states_key_major=False, backend="auto") -> int:
+                   resume_from_summaries=False, states_key_major=False, use_gate_in_kernel=True,
+                   use_beta_sigmoid_in_kernel=True, backend="auto") -> int:
     """Bytes of scratch memory ``fwd`` needs for these arguments (checked as fwd checks them).
 
     A caller-provided ``workspace`` needs ``workspace_size(...) + 255`` bytes unless its
@@ -392,11 +408,13 @@ def workspace_size(q, k, v, g, beta, scale, out, A_log=None, dt_bias=None, lower
                                      final_state, cu_seqlens, cu_seqlens_host, state_pool, state_indices,
                                      has_initial_state, checkpoints, checkpoint_interval, checkpoints_value_major,
                                      slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
-                                     resume_from_summaries, backend, states_key_major))
+                                     resume_from_summaries, backend, states_key_major, use_gate_in_kernel,
+                                     use_beta_sigmoid_in_kernel))
     except TypeError as e:
         _raise_named(e, backend=backend, checkpoint_interval=checkpoint_interval,
                      checkpoints_value_major=checkpoints_value_major, resume_from_summaries=resume_from_summaries,
-                     states_key_major=states_key_major)
+                     states_key_major=states_key_major, use_gate_in_kernel=use_gate_in_kernel,
+                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)
 
 
 # CUDA decode reads strided token views with its latency kernel at every size (the
@@ -440,7 +458,8 @@ def _decode_token_inputs(q, k, v, g, beta, state_indices):
 
 def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=None, scale=None,
            lower_bound=None, cu_seqlens=None, state_out_pool=None, per_token_states=None,
-           cu_seqlens_host=None, stream=None, pdl=None, num_accepted_tokens=None):
+           cu_seqlens_host=None, stream=None, pdl=None, num_accepted_tokens=None, use_gate_in_kernel=True,
+           use_beta_sigmoid_in_kernel=True):
     """One KDA decode step: a few new tokens per running sequence, states in a pool.
 
     Sequence n's tokens run the recurrence (the same math as :func:`fwd`) starting from
@@ -453,11 +472,13 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
         q, k: bf16 ``[T, H, K]``, or ``[N, t, H, K]`` (read as the flattened ``[N*t, H, K]``;
             every token tensor then has the same two leading dims; without cu_seqlens the
             first is N, one row a sequence).
-        v: bf16 ``[T, HV, V]``.  g: bf16 ``[T, HV, K]``.  beta: bf16 ``[T, HV]``.
+        v: bf16 ``[T, HV, V]``.  g: bf16 ``[T, HV, K]`` (or the log decay, bf16 or fp32).
+            beta: bf16 or fp32 ``[T, HV]``.
             q, k, v, g, beta may be strided views (last dimension contiguous, e.g. of one
             fused projection); on CUDA at K = 128 from 2,048 (sequence, value head) pairs
             they are copied dense first, where that is faster than reading them strided.
-        A_log: fp32 ``[HV]``.  dt_bias: fp32 ``[HV, K]``.
+        A_log: fp32 ``[HV]``.  dt_bias: fp32 ``[HV, K]`` (both may be None with
+            ``use_gate_in_kernel=False``).
         state_pool: fp32 or bf16 ``[P, HV, V, K]``; each slot dense, any stride >= HV*V*K
             elements between slots (e.g. a slice of a bigger buffer). Updated in place.
         state_indices: int32 or int64 ``[N]``, each < P (negative: padding); a strided view
@@ -488,6 +509,8 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
             back-to-back steps. None (default, auto): the measured choice, currently
             PDL at every size. True: always; False: never. Anything else is a
             TypeError. Ignored on the CPU.
+        use_gate_in_kernel, use_beta_sigmoid_in_kernel: what g and beta hold, as for :func:`fwd`
+            (False: the log decay; b itself).
 
     Returns ``out``. CPU tensors run the float64 CPU decode; CUDA tensors the sm_90a
     kernels (K = V = 128 or 64), asynchronously, capturable in a CUDA graph. Errors as for
@@ -509,13 +532,17 @@ def decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, *, out=N
         state_indices = _dense_indices(state_indices)
         q, k, v, g, beta = _decode_token_inputs(q, k, v, g, beta, state_indices)
     _, stream = _runtime(q, stream, need_alloc=False)
-    _C.decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound, cu_seqlens,
-              cu_seqlens_host, state_out_pool, per_token_states, num_accepted_tokens, stream, pdl_mode)
+    try:
+        _C.decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound, cu_seqlens,
+                  cu_seqlens_host, state_out_pool, per_token_states, num_accepted_tokens, stream, pdl_mode,
+                  use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+    except TypeError as e:
+        _raise_named(e, use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)
     return out
 
 
 def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound=None, cu_seqlens=None,
-                      backend="auto"):
+                      use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, backend="auto"):
     """Affine summaries of token ranges: ``(M, B)`` with ``S_out = S_in @ M + B``.
 
     For one (sequence, value head), the tokens ``[begin, end)`` map the state they
@@ -526,8 +553,8 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
     outputs and final state as one straight run. The building blocks of splitting a
     long sequence across devices (context parallelism).
 
-    Args: q, k, v, g, beta, A_log, dt_bias, lower_bound and cu_seqlens as for
-    :func:`fwd` (``[B, T, ...]`` with B == 1 for cu_seqlens). ``segments``: int64
+    Args: q, k, v, g, beta, A_log, dt_bias, lower_bound, cu_seqlens, use_gate_in_kernel and
+    use_beta_sigmoid_in_kernel as for :func:`fwd` (``[B, T, ...]`` with B == 1 for cu_seqlens). ``segments``: int64
     ``[S, 2]`` of ``(begin, end)`` on the flattened ``B*T`` token axis, each inside
     one sequence, in any order (``begin == end``: the identity). ``backend``:
     'auto' / 'cpu' (the chunked fp32 CPU backend) or 'reference' (float64 steps) for
@@ -569,9 +596,11 @@ def segment_summaries(q, k, v, g, beta, A_log, dt_bias, segments, *, lower_bound
                          f"{S * HV * (K + V) * K * 4} bytes on {device}, more than could be allocated") from e
     A_log, dt_bias = _widened(A_log), _widened(dt_bias)  # half-precision parameters, as fwd takes them
     try:
-        _C.segment_summaries(q, k, v, g, beta, A_log, dt_bias, lower_bound, cu_seqlens, segments, M, B, backend)
+        _C.segment_summaries(q, k, v, g, beta, A_log, dt_bias, lower_bound, cu_seqlens, segments, M, B, backend,
+                             use_gate_in_kernel, use_beta_sigmoid_in_kernel)
     except TypeError as e:
-        _raise_named(e, backend=backend)
+        _raise_named(e, backend=backend, use_gate_in_kernel=use_gate_in_kernel,
+                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)
     return M, B
 
 

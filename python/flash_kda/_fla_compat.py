@@ -2,13 +2,28 @@
 (``fla.ops.kda.chunk_kda``, ``fla.ops.kda.fused_recurrent_kda``) on flash_kda.
 
 A call site written for fla's Triton path switches by changing one import. The
-arguments are fla's, for what flash_kda computes: the gate, the q/k L2 norm and the
-beta sigmoid inside the kernel (``use_gate_in_kernel``, ``use_qk_l2norm_in_kernel``,
-``use_beta_sigmoid_in_kernel`` all True) with the safe gate (``lower_bound`` given,
-or ``safe_gate=True`` for -5; one outside [-5, 0) is fwd's ValueError). Anything else
-raises NotImplementedError naming the argument, as do chunk_kda's inputs that require
-grad under autograd (forward only; fused_recurrent_kda, like fla's, is no autograd
-function and reads them as they are). States follow fla's ``state_v_first``: ``[N, HV, K, V]`` by
+arguments are fla's, with fla's defaults, for what flash_kda computes: the q/k L2 norm
+inside the kernel (``use_qk_l2norm_in_kernel=True``), and for g and beta either form
+fla's flags name:
+
+- ``use_gate_in_kernel=False`` (fla's default): g is the log decay itself, bf16 or fp32
+  (e.g. ``fused_kda_gate``'s output), any strength; ``A_log``, ``dt_bias``, ``lower_bound``
+  and ``safe_gate`` are then not read. ``True``: g is the raw gate of the safe gate
+  ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`` (``lower_bound`` given, or
+  ``safe_gate=True`` for -5; one outside [-5, 0) is fwd's ValueError).
+- ``use_beta_sigmoid_in_kernel=False`` (fla's default): beta is b itself (bf16 or fp32);
+  ``True``: the logit, ``b = sigmoid(beta)``.
+
+So vLLM's Kimi Linear call, ``chunk_kda(q, k, v, g=fused_kda_gate(...), beta=b.float().sigmoid(),
+initial_state=..., output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=...)``,
+runs as it is. What flash_kda does not compute raises NotImplementedError naming the
+argument: ``use_qk_l2norm_in_kernel=False``, ``allow_neg_eigval=True`` (with
+``use_beta_sigmoid_in_kernel=False`` it is fla's ValueError), and fla's in-kernel
+softplus gate (``use_gate_in_kernel=True`` without ``lower_bound``); so do chunk_kda's
+inputs that require grad under autograd (forward only; fused_recurrent_kda, like fla's,
+is no autograd function and reads them as they are).
+
+States follow fla's ``state_v_first``: ``[N, HV, K, V]`` by
 default, ``[N, HV, V, K]`` with ``state_v_first=True`` (flash_kda's own layout). chunk_kda
 reads and writes either in place (``fwd(states_key_major=)``); fused_recurrent_kda's
 dense ``[N, HV, K, V]`` states are transposed copies in and out (decode runs on a pool,
@@ -30,20 +45,38 @@ def _require(flag, name, want, entry="chunk_kda"):
         raise NotImplementedError(f"{entry}: flash_kda requires {name}={want!r}, got {flag!r}")
 
 
-def _require_in_kernel_gate(entry, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                            allow_neg_eigval):
-    """What flash_kda computes, as fla's flags say it: the q/k L2 norm, the gate and
-    the beta sigmoid inside the kernel, beta in (0, 1)."""
+def _forms(entry, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+           lower_bound, safe_gate=False):
+    """fwd's and decode's keyword arguments for what fla's flags say g and beta hold;
+    NotImplementedError naming the flag for what flash_kda does not compute, and fla's
+    own ValueError where fla raises one."""
     _require(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel", True, entry)
-    _require(use_gate_in_kernel, "use_gate_in_kernel", True, entry)
-    _require(use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel", True, entry)
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        # fla's own check: the factor 2 scales sigmoid(beta), so it needs the in-kernel sigmoid.
+        raise ValueError("allow_neg_eigval: True requires use_beta_sigmoid_in_kernel=True")
     _require(allow_neg_eigval, "allow_neg_eigval", False, entry)
+    # fla's in-kernel gate is lower_bound·sigmoid(...) whenever lower_bound is given
+    # (chunk_kda: safe_gate only picks its kernels); without it, -exp(A_log)·softplus(...).
+    if use_gate_in_kernel and lower_bound is None and not safe_gate:
+        chunk = entry == "chunk_kda"
+        given = "with neither lower_bound nor safe_gate=True" if chunk else "without lower_bound"
+        bounds = "lower_bound in [-5, 0) is required" + (" (or safe_gate=True for -5)" if chunk else "")
+        raise NotImplementedError(
+            f"{entry}: use_gate_in_kernel=True {given} is fla's gate -exp(A_log) * softplus(g + dt_bias), which "
+            f"flash_kda does not compute: {bounds} for the safe gate lower_bound * sigmoid(exp(A_log) * "
+            f"(g + dt_bias)); or pass the activated gate (e.g. fla's fused_kda_gate) as g with "
+            f"use_gate_in_kernel=False")
+    return dict(use_gate_in_kernel=bool(use_gate_in_kernel),
+                use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel))
 
 
-def _gate_parameters(A_log, dt_bias, q, HV, K):
+def _gate_parameters(A_log, dt_bias, q, HV, K, forms):
     """A_log [HV] and dt_bias [HV, K] as fwd and decode take them (fp32). As in fla's
     gate, a missing A_log is a factor of 1 (A_log = 0) and a missing dt_bias is 0; a
-    bf16 or fp16 one (a model cast to half precision) widens exactly."""
+    bf16 or fp16 one (a model cast to half precision) widens exactly. With the log
+    decay (use_gate_in_kernel=False) neither is read, as fla reads neither: None."""
+    if not forms["use_gate_in_kernel"]:
+        return None, None
     if A_log is None:
         A_log = torch.zeros(HV, dtype=torch.float32, device=q.device)
     if dt_bias is None:
@@ -89,9 +122,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     with state_v_first) in bf16, as fla's; with ``use_graph`` and cu_seqlens, NT is fla's
     fixed ``ceil(T / chunk_size) + max_num_seqs - 1`` (the rows past the sequences'
     chunks left as they were) and the lengths are not read on the host.
-    ``final_state`` is fp32, or None without ``output_final_state``. As in fla's gate,
-    ``lower_bound`` selects the safe gate whatever ``safe_gate`` says (``safe_gate=True``
-    without it takes -5), a missing ``A_log`` is 0 and a missing ``dt_bias`` 0.
+    ``final_state`` is fp32, or None without ``output_final_state``. g and beta as the
+    module docstring says: with ``use_gate_in_kernel=False`` (fla's default) g is the log
+    decay (bf16 or fp32) and A_log, dt_bias, lower_bound and safe_gate are not read; with
+    ``use_beta_sigmoid_in_kernel=False`` (fla's default) beta is b itself (bf16 or fp32).
+    With ``use_gate_in_kernel=True``, as in fla's gate, ``lower_bound`` selects the safe
+    gate whatever ``safe_gate`` says (``safe_gate=True`` without it takes -5), a missing
+    ``A_log`` is 0 and a missing ``dt_bias`` 0.
     ``initial_state`` may be fp32, bf16 or fp16 (fp16 is widened exactly, as is bf16 when
     a final state is returned); other dtypes are a TypeError naming it. fwd's errors name
     chunk_kda's arguments (``cu_seqlens_cpu``, ``initial_state_indices``, ...).
@@ -101,16 +138,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     sequence n starts from slot ``initial_state_indices[n]`` (zero for a negative index)
     and its final state is written back to that slot in place; ``final_state`` is None.
     """
-    _require_in_kernel_gate("chunk_kda", use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                            allow_neg_eigval)
-    # fla's gate is lower_bound·sigmoid(...) whenever lower_bound is given; safe_gate
-    # only picks its kernels. Without either it is -exp(A_log)·softplus(...).
-    if not safe_gate and lower_bound is None:
-        raise NotImplementedError("chunk_kda: flash_kda computes the safe gate: pass lower_bound in [-5, 0) "
-                                  "(or safe_gate=True for -5); without either fla's gate is another function")
+    forms = _forms("chunk_kda", use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                   allow_neg_eigval, lower_bound, safe_gate)
     _require(cp_context, "cp_context", None)
-    _refuse_autograd("chunk_kda", q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias,
-                     initial_state=initial_state)
+    gate_parameters = dict(A_log=A_log, dt_bias=dt_bias) if forms["use_gate_in_kernel"] else {}
+    _refuse_autograd("chunk_kda", q=q, k=k, v=v, g=g, beta=beta, **gate_parameters, initial_state=initial_state)
+    if not forms["use_gate_in_kernel"]:
+        lower_bound = None  # not read with the log decay (fla reads it only for its in-kernel gate)
     state_v_first = _state_v_first(state_v_first, kwargs)
     chunk_size = kwargs.pop("chunk_size", CHUNK)
     if chunk_size not in (32, 64):
@@ -135,7 +169,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"q: expected batch size 1 with cu_seqlens (flattened sequences), got {B}")
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
-    A_log, dt_bias = _gate_parameters(A_log, dt_bias, q, HV, K)
+    A_log, dt_bias = _gate_parameters(A_log, dt_bias, q, HV, K, forms)
     graph = use_graph and cu_seqlens is not None
     if graph:
         if max_num_seqs is None:
@@ -177,7 +211,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
                                       "([P, HV, V, K] slots, flash_kda's layout)")
         _call_named(fwd, _CHUNK_KDA_NAMES, q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias,
                     lower_bound=lower_bound, cu_seqlens=cu_seqlens, state_pool=initial_state,
-                    state_indices=initial_state_indices, **extra)
+                    state_indices=initial_state_indices, **forms, **extra)
     else:
         # fla's default layout, [N, HV, K, V], is read and written as it is
         # (states_key_major): no transposed copies in and out.
@@ -195,7 +229,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             s0 = s0.contiguous()
         _call_named(fwd, _CHUNK_KDA_NAMES, q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias,
                     lower_bound=lower_bound, initial_state=s0, final_state=final_state, cu_seqlens=cu_seqlens,
-                    states_key_major=not state_v_first, **extra)
+                    states_key_major=not state_v_first, **forms, **extra)
     if return_intermediate_states:
         return out, final_state, h
     return out, final_state
@@ -266,12 +300,13 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     number works). Returns ``(o, final_state)``: ``o`` like v; ``final_state`` fp32
     ``[N, HV, K, V]`` (``[N, HV, V, K]`` with state_v_first), or None without
     ``output_final_state``; ``initial_state`` is left as it was. The arguments are
-    fla's, for what flash_kda computes: the gate, the q/k L2 norm and the beta
-    sigmoid inside the kernel (``use_gate_in_kernel``, ``use_qk_l2norm_in_kernel``,
-    ``use_beta_sigmoid_in_kernel`` all True) with the safe gate (``lower_bound`` in
-    [-5, 0) given: without it fla's gate is another function); as in fla's gate, a
-    missing ``A_log`` is 0 and a missing ``dt_bias`` 0. Anything else raises
-    NotImplementedError naming the argument.
+    fla's, for what flash_kda computes (the module docstring): the q/k L2 norm inside
+    (``use_qk_l2norm_in_kernel=True``); g the log decay (``use_gate_in_kernel=False``,
+    fla's default; A_log, dt_bias and lower_bound not read) or the raw gate of the safe
+    gate (``use_gate_in_kernel=True`` with ``lower_bound`` in [-5, 0): without it fla's
+    gate is another function; as in fla's gate, a missing ``A_log`` is 0 and a missing
+    ``dt_bias`` 0); beta b itself (``use_beta_sigmoid_in_kernel=False``, fla's default)
+    or its logit. Anything else raises NotImplementedError naming the argument.
 
     The serving form of fla's ``fused_recurrent_kda_fwd`` (extensions):
     ``ssm_state_indices`` (int32/int64 ``[N]``, or ``[N, 1 + S]`` for speculative
@@ -284,12 +319,10 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     state_v_first = _state_v_first(state_v_first, kwargs)
     if kwargs:
         raise TypeError(f"fused_recurrent_kda: unexpected arguments {sorted(kwargs)}")
-    _require_in_kernel_gate("fused_recurrent_kda", use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                            use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    if lower_bound is None:
-        raise NotImplementedError("fused_recurrent_kda: flash_kda computes the safe gate, lower_bound * "
-                                  "sigmoid(exp(A_log) * (g + dt_bias)): lower_bound in [-5, 0) is required "
-                                  "(without it fla's gate is -exp(A_log) * softplus(g + dt_bias))")
+    forms = _forms("fused_recurrent_kda", use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                   allow_neg_eigval, lower_bound)
+    if not forms["use_gate_in_kernel"]:
+        lower_bound = None  # not read with the log decay, as in fla
     B, T, H, K, HV, V = _fla_shapes(q, v)
     _check_boundaries("cu_seqlens", cu_seqlens)
     if cu_seqlens is not None and B != 1:
@@ -299,10 +332,10 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
         # No tokens: each batch row a sequence of none, whose state comes back as it
         # went in (fla's loop of no steps). The decode's [N, t] form needs t >= 1.
         cu_seqlens = torch.zeros(B + 1, dtype=torch.int32, device=q.device)
-    A_log, dt_bias = _gate_parameters(A_log, dt_bias, q, HV, K)
+    A_log, dt_bias = _gate_parameters(A_log, dt_bias, q, HV, K, forms)
     # Zeros, as fla's: a padding entry's rows (a negative slot) are not written.
     out = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-    common = dict(out=out, scale=scale, lower_bound=lower_bound, cu_seqlens=cu_seqlens)
+    common = dict(out=out, scale=scale, lower_bound=lower_bound, cu_seqlens=cu_seqlens, **forms)
 
     if ssm_state_indices is not None:
         if initial_state is None:

@@ -53,9 +53,21 @@ def _refuse_real_tensors_beside_meta(**named):
             raise ValueError(f"{meta}: expected a tensor on the device of {name} ({x.device}), got meta")
 
 
-def _token_args(q, k, v, g, beta, A_log, dt_bias):
-    # The (name, value) pairs every op starts with, for _check_op_tensors.
-    return (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log), ("dt_bias", dt_bias))
+def _token_args(q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel):
+    # The (name, value) pairs every op starts with, for _check_op_tensors: (required,
+    # optional). A_log and dt_bias are not read with the log decay (use_gate_in_kernel
+    # False), and may then be None.
+    tokens = (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))
+    gate = (("A_log", A_log), ("dt_bias", dt_bias))
+    return (tokens + gate, ()) if use_gate_in_kernel else (tokens, gate)
+
+
+def _check_forms(use_gate_in_kernel, use_beta_sigmoid_in_kernel):
+    # Before the op: its schema's bool would take neither None nor an int by name.
+    for name, x in (("use_gate_in_kernel", use_gate_in_kernel),
+                    ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel)):
+        if not isinstance(x, bool):
+            raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
 
 
 def _num_seqs(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
@@ -97,14 +109,16 @@ def _kda_forward_op(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
+    A_log: Optional[torch.Tensor],
+    dt_bias: Optional[torch.Tensor],
     initial_state: Optional[torch.Tensor],
     cu_seqlens: Optional[torch.Tensor],
     scale: float,
     lower_bound: float,
     output_final_state: bool,
     state_dtype: torch.dtype,
+    use_gate_in_kernel: bool = True,
+    use_beta_sigmoid_in_kernel: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     out, final_state = _new_outputs(q, k, v, cu_seqlens, output_final_state, state_dtype)
     # The core takes one state dtype for both ends. Another state_dtype than the
@@ -118,7 +132,8 @@ def _kda_forward_op(
             run_final = torch.empty(final_state.shape, dtype=torch.float32, device=final_state.device)
     fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
         initial_state=initial_state, final_state=run_final if output_final_state else None,
-        cu_seqlens=cu_seqlens)
+        cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)
     if run_final is not final_state:
         final_state.copy_(run_final)
     return out, final_state
@@ -126,7 +141,7 @@ def _kda_forward_op(
 
 @_kda_forward_op.register_fake
 def _kda_forward_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, lower_bound,
-                      output_final_state, state_dtype):
+                      output_final_state, state_dtype, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True):
     _refuse_real_tensors_beside_meta(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias,
                                      initial_state=initial_state, cu_seqlens=cu_seqlens)
     return _new_outputs(q, k, v, cu_seqlens, output_final_state, state_dtype)
@@ -138,14 +153,17 @@ def kda_forward(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
+    A_log: Optional[torch.Tensor],
+    dt_bias: Optional[torch.Tensor],
     scale: Optional[float] = None,
     lower_bound: Optional[float] = DEFAULT_LOWER_BOUND,
     initial_state: Optional[torch.Tensor] = None,
     cu_seqlens: Optional[torch.Tensor] = None,
     output_final_state: bool = False,
     state_dtype: Optional[torch.dtype] = None,
+    *,
+    use_gate_in_kernel: bool = True,
+    use_beta_sigmoid_in_kernel: bool = True,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Functional KDA forward: returns ``(out, final_state)``.
 
@@ -155,10 +173,14 @@ def kda_forward(
     ``final_state`` is new ``[N,HV,V,K]`` of ``state_dtype`` (default: initial_state's
     dtype, else fp32) when ``output_final_state``, else None; a state_dtype other than
     initial_state's runs with fp32 states (a bf16 initial state widens exactly; a bf16
-    final state is the fp32 one rounded). Forward only (no autograd).
+    final state is the fp32 one rounded). ``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``:
+    what g and beta hold, as for :func:`flash_kda.fwd` (False: the log decay, bf16 or fp32,
+    with A_log and dt_bias not read and allowed None; b itself, bf16 or fp32). Forward only
+    (no autograd).
     """
-    _check_op_tensors(_token_args(q, k, v, g, beta, A_log, dt_bias),
-                      (("initial_state", initial_state), ("cu_seqlens", cu_seqlens)))
+    _check_forms(use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+    required, gate = _token_args(q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel)
+    _check_op_tensors(required, (*gate, ("initial_state", initial_state), ("cu_seqlens", cu_seqlens)))
     if not isinstance(output_final_state, bool):
         raise TypeError(f"output_final_state: expected a bool, got {type(output_final_state).__name__}")
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
@@ -170,7 +192,8 @@ def kda_forward(
     if state_dtype not in _STATE_DTYPES:
         raise TypeError(f"state_dtype: expected torch.float32 or torch.bfloat16, got {state_dtype}")
     out, final_state = _kda_forward_op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
-                                       scale, lower_bound, bool(output_final_state), state_dtype)
+                                       scale, lower_bound, bool(output_final_state), state_dtype,
+                                       use_gate_in_kernel, use_beta_sigmoid_in_kernel)
     return out, (final_state if output_final_state else None)
 
 
@@ -181,8 +204,8 @@ def _kda_prefill_op(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
+    A_log: Optional[torch.Tensor],
+    dt_bias: Optional[torch.Tensor],
     state_pool: torch.Tensor,
     state_indices: torch.Tensor,
     has_initial_state: Optional[torch.Tensor],
@@ -195,20 +218,24 @@ def _kda_prefill_op(
     slot_checkpoint_slots: Optional[torch.Tensor],
     scale: float,
     lower_bound: float,
+    use_gate_in_kernel: bool = True,
+    use_beta_sigmoid_in_kernel: bool = True,
 ) -> torch.Tensor:
     out = _new_out(v)
     fwd(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
         cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, state_pool=state_pool,
         state_indices=state_indices, has_initial_state=has_initial_state, checkpoints=checkpoints,
         checkpoint_interval=checkpoint_interval, checkpoints_value_major=checkpoints_value_major,
-        slot_checkpoint_offsets=slot_checkpoint_offsets, slot_checkpoint_slots=slot_checkpoint_slots)
+        slot_checkpoint_offsets=slot_checkpoint_offsets, slot_checkpoint_slots=slot_checkpoint_slots,
+        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)
     return out
 
 
 @_kda_prefill_op.register_fake
 def _kda_prefill_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, has_initial_state, cu_seqlens,
                       cu_seqlens_host, checkpoints, checkpoint_interval, checkpoints_value_major,
-                      slot_checkpoint_offsets, slot_checkpoint_slots, scale, lower_bound):
+                      slot_checkpoint_offsets, slot_checkpoint_slots, scale, lower_bound, use_gate_in_kernel=True,
+                      use_beta_sigmoid_in_kernel=True):
     _refuse_real_tensors_beside_meta(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias,
                                      state_pool=state_pool, state_indices=state_indices,
                                      has_initial_state=has_initial_state, cu_seqlens=cu_seqlens,
@@ -224,8 +251,8 @@ def kda_prefill(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
+    A_log: Optional[torch.Tensor],
+    dt_bias: Optional[torch.Tensor],
     state_pool: torch.Tensor,
     state_indices: torch.Tensor,
     *,
@@ -239,6 +266,8 @@ def kda_prefill(
     checkpoints_value_major: bool = False,
     slot_checkpoint_offsets: Optional[torch.Tensor] = None,
     slot_checkpoint_slots: Optional[torch.Tensor] = None,
+    use_gate_in_kernel: bool = True,
+    use_beta_sigmoid_in_kernel: bool = True,
 ) -> torch.Tensor:
     """A prefill on a state pool as a custom op: returns a new ``out``; ``state_pool`` (each
     sequence's final state back in its slot, and the states ``slot_checkpoint_*`` ask for)
@@ -248,11 +277,13 @@ def kda_prefill(
     ``[N]``; ``cu_seqlens`` int32/int64; ``checkpoints`` every ``checkpoint_interval``
     tokens). Traceable by torch.compile (``fullgraph=True``): the op declares what it
     mutates, so a compiled engine step (prefill, then :func:`kda_decode` on the same pool)
-    sees the pool's updates in order. Forward only (no autograd).
+    sees the pool's updates in order. ``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``:
+    what g and beta hold, as for :func:`flash_kda.fwd`. Forward only (no autograd).
     """
-    _check_op_tensors((*_token_args(q, k, v, g, beta, A_log, dt_bias), ("state_pool", state_pool),
-                       ("state_indices", state_indices)),
-                      (("has_initial_state", has_initial_state), ("cu_seqlens", cu_seqlens),
+    _check_forms(use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+    required, gate = _token_args(q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel)
+    _check_op_tensors((*required, ("state_pool", state_pool), ("state_indices", state_indices)),
+                      (*gate, ("has_initial_state", has_initial_state), ("cu_seqlens", cu_seqlens),
                        ("cu_seqlens_host", cu_seqlens_host), ("checkpoints", checkpoints),
                        ("slot_checkpoint_offsets", slot_checkpoint_offsets),
                        ("slot_checkpoint_slots", slot_checkpoint_slots)))
@@ -266,7 +297,7 @@ def kda_prefill(
     return _kda_prefill_op(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, has_initial_state,
                            cu_seqlens, cu_seqlens_host, checkpoints, checkpoint_interval,
                            bool(checkpoints_value_major), slot_checkpoint_offsets, slot_checkpoint_slots, scale,
-                           lower_bound)
+                           lower_bound, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
 
 
 @torch.library.custom_op("flash_kda::kda_decode", mutates_args=("state_pool", "per_token_states"))
@@ -276,8 +307,8 @@ def _kda_decode_op(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
+    A_log: Optional[torch.Tensor],
+    dt_bias: Optional[torch.Tensor],
     state_pool: torch.Tensor,
     state_indices: torch.Tensor,
     cu_seqlens: Optional[torch.Tensor],
@@ -286,17 +317,21 @@ def _kda_decode_op(
     lower_bound: float,
     pdl: Optional[bool],
     num_accepted_tokens: Optional[torch.Tensor] = None,
+    use_gate_in_kernel: bool = True,
+    use_beta_sigmoid_in_kernel: bool = True,
 ) -> torch.Tensor:
     out = _new_out(v, zeros=True)
     decode(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, out=out, scale=scale,
            lower_bound=lower_bound, cu_seqlens=cu_seqlens, per_token_states=per_token_states, pdl=pdl,
-           num_accepted_tokens=num_accepted_tokens)
+           num_accepted_tokens=num_accepted_tokens, use_gate_in_kernel=use_gate_in_kernel,
+           use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)
     return out
 
 
 @_kda_decode_op.register_fake
 def _kda_decode_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, cu_seqlens, per_token_states,
-                     scale, lower_bound, pdl, num_accepted_tokens=None):
+                     scale, lower_bound, pdl, num_accepted_tokens=None, use_gate_in_kernel=True,
+                     use_beta_sigmoid_in_kernel=True):
     _refuse_real_tensors_beside_meta(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias,
                                      state_pool=state_pool, state_indices=state_indices, cu_seqlens=cu_seqlens,
                                      per_token_states=per_token_states, num_accepted_tokens=num_accepted_tokens)
@@ -309,8 +344,8 @@ def kda_decode(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
+    A_log: Optional[torch.Tensor],
+    dt_bias: Optional[torch.Tensor],
     state_pool: torch.Tensor,
     state_indices: torch.Tensor,
     scale: Optional[float] = None,
@@ -319,6 +354,9 @@ def kda_decode(
     per_token_states: Optional[torch.Tensor] = None,
     pdl: Optional[bool] = None,
     num_accepted_tokens: Optional[torch.Tensor] = None,
+    *,
+    use_gate_in_kernel: bool = True,
+    use_beta_sigmoid_in_kernel: bool = True,
 ) -> torch.Tensor:
     """One decode step as a custom op: returns a new ``out`` (zero-filled first, so a padding
     entry's rows read 0); ``state_pool`` (and
@@ -328,13 +366,16 @@ def kda_decode(
     the op declares what it mutates, so compiled graphs see the pool's update.
     For a separate output pool use :func:`flash_kda.decode`. Forward only (no autograd).
     ``pdl``: None (default, auto: the measured choice, currently PDL at every size),
-    True (on) or False (off); see :func:`flash_kda.decode`.
+    True (on) or False (off); see :func:`flash_kda.decode`. ``use_gate_in_kernel``,
+    ``use_beta_sigmoid_in_kernel``: what g and beta hold, as for :func:`flash_kda.decode`.
     """
     _pdl_mode(pdl)  # the TypeError naming pdl here, not from inside the op
-    _check_op_tensors((*_token_args(q, k, v, g, beta, A_log, dt_bias), ("state_pool", state_pool),
-                       ("state_indices", state_indices)),
-                      (("cu_seqlens", cu_seqlens), ("per_token_states", per_token_states),
+    _check_forms(use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+    required, gate = _token_args(q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel)
+    _check_op_tensors((*required, ("state_pool", state_pool), ("state_indices", state_indices)),
+                      (*gate, ("cu_seqlens", cu_seqlens), ("per_token_states", per_token_states),
                        ("num_accepted_tokens", num_accepted_tokens)))
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     return _kda_decode_op(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, cu_seqlens,
-                          per_token_states, scale, lower_bound, pdl, num_accepted_tokens)
+                          per_token_states, scale, lower_bound, pdl, num_accepted_tokens, use_gate_in_kernel,
+                          use_beta_sigmoid_in_kernel)

@@ -119,14 +119,15 @@ def _check_shard_args(q, v, initial_state, final_state, cu_seqlens):
     return cu
 
 
-def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bound=None, initial_state=None,
-           final_state=None, group=None, backend="auto"):
+def cp_fwd(q, k, v, g, beta, scale, out, *, A_log=None, dt_bias=None, cu_seqlens, lower_bound=None, initial_state=None,
+           final_state=None, group=None, backend="auto", use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True):
     """Context-parallel :func:`flash_kda.fwd` over a process group.
 
     Every rank calls it with its own shard and the same global arguments:
 
     - q, k: ``[1, T_r, H, K]``; v, out: ``[1, T_r, HV, V]``; g: ``[1, T_r, HV, K]``;
-      beta: ``[1, T_r, HV]`` (bf16): this rank's tokens, which are tokens
+      beta: ``[1, T_r, HV]`` (bf16; g and beta may be fp32 as :func:`flash_kda.fwd` takes
+      them): this rank's tokens, which are tokens
       ``[start_r, start_r + T_r)`` of the packed sequences, ranks in group order
       (``start_r`` = the sum of the lower ranks' ``T``; shards may be empty).
     - cu_seqlens: the global boundaries ``[N+1]`` (int64 or int32; read on the host,
@@ -137,7 +138,9 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
     - final_state: C-contiguous ``[N, HV, V, K]`` (fp32 or bf16) or None. The rank holding a
       sequence's last token (for an empty sequence: the rank where it sits, see
       :func:`shard_pieces`) writes its final state there; other entries are untouched.
-    - A_log, dt_bias, lower_bound, scale, backend: as for :func:`flash_kda.fwd`.
+    - A_log, dt_bias, lower_bound, scale, backend, use_gate_in_kernel,
+      use_beta_sigmoid_in_kernel: as for :func:`flash_kda.fwd` (with ``use_gate_in_kernel=False``
+      g is the log decay, and A_log and dt_bias may be None).
     - group: the torch.distributed process group (None: the default group).
 
     Returns the list of sequence indices whose final state this rank wrote. Collective:
@@ -151,6 +154,7 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
     a later collective. Ranks that pass different ``cu_seqlens`` all raise a ValueError.
     Without an initialised process group the error is raised at once.
     """
+    forms = dict(use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)
     error = None
     try:
         cu_seqlens = _check_shard_args(q, v, initial_state, final_state, cu_seqlens)
@@ -158,13 +162,13 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log, dt_bias, cu_seqlens, lower_bo
         # sequence), so that a bad k, g, beta, gate parameter, lower_bound or out fails
         # here, not in the summaries call after the ranks have parted ways.
         workspace_size(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                       backend=backend)
+                       backend=backend, **forms)
     except (TypeError, ValueError, NotImplementedError) as e:
         if not _has_group(group):
             raise
         error = e
     plan = _plan(q, v, cu_seqlens, group, error=error)
-    local = _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backend)
+    local = _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backend, forms)
     M_list, B_list = _exchange(plan, local, group)
     incoming = _incoming_states(plan, M_list, B_list, initial_state)
     return _resume(plan, local, incoming, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, final_state,
@@ -264,8 +268,9 @@ class _Local:
         self.M, self.B, self.common = M, B, common
 
 
-def _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backend):
-    """Step 1: the summaries of this rank's pieces."""
+def _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backend, forms=None):
+    """Step 1: the summaries of this rank's pieces. `forms`: fwd's use_gate_in_kernel and
+    use_beta_sigmoid_in_kernel (its defaults when None)."""
     HV, V, K, dev = plan.HV, plan.V, plan.K, plan.device
     n_mine = len(plan.mine)
     M = torch.zeros(max(n_mine, 1), HV, K, K, dtype=torch.float32, device=dev)
@@ -273,7 +278,8 @@ def _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backe
     if not plan.mine:
         return _Local(M, B, None)
     common = dict(A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                  cu_seqlens=torch.tensor(plan.local_cu, dtype=torch.int64, device=dev), backend=backend)
+                  cu_seqlens=torch.tensor(plan.local_cu, dtype=torch.int64, device=dev), backend=backend,
+                  **(forms or {}))
     if dev.type == "cuda":
         # The workspace keeps the summaries call's work for the resume call; the
         # host copy of the boundaries lets both calls validate them.

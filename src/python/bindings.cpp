@@ -401,8 +401,10 @@ void import_dlpack(const char* name, nb::handle obj, Arg& a) {
 }
 
 // Converts `obj` (None allowed when `optional`) into an Arg with the dtype in
-// `allowed`, on a CPU or CUDA device.
-Arg take(const char* name, nb::handle obj, std::initializer_list<DT> allowed, bool optional) {
+// `allowed`, on a CPU or CUDA device. `why`, when given, follows the expected
+// dtypes in the message (what the dtype depends on).
+Arg take(const char* name, nb::handle obj, std::initializer_list<DT> allowed, bool optional,
+         const char* why = nullptr) {
   Arg a;
   a.name = name;
   if (obj.is_none()) {
@@ -419,7 +421,7 @@ Arg take(const char* name, nb::handle obj, std::initializer_list<DT> allowed, bo
     std::string want;
     size_t i = 0;
     for (DT d : allowed) want += cat(i++ ? " or " : "", name_of(d));
-    raise_type(cat(name, ": expected dtype ", want, ", got ", dtype_string(a.dtype)));
+    raise_type(cat(name, ": expected dtype ", want, why ? why : "", ", got ", dtype_string(a.dtype)));
   }
   if (!from_torch) a.dev = device_of(name, a.arr);
   // Whether an optional argument was given is decided here, by None. flashkda reads a
@@ -524,6 +526,28 @@ flashkda::Backend parse_backend(const std::string& s, const Device& dev) {
   return b;
 }
 
+// ---- what g and beta hold ----------------------------------------------------
+// fla's use_gate_in_kernel and use_beta_sigmoid_in_kernel. With the raw gate
+// (FlashKDA's safe gate) g is bf16 and A_log, dt_bias are read; with the log
+// decay (use_gate_in_kernel=False) g is bf16 or fp32 and A_log, dt_bias are not
+// read, so not taken (None or a tensor alike, as fla ignores them). beta, the
+// logit or b itself, is bf16 or fp32 either way.
+constexpr const char* kRawGateDtypes = " (the raw gate; the log decay, use_gate_in_kernel=False, may be float32)";
+constexpr const char* kLogDecayDtypes = " (the log decay, use_gate_in_kernel=False)";
+
+Arg take_gate(nb::handle g, bool gate_in_kernel) {
+  if (gate_in_kernel) return take("g", g, {DT::kBF16}, false, kRawGateDtypes);
+  return take("g", g, {DT::kBF16, DT::kF32}, false, kLogDecayDtypes);
+}
+
+template <typename Args>
+void set_gate_form(Args& a, const Arg& g, const Arg& beta, bool gate_in_kernel, bool beta_sigmoid_in_kernel) {
+  a.gate_form = gate_in_kernel ? flashkda::GateForm::kSafeGate : flashkda::GateForm::kLogDecay;
+  a.g_dtype = dtype_of(g.dtype) == DT::kF32 ? flashkda::DType::kFP32 : flashkda::DType::kBF16;
+  a.beta_is_probability = !beta_sigmoid_in_kernel;
+  a.beta_dtype = dtype_of(beta.dtype) == DT::kF32 ? flashkda::DType::kFP32 : flashkda::DType::kBF16;
+}
+
 // Everything of one call, checked, with the ForwardArgs filled in.
 struct Call {
   Arg q, k, v, g, beta, out, A_log, dt_bias, s0, s1, cu, cu_host, pool, idx, has, ck, ck_off, ck_slot, sum_m, sum_b;
@@ -569,7 +593,8 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
              nb::handle state_indices, nb::handle has_initial_state, nb::handle checkpoints,
              int64_t checkpoint_interval, bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
              nb::handle slot_checkpoint_slots, nb::handle summaries, bool resume_from_summaries,
-             const std::string& backend, bool no_out = false, bool states_key_major = false) {
+             const std::string& backend, bool no_out = false, bool states_key_major = false,
+             bool gate_in_kernel = true, bool beta_sigmoid_in_kernel = true) {
   Call c;
   // The summaries call of a split forward writes nothing but the summaries: out may be
   // None. segment_summaries has no out at all (no_out).
@@ -578,11 +603,13 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   c.q = take("q", q, {DT::kBF16}, false);
   c.k = take("k", k, {DT::kBF16}, false);
   c.v = take("v", v, {DT::kBF16}, false);
-  c.g = take("g", g, {DT::kBF16}, false);
-  c.beta = take("beta", beta, {DT::kBF16}, false);
+  c.g = take_gate(g, gate_in_kernel);
+  c.beta = take("beta", beta, {DT::kBF16, DT::kF32}, false);
   c.out = take("out", out, {DT::kBF16}, summaries_call || no_out);
-  c.A_log = take("A_log", A_log, {DT::kF32}, false);
-  c.dt_bias = take("dt_bias", dt_bias, {DT::kF32}, false);
+  if (gate_in_kernel) {
+    c.A_log = take("A_log", A_log, {DT::kF32}, false);
+    c.dt_bias = take("dt_bias", dt_bias, {DT::kF32}, false);
+  }
   c.s0 = take("initial_state", initial_state, {DT::kBF16, DT::kF32}, true);
   c.s1 = take("final_state", final_state, {DT::kBF16, DT::kF32}, true);
   // int64, or int32 (vLLM's offsets: ForwardArgs::cu_seqlens_int32).
@@ -626,8 +653,10 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   expect_shape(c.g, {B, T, HV, K}, "[B, T, HV, K]");
   expect_shape(c.beta, {B, T, HV}, "[B, T, HV]");
   if (c.out.present) expect_shape(c.out, {B, T, HV, V}, "[B, T, HV, V] (the shape of v)");
-  expect_shape(c.A_log, {HV}, "[HV]");
-  expect_shape(c.dt_bias, {HV, K}, "[HV, K]");
+  if (gate_in_kernel) {
+    expect_shape(c.A_log, {HV}, "[HV]");
+    expect_shape(c.dt_bias, {HV, K}, "[HV, K]");
+  }
   int64_t N = B;
   if (c.cu.present) {
     if (c.cu.ndim() != 1 || c.cu.dim(0) < 2)
@@ -749,6 +778,7 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   a.beta_token_stride = token_stride[4]; a.beta_head_stride = head_stride[4];
   a.scale = static_cast<float>(scale);
   a.lower_bound = static_cast<float>(lower_bound);
+  set_gate_form(a, c.g, c.beta, gate_in_kernel, beta_sigmoid_in_kernel);
   if (c.pool.present) {
     a.state_pool = c.pool.data();
     a.state_pool_dtype = state_dtype(c.pool);
@@ -814,11 +844,13 @@ size_t workspace_size_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g,
                          nb::handle has_initial_state, nb::handle checkpoints, int64_t checkpoint_interval,
                          bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
                          nb::handle slot_checkpoint_slots, nb::handle summaries, bool resume_from_summaries,
-                         const std::string& backend, bool states_key_major) {
+                         const std::string& backend, bool states_key_major, bool use_gate_in_kernel,
+                         bool use_beta_sigmoid_in_kernel) {
   Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
                    cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
                    checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
-                   resume_from_summaries, backend, false, states_key_major);
+                   resume_from_summaries, backend, false, states_key_major, use_gate_in_kernel,
+                   use_beta_sigmoid_in_kernel);
   return required_workspace(c);
 }
 
@@ -830,11 +862,12 @@ size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
               int64_t checkpoint_interval, bool checkpoints_value_major, nb::handle slot_checkpoint_offsets,
               nb::handle slot_checkpoint_slots, nb::handle summaries, bool resume_from_summaries,
               nb::handle workspace, nb::handle alloc, uintptr_t stream, const std::string& backend,
-              bool states_key_major) {
+              bool states_key_major, bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel) {
   Call c = prepare(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
                    cu_seqlens_host, state_pool, state_indices, has_initial_state, checkpoints, checkpoint_interval,
                    checkpoints_value_major, slot_checkpoint_offsets, slot_checkpoint_slots, summaries,
-                   resume_from_summaries, backend, false, states_key_major);
+                   resume_from_summaries, backend, false, states_key_major, use_gate_in_kernel,
+                   use_beta_sigmoid_in_kernel);
   const size_t need = required_workspace(c);  // validates c.args: forward_prevalidated below relies on it
 
   void* ws = nullptr;
@@ -895,16 +928,19 @@ struct DecodeCall {
 DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle A_log,
                           nb::handle dt_bias, nb::handle out, nb::handle state_pool, nb::handle state_indices,
                           double scale, double lower_bound, nb::handle cu_seqlens, nb::handle cu_seqlens_host,
-                          nb::handle state_out_pool, nb::handle per_token_states, nb::handle num_accepted_tokens) {
+                          nb::handle state_out_pool, nb::handle per_token_states, nb::handle num_accepted_tokens,
+                          bool gate_in_kernel, bool beta_sigmoid_in_kernel) {
   DecodeCall c;
   // dtypes first (TypeError), in argument order.
   c.q = take("q", q, {DT::kBF16}, false);
   c.k = take("k", k, {DT::kBF16}, false);
   c.v = take("v", v, {DT::kBF16}, false);
-  c.g = take("g", g, {DT::kBF16}, false);
-  c.beta = take("beta", beta, {DT::kBF16}, false);
-  c.A_log = take("A_log", A_log, {DT::kF32}, false);
-  c.dt_bias = take("dt_bias", dt_bias, {DT::kF32}, false);
+  c.g = take_gate(g, gate_in_kernel);
+  c.beta = take("beta", beta, {DT::kBF16, DT::kF32}, false);
+  if (gate_in_kernel) {
+    c.A_log = take("A_log", A_log, {DT::kF32}, false);
+    c.dt_bias = take("dt_bias", dt_bias, {DT::kF32}, false);
+  }
   c.out = take("out", out, {DT::kBF16}, false);
   c.pool = take("state_pool", state_pool, {DT::kF32, DT::kBF16}, false);
   c.idx = take("state_indices", state_indices, {DT::kI32, DT::kI64}, false);
@@ -947,8 +983,10 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   expect_shape(c.v, lead.then({HV, V}), r3 ? "[T, HV, V] (T from q)" : "[N, t, HV, V] (N, t from q)");
   expect_shape(c.g, lead.then({HV, K}), r3 ? "[T, HV, K]" : "[N, t, HV, K]");
   expect_shape(c.beta, lead.then({HV}), r3 ? "[T, HV]" : "[N, t, HV]");
-  expect_shape(c.A_log, {HV}, "[HV]");
-  expect_shape(c.dt_bias, {HV, K}, "[HV, K]");
+  if (gate_in_kernel) {
+    expect_shape(c.A_log, {HV}, "[HV]");
+    expect_shape(c.dt_bias, {HV, K}, "[HV, K]");
+  }
   expect_shape(c.out, lead.then({HV, V}), r3 ? "[T, HV, V] (the shape of v)" : "[N, t, HV, V] (the shape of v)");
   const int64_t pool_stride = expect_pool(c.pool, -1, HV, V, K);
   const int64_t P = c.pool.dim(0);
@@ -1048,15 +1086,18 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   a.head_dim_k = K; a.head_dim_v = V;
   a.scale = static_cast<float>(scale);
   a.lower_bound = static_cast<float>(lower_bound);
+  set_gate_form(a, c.g, c.beta, gate_in_kernel, beta_sigmoid_in_kernel);
   return c;
 }
 
 void decode_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle A_log,
                nb::handle dt_bias, nb::handle out, nb::handle state_pool, nb::handle state_indices, double scale,
                double lower_bound, nb::handle cu_seqlens, nb::handle cu_seqlens_host, nb::handle state_out_pool,
-               nb::handle per_token_states, nb::handle num_accepted_tokens, uintptr_t stream, int32_t pdl_mode) {
+               nb::handle per_token_states, nb::handle num_accepted_tokens, uintptr_t stream, int32_t pdl_mode,
+               bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel) {
   DecodeCall c = prepare_decode(q, k, v, g, beta, A_log, dt_bias, out, state_pool, state_indices, scale, lower_bound,
-                                cu_seqlens, cu_seqlens_host, state_out_pool, per_token_states, num_accepted_tokens);
+                                cu_seqlens, cu_seqlens_host, state_out_pool, per_token_states, num_accepted_tokens,
+                                use_gate_in_kernel, use_beta_sigmoid_in_kernel);
   // An int (not a bool) so auto can be told from off; flashkda::decode rejects values outside {-1, 0, 1}.
   c.args.programmatic_dependent_launch = static_cast<flashkda::PdlMode>(pdl_mode);
   flashkda::Status st;
@@ -1074,10 +1115,12 @@ void decode_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handl
 // [S, HV, K, K] and B fp32 [S, HV, V, K] on the same device, written in place.
 void segment_summaries_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
                           nb::handle A_log, nb::handle dt_bias, double lower_bound, nb::handle cu_seqlens,
-                          nb::handle segments, nb::handle M, nb::handle B, const std::string& backend) {
+                          nb::handle segments, nb::handle M, nb::handle B, const std::string& backend,
+                          bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel) {
   Call c = prepare(q, k, v, g, beta, 1.0, nb::none(), A_log, dt_bias, lower_bound, nb::none(), nb::none(),
                    cu_seqlens, nb::none(), nb::none(), nb::none(), nb::none(), nb::none(), 0, false, nb::none(),
-                   nb::none(), nb::none(), false, backend, /*no_out=*/true);
+                   nb::none(), nb::none(), false, backend, /*no_out=*/true, /*states_key_major=*/false,
+                   use_gate_in_kernel, use_beta_sigmoid_in_kernel);
   Arg seg = take("segments", segments, {DT::kI64}, false);
   Arg m = take("M", M, {DT::kF32}, false);
   Arg b = take("B", B, {DT::kF32}, false);
@@ -1173,35 +1216,41 @@ NB_MODULE(_C, m) {
         "slot_checkpoint_slots"_a = nb::none(), "summaries"_a = nb::none(), "resume_from_summaries"_a = false,
         "workspace"_a = nb::none(),
         "alloc"_a = nb::none(), "stream"_a = 0, "backend"_a = "auto", "states_key_major"_a = false,
+        "use_gate_in_kernel"_a = true, "use_beta_sigmoid_in_kernel"_a = true,
         "Runs the KDA forward into `out` (and `final_state`), in place. Tensors: see flash_kda.fwd. "
         "`workspace`: uint8 scratch on the tensors' device, or `alloc(nbytes)` returning one. "
         "`stream`: cudaStream_t as an int (CUDA tensors). `backend`: 'auto' (CUDA tensors -> 'cuda', "
         "CPU tensors -> 'cpu'), 'cuda', 'cpu' (chunked fp32) or 'reference' (float64 oracle). "
         "`summaries`: None or a pair (M, B) (the summaries call of a split forward; `out` may then be None); "
         "`resume_from_summaries`: the second call. `states_key_major`: initial_state / final_state are "
-        "[N, HV, K, V]. Returns the workspace bytes the call needed.");
+        "[N, HV, K, V]. `use_gate_in_kernel`: g is the raw gate (True) or the log decay, bf16 or fp32 (False: "
+        "A_log, dt_bias and lower_bound are not read); `use_beta_sigmoid_in_kernel`: beta is the logit (True) or "
+        "b itself (False). Returns the workspace bytes the call needed.");
   m.def("workspace_size", &workspace_size_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(),
         "beta"_a.none(), "scale"_a, "out"_a.none(), "A_log"_a.none(), "dt_bias"_a.none(), "lower_bound"_a, "initial_state"_a = nb::none(), "final_state"_a = nb::none(),
         "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(), "state_pool"_a = nb::none(),
         "state_indices"_a = nb::none(), "has_initial_state"_a = nb::none(), "checkpoints"_a = nb::none(),
         "checkpoint_interval"_a = 0, "checkpoints_value_major"_a = false, "slot_checkpoint_offsets"_a = nb::none(),
         "slot_checkpoint_slots"_a = nb::none(), "summaries"_a = nb::none(), "resume_from_summaries"_a = false,
-        "backend"_a = "auto", "states_key_major"_a = false,
+        "backend"_a = "auto", "states_key_major"_a = false, "use_gate_in_kernel"_a = true,
+        "use_beta_sigmoid_in_kernel"_a = true,
         "Bytes of scratch memory fwd needs for these arguments (0 on the CPU backends). "
         "Checks the arguments exactly as fwd does.");
   m.def("decode", &decode_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),
         "A_log"_a.none(), "dt_bias"_a.none(), "out"_a.none(), "state_pool"_a.none(), "state_indices"_a.none(),
         "scale"_a, "lower_bound"_a, "cu_seqlens"_a = nb::none(), "cu_seqlens_host"_a = nb::none(),
         "state_out_pool"_a = nb::none(), "per_token_states"_a = nb::none(), "num_accepted_tokens"_a = nb::none(),
-        "stream"_a = 0, "pdl_mode"_a = 0,
+        "stream"_a = 0, "pdl_mode"_a = 0, "use_gate_in_kernel"_a = true, "use_beta_sigmoid_in_kernel"_a = true,
         "One decode step: each sequence n's new tokens run the recurrence on slot state_indices[n] of "
         "state_pool (in place, or into state_out_pool), writing `out` in place. Tensors: see flash_kda.decode. "
         "CPU tensors run the float64 CPU decode, CUDA tensors the kCuda kernel on `stream` "
         "(cudaStream_t as an int). `pdl_mode`: programmatic dependent launch of that kernel, "
-        "0 auto, 1 on, -1 off (flash_kda.decode's pdl=None/True/False).");
+        "0 auto, 1 on, -1 off (flash_kda.decode's pdl=None/True/False). `use_gate_in_kernel`, "
+        "`use_beta_sigmoid_in_kernel`: what g and beta hold, as for fwd.");
   m.def("segment_summaries", &segment_summaries_py, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(),
         "beta"_a.none(), "A_log"_a.none(), "dt_bias"_a.none(), "lower_bound"_a, "cu_seqlens"_a.none(),
-        "segments"_a.none(), "M"_a.none(), "B"_a.none(), "backend"_a = "auto",
+        "segments"_a.none(), "M"_a.none(), "B"_a.none(), "backend"_a = "auto", "use_gate_in_kernel"_a = true,
+        "use_beta_sigmoid_in_kernel"_a = true,
         "Writes the affine summaries (M [S, HV, K, K], B [S, HV, V, K]) of the token ranges in `segments` "
         "(int64 [S, 2]) in place: see flash_kda.segment_summaries.");
   m.def("compose_summaries", &compose_summaries_py, "M1"_a.none(), "B1"_a.none(), "M2"_a.none(), "B2"_a.none(),

@@ -72,10 +72,13 @@ def new_outputs(p):
 
 def reference(p):
     """float64 token-by-token recurrence of spec section 1. Returns (out, final_state)
-    in float64, final_state [N, HV, V, K] (always returned)."""
+    in float64, final_state [N, HV, V, K] (always returned).
+
+    p["use_gate_in_kernel"] False (default True): g is the log decay a itself (fla's
+    use_gate_in_kernel=False; A_log, dt_bias and lower_bound are not read).
+    p["use_beta_sigmoid_in_kernel"] False (default True): beta is b itself."""
     q, k, v, g, beta = (p[n].double() for n in ("q", "k", "v", "g", "beta"))
-    A_log, dt_bias = p["A_log"].double(), p["dt_bias"].double()
-    scale, lb = float(p["scale"]), float(p["lower_bound"])
+    scale = float(p["scale"])
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     rep = HV // H
@@ -84,11 +87,15 @@ def reference(p):
     kn = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     qn = qn.repeat_interleave(rep, dim=2)
     kn = kn.repeat_interleave(rep, dim=2)
-    # 2. a = lower_bound * sigmoid(exp(A_log) * (g + dt_bias)); decay exp(a).
-    a = lb * torch.sigmoid(torch.exp(A_log)[:, None] * (g + dt_bias))
+    # 2. a = lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), or g itself; decay exp(a).
+    if p.get("use_gate_in_kernel", True):
+        A_log, dt_bias, lb = p["A_log"].double(), p["dt_bias"].double(), float(p["lower_bound"])
+        a = lb * torch.sigmoid(torch.exp(A_log)[:, None] * (g + dt_bias))
+    else:
+        a = g
     decay = torch.exp(a)
-    # 3. b = sigmoid(beta).
-    b = torch.sigmoid(beta)
+    # 3. b = sigmoid(beta), or beta itself.
+    b = torch.sigmoid(beta) if p.get("use_beta_sigmoid_in_kernel", True) else beta
 
     if p["cu_seqlens"] is not None:
         cu = p["cu_seqlens"].cpu().tolist()
@@ -121,8 +128,60 @@ def rel_rms(x, ref):
 
 def fwd_kwargs(p):
     """The keyword arguments of flash_kda.fwd for problem p (without out/final_state)."""
-    return dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=p["lower_bound"],
-                initial_state=p["initial_state"], cu_seqlens=p["cu_seqlens"])
+    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=p["lower_bound"],
+              initial_state=p["initial_state"], cu_seqlens=p["cu_seqlens"])
+    for flag in ("use_gate_in_kernel", "use_beta_sigmoid_in_kernel"):
+        if flag in p:
+            kw[flag] = p[flag]
+    return kw
+
+
+def safe_gate_log_decay(p):
+    """The safe gate of problem p computed outside, in fp32: lower_bound *
+    sigmoid(exp(A_log) * (g + dt_bias)), the log decay the kernel computes inside."""
+    g = p["g"].float()
+    return p["lower_bound"] * torch.sigmoid(torch.exp(p["A_log"])[:, None] * (g + p["dt_bias"]))
+
+
+def softplus_gate(g_raw, A_log, dt_bias):
+    """fla's fused_kda_gate without lower_bound, in fp32 torch (what vLLM's Kimi Linear
+    layer passes chunk_kda): -exp(A_log) * softplus(g_raw + dt_bias)."""
+    HV, K = g_raw.shape[-2:]
+    x = g_raw.float() + dt_bias.float().reshape(HV, K)
+    return -torch.exp(A_log.float())[:, None] * torch.nn.functional.softplus(x)
+
+
+def make_log_decay_problem(g_dtype=torch.float32, beta_dtype=torch.float32, gate="safe", strong=(), **shape):
+    """make_problem(**shape) with g the log decay (use_gate_in_kernel=False) in g_dtype and
+    beta the probability b (use_beta_sigmoid_in_kernel=False) in beta_dtype.
+
+    gate: 'safe' (lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), in [-5, 0)) or
+    'softplus' (fla's fused_kda_gate, -exp(A_log) * softplus(g + dt_bias), unbounded below,
+    with A_log ~ log U(1, 16) as Kimi Linear initialises it). strong: (channel, log decay)
+    pairs written into every token and head, e.g. ((0, -60.0), (5, -1000.0)).
+    The reference reads the tensors as given (the flags are in the problem)."""
+    device = shape.pop("device", "cpu")
+    p = make_problem(device="cpu", **shape)
+    if gate == "safe":
+        a = safe_gate_log_decay(p)
+    elif gate == "softplus":
+        gen = torch.Generator().manual_seed(shape.get("seed", 0) + 101)
+        p["A_log"] = torch.log(1.0 + 15.0 * torch.rand(p["A_log"].shape, generator=gen))
+        a = softplus_gate(p["g"], p["A_log"], p["dt_bias"])
+    else:
+        raise ValueError(f"gate: expected 'safe' or 'softplus', got {gate!r}")
+    for channel, value in strong:
+        a[..., channel] = value
+    p["g_raw"] = p["g"]
+    p["g"] = a.to(g_dtype)
+    p["beta_logit"] = p["beta"]
+    p["beta"] = torch.sigmoid(p["beta"].float()).to(beta_dtype)
+    p["use_gate_in_kernel"] = False
+    p["use_beta_sigmoid_in_kernel"] = False
+    for key, val in p.items():
+        if isinstance(val, torch.Tensor):
+            p[key] = val.to(device)
+    return p
 
 
 def bf16_rounding_floor():

@@ -231,7 +231,7 @@ def small():
 
 @pytest.mark.parametrize("name,dtype", [
     ("q", torch.float32), ("k", torch.float16), ("v", torch.float32), ("g", torch.float32),
-    ("beta", torch.float32), ("out", torch.float32), ("A_log", torch.int32), ("dt_bias", torch.float64),
+    ("beta", torch.float16), ("out", torch.float32), ("A_log", torch.int32), ("dt_bias", torch.float64),
     ("initial_state", torch.float16), ("final_state", torch.float64), ("cu_seqlens", torch.int16),
 ])
 def test_wrong_dtype_is_type_error_naming_the_argument(small, name, dtype):

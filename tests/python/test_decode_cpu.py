@@ -378,7 +378,7 @@ def call_with(p, **override):
 
 @pytest.mark.parametrize("name,dtype", [
     ("q", torch.float32), ("k", torch.float16), ("v", torch.float32), ("g", torch.float32),
-    ("beta", torch.float32), ("A_log", torch.bfloat16), ("dt_bias", torch.float64), ("out", torch.float32),
+    ("beta", torch.float16), ("A_log", torch.bfloat16), ("dt_bias", torch.float64), ("out", torch.float32),
     ("state_pool", torch.float16), ("state_indices", torch.int16), ("cu_seqlens", torch.int16),
     ("state_out_pool", torch.float64), ("per_token_states", torch.float16),
 ])

@@ -5,7 +5,8 @@ states within one bf16 ulp, fp32 states within 1e-5 relative RMS. Cases: one lon
 evenly and unevenly, a rank holding only a middle piece, varlen with sequences
 crossing shard boundaries and an empty sequence, an empty shard, with and without
 an initial state, fp32 and bf16 states, GVA, K = V (summaries from two forwards, the
-CUDA path's construction) and K != V (from segment_summaries). Plus the piece bookkeeping itself (no processes)."""
+CUDA path's construction) and K != V (from segment_summaries), g as the log decay (with decays of
+e^-60 and e^-1000 a token) and beta as b. Plus the piece bookkeeping itself (no processes)."""
 from __future__ import annotations
 
 import datetime
@@ -17,7 +18,7 @@ import torch
 
 import flash_kda
 from flash_kda.distributed import shard_pieces
-from kda_reference import make_problem
+from kda_reference import make_log_decay_problem, make_problem
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -25,7 +26,8 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 # (name, seqlens, shard sizes per world size, state dtype: None = no initial state, fp32
 # final; V: K = V = 32 takes the summaries from two forwards, as on CUDA; V = 16 from
-# segment_summaries)
+# segment_summaries; optionally "log decay": use_gate_in_kernel=False and
+# use_beta_sigmoid_in_kernel=False, strong decays on two key channels)
 CASES = [
     ("one sequence, even", [300], {2: [150, 150], 3: [100, 100, 100]}, torch.float32, 32),
     ("one sequence, uneven", [300], {2: [37, 263], 3: [20, 250, 30]}, torch.float32, 32),
@@ -37,6 +39,8 @@ CASES = [
     # Many pieces a rank: only each rank's last piece crosses to the next.
     ("many short sequences", [7, 19, 0, 33, 16, 5, 40, 2, 11, 29, 3, 23], {2: [90, 98], 3: [60, 64, 64]},
      torch.float32, 32),
+    ("log decay, beta as b", [70, 0, 33, 128, 5], {2: [100, 136], 3: [50, 100, 86]}, torch.float32, 32,
+     "log decay"),
 ]
 OUT_ULPS = 1
 STATE_BAR = 1e-5
@@ -55,16 +59,21 @@ def _worker(rank, world, init_file, errors):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
     try:
-        for name, seqlens, shards, state_dtype, V in CASES:
+        for name, seqlens, shards, state_dtype, V, *gate in CASES:
             fin_dtype = state_dtype or torch.float32
-            p = make_problem(H=2, HV=4, K=32, V=V, seqlens=seqlens, seed=len(name), state_dtype=state_dtype,
-                             final_dtype=fin_dtype)
+            shape = dict(H=2, HV=4, K=32, V=V, seqlens=seqlens, seed=len(name), state_dtype=state_dtype,
+                         final_dtype=fin_dtype)
+            if gate:
+                p = make_log_decay_problem(strong=((0, -60.0), (5, -1000.0)), **shape)
+            else:
+                p = make_problem(**shape)
+            forms = {f: p[f] for f in ("use_gate_in_kernel", "use_beta_sigmoid_in_kernel") if f in p}
             # The straight single-process run of the whole batch.
             out_ref = torch.empty_like(p["v"])
             fin_ref = torch.empty(len(seqlens), 4, V, 32, dtype=fin_dtype)
             flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out_ref, A_log=p["A_log"],
                           dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], initial_state=p["initial_state"],
-                          final_state=fin_ref, cu_seqlens=p["cu_seqlens"], backend="cpu")
+                          final_state=fin_ref, cu_seqlens=p["cu_seqlens"], backend="cpu", **forms)
             sizes = shards[world]
             lo = sum(sizes[:rank])
             sl = slice(lo, lo + sizes[rank])
@@ -74,7 +83,7 @@ def _worker(rank, world, init_file, errors):
             owned = flash_kda.distributed.cp_fwd(
                 x["q"], x["k"], x["v"], x["g"], x["beta"], p["scale"], out, A_log=p["A_log"], dt_bias=p["dt_bias"],
                 lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"], initial_state=p["initial_state"],
-                final_state=fin, backend="cpu")
+                final_state=fin, backend="cpu", **forms)
             if out.numel():
                 u = bf16_ulps(out, out_ref[:, sl])
                 if not u <= OUT_ULPS:
