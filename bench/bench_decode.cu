@@ -17,7 +17,9 @@
 // variant with and without "+pdl", or "prod" for the production choice (PDL
 // as PdlMode::kAuto chooses; "prod+pdl" forces it on; "prod-strided" is the production
 // call on token tensors that are strided views: every other token row; "prod-copied" copies
-// those views dense, five 2-D copies, before the dense call). Unless --no-refs,
+// those views dense, five 2-D copies, before the dense call; "prod-log-decay" is the
+// production call with the general inputs, g as fp32 log decays and beta as fp32 b,
+// as vLLM's Kimi Linear layer passes them). Unless --no-refs,
 // reference columns follow, for the same bytes and grid: "memcpy" (cudaMemcpyAsync D2D of the state, 20 per graph),
 // "rmw" (a kernel reading and rewriting the state in place, 16 KB per 128-thread
 // CTA, no math: the floor of the decode's access pattern), "rmw-rows" (the same
@@ -121,6 +123,7 @@ struct Column {
   bool indexed = false;  // kRmwRows: read the slot from the index array first
   bool strided = false;  // kDecode: token tensors as every other row of a buffer twice their size
   bool copied = false;  // kDecode: those views copied dense first (2-D copies in the graph), as glue would
+  bool general = false;  // kDecode: g as fp32 log decays, beta as fp32 b (GateForm::kLogDecay)
 };
 
 bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols) {
@@ -135,9 +138,9 @@ bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols
     }
     const bool pdl = item.size() > 4 && item.compare(item.size() - 4, 4, "+pdl") == 0;
     const std::string name = pdl ? item.substr(0, item.size() - 4) : item;
-    if (name == "prod" || name == "prod-strided" || name == "prod-copied") {
+    if (name == "prod" || name == "prod-strided" || name == "prod-copied" || name == "prod-log-decay") {
       cols->push_back({item, Kind::kDecode, -1, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kAuto, false,
-                       name == "prod-strided", name == "prod-copied"});
+                       name == "prod-strided", name == "prod-copied", name == "prod-log-decay"});
       continue;
     }
     int found = -1;
@@ -291,6 +294,13 @@ int main(int argc, char** argv) {
       fill_bf16<<<256, 256>>>(beta, 2 * int64_t{N} * H, 5);
       fill_uniform_f32<<<8, 256>>>(A_log, H, 6, 1.f); fill_uniform_f32<<<8, 256>>>(dt_bias, H * dim, 7, 1.f);
       fill_state<<<1024, 256>>>(pool, state_elems, 8, fp32);
+      float *g_log = nullptr, *beta_prob = nullptr;  // prod-log-decay: the general inputs
+      if (std::any_of(cols.begin(), cols.end(), [](const Column& c) { return c.general; })) {
+        CHECK_CUDA(cudaMalloc(&g_log, tok * 4));
+        CHECK_CUDA(cudaMalloc(&beta_prob, int64_t{N} * H * 4));
+        fill_uniform_f32<<<256, 256>>>(g_log, tok, 11, -0.5f);  // log decays in (-0.5, 0]
+        fill_uniform_f32<<<8, 256>>>(beta_prob, int64_t{N} * H, 12, 1.f);
+      }
       iota_i32<<<8, 256>>>(idx, N);
       CHECK_CUDA(cudaGetLastError());
       CHECK_CUDA(cudaDeviceSynchronize());
@@ -323,6 +333,10 @@ int main(int argc, char** argv) {
               }
               a.q = c.copied ? dense[0] : q; a.k = c.copied ? dense[1] : k; a.v = c.copied ? dense[2] : v;
               a.g = c.copied ? dense[3] : g; a.beta = c.copied ? dense[4] : beta;
+              a.gate_form = c.general ? flashkda::GateForm::kLogDecay : flashkda::GateForm::kSafeGate;
+              a.g_dtype = a.beta_dtype = c.general ? flashkda::DType::kFP32 : flashkda::DType::kBF16;
+              a.beta_is_probability = c.general;
+              if (c.general) { a.g = g_log; a.beta = beta_prob; }
               const int64_t row = c.strided ? 2 * int64_t{H} * dim : 0, head = c.strided ? dim : 0;
               a.q_token_stride = a.k_token_stride = a.v_token_stride = a.g_token_stride = row;
               a.q_head_stride = a.k_head_stride = a.v_head_stride = a.g_head_stride = head;
@@ -368,7 +382,7 @@ int main(int argc, char** argv) {
         CHECK_CUDA(cudaGraphDestroy(graphs[i]));
       }
       cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(g); cudaFree(out); cudaFree(beta);
-      cudaFree(A_log); cudaFree(dt_bias); cudaFree(pool); cudaFree(idx); cudaFree(copy_dst);
+      cudaFree(A_log); cudaFree(dt_bias); cudaFree(pool); cudaFree(idx); cudaFree(copy_dst); cudaFree(g_log); cudaFree(beta_prob);
       for (uint16_t* d : dense) cudaFree(d);
     }
   }

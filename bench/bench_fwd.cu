@@ -6,7 +6,7 @@
 //                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg[,rec[,out[,compose[,ochunks]]]]];..."]
 //                  [--checkpoints C] [--checkpoints-dtype bf16|fp32] [--checkpoints-value-major]
 //                  [--checkpoints-paired] [--no-host-lengths]
-//                  [--head-dim 128|64] [--json FILE]
+//                  [--head-dim 128|64] [--gate safe|log-decay|log-decay-wide] [--json FILE]
 //
 // --cases: the standard table's three (default) and the tensor-parallel rows'
 // 1024, 32768, 4x8192, 1M (one sequence of 2^20 tokens), and 64x128 (a chunked
@@ -25,6 +25,11 @@
 // medians and the median of the pairs' ratios (separate runs of the two drift
 // apart with the SM clock by about as much as the cost itself).
 // --head-dim 64: every row at K = V = 64 (the FlashKDA design column is for 128 only).
+// --gate log-decay: g as fp32 log decays (GateForm::kLogDecay, uniform in (-0.5, 0]
+// a token) and beta as fp32 b (beta_is_probability): the general inputs' prologue,
+// as vLLM's Kimi Linear layer calls the forward; log-decay-wide: log decays in
+// (-20, 0], so that every chunk passes 2^-116 and takes the exact path
+// (sm90/kernel/wide_decay.cuh), its worst case.
 // --v-split / --stages / --seg-chunks force one part of the launch plan
 // (sm90::LaunchOverride; --seg-chunks -1: never split a sequence, N: segments of
 // N chunks); unset parts keep the heuristic's choice. --sweep-plan times the plans worth
@@ -130,6 +135,7 @@ int main(int argc, char** argv) {
   bool checkpoints_fp32 = false, checkpoints_value_major = false, checkpoints_paired = false;
   bool host_lengths = true;  // --no-host-lengths: cu_seqlens on the device only, as engines pass it
   int64_t dim = 128;  // K = V of every row (--head-dim)
+  std::string gate = "safe";  // --gate
   flashkda::sm90::LaunchOverride forced;
   bool sweep = false, sweep_plan = false;
   std::string json;
@@ -181,6 +187,13 @@ int main(int argc, char** argv) {
     else if (a == "--checkpoints-value-major") checkpoints_value_major = true;
     else if (a == "--checkpoints-paired") checkpoints_paired = true;
     else if (a == "--no-host-lengths") host_lengths = false;
+    else if (a == "--gate") {
+      gate = next();
+      if (gate != "safe" && gate != "log-decay" && gate != "log-decay-wide") {
+        std::fprintf(stderr, "--gate: expected safe, log-decay or log-decay-wide\n");
+        return 2;
+      }
+    }
     else if (a == "--head-dim") {
       dim = std::atoll(next().c_str());
       if (dim != 64 && dim != 128) { std::fprintf(stderr, "--head-dim: expected 64 or 128\n"); return 2; }
@@ -286,6 +299,13 @@ int main(int argc, char** argv) {
       fill_normal_bf16<<<1024, 256>>>(beta, T * H, 5, 1.f);
       fill_uniform_f32<<<64, 256>>>(A_log, H, 6, 1.f);
       fill_uniform_f32<<<64, 256>>>(dt_bias, H * dim, 7, 1.f);
+      float *g_log = nullptr, *beta_prob = nullptr;  // --gate log-decay*: the general inputs
+      if (gate != "safe") {
+        CHECK_CUDA(cudaMalloc(&g_log, tok_elems * 4));
+        CHECK_CUDA(cudaMalloc(&beta_prob, T * H * 4));
+        fill_uniform_f32<<<1024, 256>>>(g_log, tok_elems, 9, gate == "log-decay" ? -0.5f : -20.f);
+        fill_uniform_f32<<<64, 256>>>(beta_prob, T * H, 10, 1.f);
+      }
       CHECK_CUDA(cudaGetLastError());
       CHECK_CUDA(cudaDeviceSynchronize());
 
@@ -301,6 +321,14 @@ int main(int argc, char** argv) {
         CHECK_CUDA(cudaDeviceSynchronize());
         flashkda::ForwardArgs a;
         a.q = q; a.k = k; a.v = v; a.g = g; a.beta = beta; a.A_log = A_log; a.dt_bias = dt_bias; a.out = out;
+        if (gate != "safe") {
+          a.gate_form = flashkda::GateForm::kLogDecay;
+          a.g = g_log;
+          a.g_dtype = flashkda::DType::kFP32;
+          a.beta = beta_prob;
+          a.beta_dtype = flashkda::DType::kFP32;
+          a.beta_is_probability = true;
+        }
         a.initial_state = dt == flashkda::DType::kNone ? nullptr : init;
         a.initial_state_dtype = dt;
         a.final_state = dt == flashkda::DType::kNone ? nullptr : fin;
@@ -418,6 +446,7 @@ int main(int argc, char** argv) {
       }
       cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(g); cudaFree(out); cudaFree(beta);
       cudaFree(A_log); cudaFree(dt_bias); cudaFree(init); cudaFree(fin); cudaFree(d_cu);
+      cudaFree(g_log); cudaFree(beta_prob);
     }
   }
 

@@ -17,6 +17,10 @@ GPU) table of spec section 5: H in {12, 24, 48} x one sequence of 1024, 8192,
 32768 tokens; H = 12 with 4 x 8192 and with the varlen-6 lengths; H = 1 with one
 sequence of 2^20 tokens (cases 1024, 32768, 4x8192, 1M are also accepted by
 --cases). --head-dim 64 runs every row at K = V = 64 (FlashKDA has none; fla does).
+--gate log-decay hands both sides the gate already activated and beta already
+sigmoided, in fp32, as vLLM's Kimi Linear layer calls chunk_kda (g = the safe gate's
+log decays, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False; fla then runs
+its general-gate path, safe_gate=False).
 
 Decode (--decode; --no-forward for decode only): one decode step, one token per
 sequence, N in --seqs (1, 8, 64, 256, 1024), H = 32, K = V = 128, fp32 and bf16
@@ -102,28 +106,40 @@ def make_inputs(seqlens, H, state_dtype, K=128, seed=0):
         scale=K ** -0.5,
         N=N,
     )
+    # --gate log-decay: the same decays and betas, activated outside the kernels (fp32).
+    x["g_log"] = -5.0 * torch.sigmoid(x["A_log"].exp()[:, None] * (x["g"].float() + x["dt_bias"]))
+    x["beta_prob"] = torch.sigmoid(x["beta"].float())
     return x
 
 
-def ours(x, state_dtype):
+def ours(x, state_dtype, gate="safe"):
     out = torch.empty_like(x["v"])
     fs = None
     if state_dtype is not None:
         fs = torch.empty(x["N"], *x["v"].shape[2:], x["q"].shape[3], dtype=state_dtype, device="cuda")
 
     def run():
-        flash_kda.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], x["scale"], out, A_log=x["A_log"],
-                      dt_bias=x["dt_bias"], lower_bound=-5.0, initial_state=x["s0"], final_state=fs,
-                      cu_seqlens=x["cu"])
+        if gate == "log-decay":
+            flash_kda.fwd(x["q"], x["k"], x["v"], x["g_log"], x["beta_prob"], x["scale"], out, initial_state=x["s0"],
+                          final_state=fs, cu_seqlens=x["cu"], use_gate_in_kernel=False,
+                          use_beta_sigmoid_in_kernel=False)
+        else:
+            flash_kda.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], x["scale"], out, A_log=x["A_log"],
+                          dt_bias=x["dt_bias"], lower_bound=-5.0, initial_state=x["s0"], final_state=fs,
+                          cu_seqlens=x["cu"])
         return out, fs
 
     return run
 
 
-def fla_fn(chunk_kda, x, state_dtype):
+def fla_fn(chunk_kda, x, state_dtype, gate="safe"):
     s0 = x["s0"].float() if x["s0"] is not None else None  # fla's Triton path takes fp32 states only
 
     def run():
+        if gate == "log-decay":
+            return chunk_kda(x["q"], x["k"], x["v"], x["g_log"], x["beta_prob"], scale=x["scale"], initial_state=s0,
+                             output_final_state=state_dtype is not None, use_qk_l2norm_in_kernel=True,
+                             state_v_first=True, cu_seqlens=x["cu"])
         return chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=x["scale"], initial_state=s0,
                          output_final_state=state_dtype is not None, use_qk_l2norm_in_kernel=True,
                          use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True,
@@ -168,9 +184,10 @@ def io_floor_ms(T, H, K, bw=4.25e12):
     return 5 * T * H * K * 2 / bw * 1e3
 
 
-def markdown(rows, state, K):
+def markdown(rows, state, K, gate="safe"):
+    gate_note = ", gates and betas activated outside (fp32)" if gate == "log-decay" else ""
     lines = [
-        f"KDA forward, {torch.cuda.get_device_name()}, K = V = {K}, {state} state, median ms "
+        f"KDA forward, {torch.cuda.get_device_name()}, K = V = {K}, {state} state{gate_note}, median ms "
         f"(flash_kda {flash_kda.__version__}; fla Triton with FLA_FLASH_KDA=0)",
         "",
         "| H | case | flash_kda | fla chunk_kda | ratio (ours / fla) | IO floor | rel diff out | rel diff state |",
@@ -361,6 +378,8 @@ def main():
                     help="tp: the tensor-parallel rows of spec section 5 instead of --heads x --cases")
     ap.add_argument("--state", default="fp32", choices=list(STATES))
     ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128], help="K = V of every row")
+    ap.add_argument("--gate", default="safe", choices=["safe", "log-decay"],
+                    help="forward: the raw gate and beta logit (FlashKDA's), or both activated outside (vLLM's)")
     ap.add_argument("--iters", type=int, default=100, help="CUDA-event iterations (without triton)")
     ap.add_argument("--png", default=None, help="write a bar chart of the forward rows here (needs matplotlib)")
     ap.add_argument("--md", default=None, help="also write the markdown table(s) here")
@@ -414,7 +433,7 @@ def main():
     def tables():
         parts = []
         if fwd_rows:
-            parts.append(markdown(fwd_rows, args.state, args.head_dim))
+            parts.append(markdown(fwd_rows, args.state, args.head_dim, args.gate))
         if dec_rows:
             parts.append(decode_markdown(dec_rows, args.fla_decode, args.head_dim))
         return "\n\n".join(parts)
@@ -440,7 +459,7 @@ def main():
                 seqlens = CASES[case]
                 x = make_inputs(seqlens, H, state_dtype, args.head_dim)
                 log(f"forward H={H} {case}: flash_kda ...")
-                f_ours = ours(x, state_dtype)
+                f_ours = ours(x, state_dtype, args.gate)
                 o_ours, s_ours = f_ours()
                 t_ours = median_ms(f_ours, args.iters)
                 row = dict(H=H, case=case, state=args.state, ours=t_ours, fla=float("nan"),
@@ -448,7 +467,7 @@ def main():
                            floor=io_floor_ms(sum(seqlens), H, args.head_dim))
                 if chunk_kda is not None:
                     log(f"forward H={H} {case}: fla (first call autotunes this shape) ...")
-                    f_fla = fla_fn(chunk_kda, x, state_dtype)
+                    f_fla = fla_fn(chunk_kda, x, state_dtype, args.gate)
                     o_fla, s_fla = f_fla()  # warm-up: autotunes on the first call of a shape
                     torch.cuda.synchronize()
                     row["fla"] = median_ms(f_fla, args.iters)
