@@ -16,12 +16,14 @@ fla's flags name:
 
 So vLLM's Kimi Linear call, ``chunk_kda(q, k, v, g=fused_kda_gate(...), beta=b.float().sigmoid(),
 initial_state=..., output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=...)``,
-runs as it is. What flash_kda does not compute raises NotImplementedError naming the
-argument: ``use_qk_l2norm_in_kernel=False``, ``allow_neg_eigval=True`` (with
-``use_beta_sigmoid_in_kernel=False`` it is fla's ValueError), and fla's in-kernel
-softplus gate (``use_gate_in_kernel=True`` without ``lower_bound``); so do chunk_kda's
-inputs that require grad under autograd (forward only; fused_recurrent_kda, like fla's,
-is no autograd function and reads them as they are).
+runs as it is. fla's in-kernel softplus gate (``use_gate_in_kernel=True`` without
+``lower_bound``: ``-exp(A_log) * softplus(g + dt_bias)``, which no flash_kda kernel
+computes) is formed here in fp32 torch and passed on as the log decay: one elementwise
+pass more than fla's fused gate, the same function. What flash_kda does not compute
+raises NotImplementedError naming the argument: ``use_qk_l2norm_in_kernel=False`` and
+``allow_neg_eigval=True`` (with ``use_beta_sigmoid_in_kernel=False`` it is fla's
+ValueError); so do chunk_kda's inputs that require grad under autograd (forward only;
+fused_recurrent_kda, like fla's, is no autograd function and reads them as they are).
 
 States follow fla's ``state_v_first``: ``[N, HV, K, V]`` by
 default, ``[N, HV, V, K]`` with ``state_v_first=True`` (flash_kda's own layout). chunk_kda
@@ -47,9 +49,10 @@ def _require(flag, name, want, entry="chunk_kda"):
 
 def _forms(entry, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
            lower_bound, safe_gate=False):
-    """fwd's and decode's keyword arguments for what fla's flags say g and beta hold;
-    NotImplementedError naming the flag for what flash_kda does not compute, and fla's
-    own ValueError where fla raises one."""
+    """(fwd's and decode's keyword arguments for what fla's flags say g and beta hold,
+    whether g is the raw input of fla's softplus gate, which the caller forms first:
+    _softplus_log_decay); NotImplementedError naming the flag for what flash_kda does not
+    compute, and fla's own ValueError where fla raises one."""
     _require(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel", True, entry)
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         # fla's own check: the factor 2 scales sigmoid(beta), so it needs the in-kernel sigmoid.
@@ -57,17 +60,17 @@ def _forms(entry, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_
     _require(allow_neg_eigval, "allow_neg_eigval", False, entry)
     # fla's in-kernel gate is lower_bound·sigmoid(...) whenever lower_bound is given
     # (chunk_kda: safe_gate only picks its kernels); without it, -exp(A_log)·softplus(...).
-    if use_gate_in_kernel and lower_bound is None and not safe_gate:
-        chunk = entry == "chunk_kda"
-        given = "with neither lower_bound nor safe_gate=True" if chunk else "without lower_bound"
-        bounds = "lower_bound in [-5, 0) is required" + (" (or safe_gate=True for -5)" if chunk else "")
-        raise NotImplementedError(
-            f"{entry}: use_gate_in_kernel=True {given} is fla's gate -exp(A_log) * softplus(g + dt_bias), which "
-            f"flash_kda does not compute: {bounds} for the safe gate lower_bound * sigmoid(exp(A_log) * "
-            f"(g + dt_bias)); or pass the activated gate (e.g. fla's fused_kda_gate) as g with "
-            f"use_gate_in_kernel=False")
-    return dict(use_gate_in_kernel=bool(use_gate_in_kernel),
-                use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel))
+    softplus = bool(use_gate_in_kernel) and lower_bound is None and not safe_gate
+    return (dict(use_gate_in_kernel=bool(use_gate_in_kernel) and not softplus,
+                 use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel)), softplus)
+
+
+def _softplus_log_decay(g, A_log, dt_bias, HV, K):
+    """fla's in-kernel gate without lower_bound, -exp(A_log) * softplus(g + dt_bias), as
+    the log decay (fp32, g's shape [..., HV, K]); a missing A_log is 0 and a missing
+    dt_bias 0, as in fla's gate."""
+    A_log, dt_bias = _gate_parameters(A_log, dt_bias, g, HV, K, dict(use_gate_in_kernel=True))
+    return -torch.exp(A_log)[:, None] * torch.nn.functional.softplus(g.float() + dt_bias)
 
 
 def _gate_parameters(A_log, dt_bias, q, HV, K, forms):
@@ -127,8 +130,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     decay (bf16 or fp32) and A_log, dt_bias, lower_bound and safe_gate are not read; with
     ``use_beta_sigmoid_in_kernel=False`` (fla's default) beta is b itself (bf16 or fp32).
     With ``use_gate_in_kernel=True``, as in fla's gate, ``lower_bound`` selects the safe
-    gate whatever ``safe_gate`` says (``safe_gate=True`` without it takes -5), a missing
-    ``A_log`` is 0 and a missing ``dt_bias`` 0.
+    gate whatever ``safe_gate`` says (``safe_gate=True`` without it takes -5; with neither,
+    fla's softplus gate, formed in torch: the module docstring), a missing ``A_log`` is 0
+    and a missing ``dt_bias`` 0.
     ``initial_state`` may be fp32, bf16 or fp16 (fp16 is widened exactly, as is bf16 when
     a final state is returned); other dtypes are a TypeError naming it. fwd's errors name
     chunk_kda's arguments (``cu_seqlens_cpu``, ``initial_state_indices``, ...).
@@ -138,10 +142,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     sequence n starts from slot ``initial_state_indices[n]`` (zero for a negative index)
     and its final state is written back to that slot in place; ``final_state`` is None.
     """
-    forms = _forms("chunk_kda", use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                   allow_neg_eigval, lower_bound, safe_gate)
+    forms, softplus = _forms("chunk_kda", use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                             allow_neg_eigval, lower_bound, safe_gate)
     _require(cp_context, "cp_context", None)
-    gate_parameters = dict(A_log=A_log, dt_bias=dt_bias) if forms["use_gate_in_kernel"] else {}
+    gate_parameters = dict(A_log=A_log, dt_bias=dt_bias) if use_gate_in_kernel else {}
     _refuse_autograd("chunk_kda", q=q, k=k, v=v, g=g, beta=beta, **gate_parameters, initial_state=initial_state)
     if not forms["use_gate_in_kernel"]:
         lower_bound = None  # not read with the log decay (fla reads it only for its in-kernel gate)
@@ -169,6 +173,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"q: expected batch size 1 with cu_seqlens (flattened sequences), got {B}")
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else B
+    if softplus:
+        g = _softplus_log_decay(g, A_log, dt_bias, HV, K)
     A_log, dt_bias = _gate_parameters(A_log, dt_bias, q, HV, K, forms)
     graph = use_graph and cu_seqlens is not None
     if graph:
@@ -303,9 +309,9 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     fla's, for what flash_kda computes (the module docstring): the q/k L2 norm inside
     (``use_qk_l2norm_in_kernel=True``); g the log decay (``use_gate_in_kernel=False``,
     fla's default; A_log, dt_bias and lower_bound not read) or the raw gate of the safe
-    gate (``use_gate_in_kernel=True`` with ``lower_bound`` in [-5, 0): without it fla's
-    gate is another function; as in fla's gate, a missing ``A_log`` is 0 and a missing
-    ``dt_bias`` 0); beta b itself (``use_beta_sigmoid_in_kernel=False``, fla's default)
+    gate (``use_gate_in_kernel=True`` with ``lower_bound`` in [-5, 0); without it fla's
+    softplus gate, formed in torch; as in fla's gate, a missing ``A_log`` is 0 and a
+    missing ``dt_bias`` 0); beta b itself (``use_beta_sigmoid_in_kernel=False``, fla's default)
     or its logit. Anything else raises NotImplementedError naming the argument.
 
     The serving form of fla's ``fused_recurrent_kda_fwd`` (extensions):
@@ -319,11 +325,13 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     state_v_first = _state_v_first(state_v_first, kwargs)
     if kwargs:
         raise TypeError(f"fused_recurrent_kda: unexpected arguments {sorted(kwargs)}")
-    forms = _forms("fused_recurrent_kda", use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                   allow_neg_eigval, lower_bound)
+    forms, softplus = _forms("fused_recurrent_kda", use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                             use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound)
     if not forms["use_gate_in_kernel"]:
         lower_bound = None  # not read with the log decay, as in fla
     B, T, H, K, HV, V = _fla_shapes(q, v)
+    if softplus:
+        g = _softplus_log_decay(g, A_log, dt_bias, HV, K)
     _check_boundaries("cu_seqlens", cu_seqlens)
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"q: expected batch size 1 with cu_seqlens (flattened sequences), got {B}")

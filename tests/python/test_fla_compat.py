@@ -93,8 +93,7 @@ def test_chunk_kda_on_a_state_pool():
     assert torch.equal(o2, o) and torch.equal(pool2, pool)
 
 
-@pytest.mark.parametrize("flag,value", [("use_qk_l2norm_in_kernel", False), ("safe_gate", False),
-                                        ("allow_neg_eigval", True)])
+@pytest.mark.parametrize("flag,value", [("use_qk_l2norm_in_kernel", False), ("allow_neg_eigval", True)])
 def test_unsupported_flags_are_named(flag, value):
     p = make_problem(B=1, T=16, H=1, K=32, seed=23)
     kw = dict(FLAGS, A_log=p["A_log"], dt_bias=p["dt_bias"])
@@ -355,7 +354,6 @@ def test_fused_recurrent_kda_within_the_bars_of_the_float64_recurrence():
 @pytest.mark.parametrize("kw,err,match", [
     (dict(use_qk_l2norm_in_kernel=False), NotImplementedError, "use_qk_l2norm_in_kernel=True"),
     (dict(allow_neg_eigval=True), NotImplementedError, "allow_neg_eigval=False"),
-    (dict(lower_bound=None), NotImplementedError, "lower_bound in \\[-5, 0\\) is required"),
     (dict(inplace_final_state=True), NotImplementedError, "needs ssm_state_indices"),
     (dict(num_accepted_tokens=torch.tensor([1])), ValueError, "^num_accepted_tokens: given without ssm_state_indices"),
     (dict(ssm_state_indices=torch.tensor([0]), inplace_final_state=True), NotImplementedError, "state_v_first=True"),

@@ -362,8 +362,6 @@ def test_positive_log_decay_through_flas_entry_points_is_named(entry):
 @pytest.mark.parametrize("entry", ["chunk_kda", "fused_recurrent_kda"])
 @pytest.mark.parametrize("kw,err,match", [
     (dict(use_qk_l2norm_in_kernel=False), NotImplementedError, r"requires use_qk_l2norm_in_kernel=True, got False"),
-    (dict(use_gate_in_kernel=True), NotImplementedError,
-     r"use_gate_in_kernel=True with(out| neither) lower_bound.* is fla's gate -exp\(A_log\) \* softplus"),
     (dict(allow_neg_eigval=True, use_beta_sigmoid_in_kernel=True), NotImplementedError,
      r"requires allow_neg_eigval=False, got True"),
     (dict(allow_neg_eigval=True), ValueError, r"^allow_neg_eigval: True requires use_beta_sigmoid_in_kernel=True"),
@@ -374,6 +372,30 @@ def test_what_flash_kda_does_not_compute_is_named(entry, kw, err, match):
     args.update(kw)
     with pytest.raises(err, match=match):
         getattr(flash_kda, entry)(p["q"], p["k"], p["v"], p["g"], p["beta"], **args)
+
+
+@pytest.mark.parametrize("entry", ["chunk_kda", "fused_recurrent_kda"])
+@pytest.mark.parametrize("given", ["both", "neither"])
+def test_fla_softplus_gate_is_formed_outside(entry, given):
+    """fla's in-kernel gate without lower_bound, -exp(A_log) * softplus(g + dt_bias) (which no
+    flash_kda kernel computes), is formed in torch and passed as the log decay: bitwise the call
+    with that log decay given (a missing A_log and dt_bias are 0, as in fla's gate), and within
+    the bars of the float64 reference of that gate."""
+    p = make_log_decay_problem(gate="softplus", H=2, HV=4, K=32, seqlens=[21, 0, 40], seed=336)
+    g_raw = p["g_raw"]
+    A_log = p["A_log"] if given == "both" else None
+    dt_bias = p["dt_bias"] if given == "both" else None
+    a = softplus_gate(g_raw, A_log if A_log is not None else torch.zeros_like(p["A_log"]),
+                      dt_bias if dt_bias is not None else torch.zeros_like(p["dt_bias"]))
+    common = dict(use_qk_l2norm_in_kernel=True, cu_seqlens=p["cu_seqlens"])
+    call = getattr(flash_kda, entry)
+    with torch.inference_mode():
+        o_raw, _ = call(p["q"], p["k"], p["v"], g_raw, p["beta"], use_gate_in_kernel=True, A_log=A_log,
+                        dt_bias=dt_bias, **common)
+        o_log, _ = call(p["q"], p["k"], p["v"], a, p["beta"], **common)
+    assert torch.equal(o_raw, o_log)
+    ref_out, _ = reference(dict(p, g=a, initial_state=None))  # the calls above start from zero
+    assert rel_rms(o_raw, ref_out) <= OUT_BAR
 
 
 # ---- vLLM's Kimi Linear calls ---------------------------------------------------------------
