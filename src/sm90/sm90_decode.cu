@@ -8,6 +8,7 @@
 #include "sm90/decode/decode_common.cuh"
 #include "sm90/decode/decode_fused_kernel.cuh"
 #include "sm90/decode/decode_latency_kernel.cuh"
+#include "sm90/gate_inputs.h"
 #include "sm90/sm90_decode.h"
 #include "sm90/sm90_faults.h"
 #include "sm90/sm90_forward.h"
@@ -193,13 +194,7 @@ Status decode(const DecodeArgs& a, void* stream) {
   p.q = static_cast<const uint16_t*>(a.q);
   p.k = static_cast<const uint16_t*>(a.k);
   p.v = static_cast<const uint16_t*>(a.v);
-  const bool g_f32 = a.g_dtype == DType::kFP32, beta_f32 = a.beta_dtype == DType::kFP32;
-  p.g = g_f32 ? nullptr : static_cast<const uint16_t*>(a.g);
-  p.g_f32 = g_f32 ? static_cast<const float*>(a.g) : nullptr;
-  p.beta = beta_f32 ? nullptr : static_cast<const uint16_t*>(a.beta);
-  p.beta_f32 = beta_f32 ? static_cast<const float*>(a.beta) : nullptr;
-  p.gate_log_decay = a.gate_form == GateForm::kLogDecay ? 1 : 0;
-  p.beta_probability = a.beta_is_probability ? 1 : 0;
+  set_gate_inputs(p, a);
   p.A_log = a.A_log;
   p.dt_bias = a.dt_bias;
   p.out = static_cast<uint16_t*>(a.out);
@@ -247,7 +242,7 @@ Status decode(const DecodeArgs& a, void* stream) {
   // The general inputs (a log-decay gate, fp32 g or beta, b as given) run the
   // strided builds' twins, whose loads and gate read them at run time (every
   // other build keeps its code).
-  const bool general = a.gate_form != GateForm::kSafeGate || a.beta_is_probability || g_f32 || beta_f32;
+  const bool general = has_general_inputs(a);
   const bool strided = has_strided_inputs(a);
   const DecodeKernel kernel =
       general   ? strided_build<true>(K, two_rows, fp32, verify)

@@ -8,6 +8,7 @@
 
 #include "common/sequences.h"
 #include "sm90/fwd_launch.h"
+#include "sm90/gate_inputs.h"
 #include "sm90/kernel/params.h"
 #include "sm90/kernel/segment_outputs.cuh"
 #include "sm90/kernel/shared_storage.cuh"
@@ -588,13 +589,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   p.q = static_cast<const uint16_t*>(args.q);
   p.k = static_cast<const uint16_t*>(args.k);
   p.v = static_cast<const uint16_t*>(args.v);
-  const bool g_f32 = args.g_dtype == DType::kFP32, beta_f32 = args.beta_dtype == DType::kFP32;
-  p.g = g_f32 ? nullptr : static_cast<const uint16_t*>(args.g);
-  p.g_f32 = g_f32 ? static_cast<const float*>(args.g) : nullptr;
-  p.beta = beta_f32 ? nullptr : static_cast<const uint16_t*>(args.beta);
-  p.beta_f32 = beta_f32 ? static_cast<const float*>(args.beta) : nullptr;
-  p.gate_log_decay = args.gate_form == GateForm::kLogDecay ? 1 : 0;
-  p.beta_probability = args.beta_is_probability ? 1 : 0;
+  set_gate_inputs(p, args);
   p.A_log = args.A_log;
   p.dt_bias = args.dt_bias;
   p.out = static_cast<uint16_t*>(args.out);

@@ -179,18 +179,27 @@ __device__ __forceinline__ void finish_gate_prefix(Smem& s, const ElementMap& m,
   }
 }
 
+// The thread's rows 4q..4q+3 in the swizzled record operands: a base per thread
+// and, per row r, r·64 + ((chunk ^ r) << 3) (sw128_row_split_holds).
+struct SwizzledRows {
+  unsigned base, chunk;
+  __device__ explicit SwizzledRows(const ElementMap& m) {
+    static_assert(kRowsPerThread == 4, "rows 4q..4q+3 per thread");
+    const unsigned i0 = m.row(0);
+    chunk = ((m.d0 % 64) / 8) ^ (i0 % 8);
+    base = (i0 / 8) * 1024 + (m.d0 / 64) * 512 + (i0 % 8) * 64 + m.d0 % 8;
+  }
+  __device__ unsigned row(int r) const { return base + r * 64 + ((chunk ^ r) << 3); }
+};
+constexpr int kQdecRow0 = kChunk * kHeadDim;  // Q_dec is rows 16-31 of wq
+
 // The decayed operands of the chunk (spec section 3), written where the mma
 // fragments of chunk_matrices.cuh and recurrence.cuh read them.
 template <class Smem>
 __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap& m,
                                                        const float2 (&G)[kRowsPerThread]) {
   const float2 dl = *reinterpret_cast<const float2*>(&s.decay_last[m.d0]);
-  static_assert(kRowsPerThread == 4, "rows 4q..4q+3 per thread");
-  // The thread's rows 4q..4q+3 in the swizzled record operands: a base per
-  // thread and, per row r, r·64 + ((chunk ^ r) << 3) (sw128_row_split_holds).
-  const unsigned i0 = m.row(0), chunk = ((m.d0 % 64) / 8) ^ (i0 % 8);
-  const unsigned base = (i0 / 8) * 1024 + (m.d0 / 64) * 512 + (i0 % 8) * 64 + m.d0 % 8;
-  constexpr int kQdecRow0 = kChunk * kHeadDim;  // Q_dec is rows 16-31 of wq
+  const SwizzledRows rows(m);
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const unsigned i = m.row(r);
@@ -210,7 +219,7 @@ __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap
     *reinterpret_cast<uint32_t*>(&s.kinv_hi[i][m.d0]) = hi;
     *reinterpret_cast<uint32_t*>(&s.kinv_lo[i][m.d0]) = lo;
     split_bf16x2(qf.x * rq * up0, qf.y * rq * up1, hi, lo);
-    const unsigned sw = base + r * 64 + ((chunk ^ r) << 3);
+    const unsigned sw = rows.row(r);
     *reinterpret_cast<uint32_t*>(&s.wq[kQdecRow0 + sw]) = hi;
     *reinterpret_cast<uint32_t*>(&s.qdec_lo[i][m.d0]) = lo;
     *reinterpret_cast<uint32_t*>(&s.kdec16[i][m.d0]) = pack_f16(kdec0, kdec1);

@@ -58,9 +58,7 @@ __device__ __forceinline__ void write_decayed_operands_wide(Smem& s, const Eleme
                                                             const float2 (&G)[kRowsPerThread]) {
   const float2 g_last = *reinterpret_cast<const float2*>(&wide_g_last(s)[m.d0]);
   float (*const g32)[kHeadDim] = wide_g(s);
-  const unsigned i0 = m.row(0), chunk = ((m.d0 % 64) / 8) ^ (i0 % 8);
-  const unsigned base = (i0 / 8) * 1024 + (m.d0 / 64) * 512 + (i0 % 8) * 64 + m.d0 % 8;
-  constexpr int kQdecRow0 = kChunk * kHeadDim;
+  const SwizzledRows rows(m);
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const unsigned i = m.row(r);
@@ -70,7 +68,7 @@ __device__ __forceinline__ void write_decayed_operands_wide(Smem& s, const Eleme
     const float k0 = kf.x * rk, k1 = kf.y * rk;
     const float up0 = ex2_approx(G[r].x), up1 = ex2_approx(G[r].y);
     *reinterpret_cast<uint32_t*>(&s.kdec16[i][m.d0]) = pack_f16(k0 * up0, k1 * up1);
-    const unsigned sw = base + r * 64 + ((chunk ^ r) << 3);
+    const unsigned sw = rows.row(r);
     *reinterpret_cast<uint32_t*>(&s.wq[kQdecRow0 + sw]) = pack_bf16(qf.x * rq * up0, qf.y * rq * up1);
     uint32_t hi, lo;
     split_bf16x2(k0 * ex2_approx(g_last.x - G[r].x), k1 * ex2_approx(g_last.y - G[r].y), hi, lo);
