@@ -61,9 +61,11 @@ enum class GateForm : int32_t {
   // that token, a <= 0 (fla's use_gate_in_kernel=False, e.g. the output of
   // fla's fused_kda_gate, as vLLM's Kimi Linear layer passes it). bf16 or fp32
   // (g_dtype); A_log, dt_bias and lower_bound are not read (A_log and dt_bias
-  // may be null). Any decay a chunk of 16 tokens accumulates is exact, however
-  // strong (a chunk whose decay spans more than 2^-116 takes a slower exact path
-  // on kCpuChunked and kCuda). A value above 0 is not a decay: the CPU backends
+  // may be null). A decay of any strength is computed without overflow (a chunk
+  // of 16 tokens whose decay passes 2^-116 takes a slower exact path on
+  // kCpuChunked and kCuda); kCuda holds each token's decay at 2^-64 and above (a
+  // = −inf keeps 2^-64 of the state rather than none: below fp32 rounding unless
+  // the old state is ~2^40 times what follows). A value above 0 is not a decay: the CPU backends
   // refuse it (kInvalidArgument naming g), and kCuda, which cannot read device
   // values without a synchronisation, reads it as 0 and records it for
   // check_device_faults.

@@ -68,8 +68,24 @@ def _forms(entry, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_
 def _softplus_log_decay(g, A_log, dt_bias, HV, K):
     """fla's in-kernel gate without lower_bound, -exp(A_log) * softplus(g + dt_bias), as
     the log decay (fp32, g's shape [..., HV, K]); a missing A_log is 0 and a missing
-    dt_bias 0, as in fla's gate."""
+    dt_bias 0, as in fla's gate. The three are checked here, since torch would broadcast
+    shapes fwd refuses: g bf16 or fp32 [..., HV, K], A_log [HV] and dt_bias [HV, K] (or
+    [HV * K]) in fp32, bf16 or fp16."""
     A_log, dt_bias = _gate_parameters(A_log, dt_bias, g, HV, K, dict(use_gate_in_kernel=True))
+    for name, x, dtypes, shape in (("g", g, (torch.bfloat16, torch.float32), None),
+                                   ("A_log", A_log, (torch.float32,), (HV,)),
+                                   ("dt_bias", dt_bias, (torch.float32,), (HV, K))):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in dtypes:
+            raise TypeError(f"{name}: expected dtype {' or '.join(str(d) for d in dtypes)} (or bf16 / fp16, "
+                            f"widened, for A_log and dt_bias), got {x.dtype}")
+        if shape is not None and tuple(x.shape) != shape:
+            raise ValueError(f"{name}: expected shape {list(shape)}, got {list(x.shape)}")
+        if x.device != g.device:
+            raise ValueError(f"{name}: expected a tensor on {g.device} (g's device), got {x.device}")
+    if g.shape[-2:] != (HV, K):
+        raise ValueError(f"g: expected shape [..., HV, K] = [..., {HV}, {K}], got {list(g.shape)}")
     return -torch.exp(A_log)[:, None] * torch.nn.functional.softplus(g.float() + dt_bias)
 
 

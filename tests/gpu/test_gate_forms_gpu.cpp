@@ -20,6 +20,7 @@
 #include "sm90/sm90_forward.h"
 #include "tests/common/decode_problem.h"
 #include "tests/common/general_inputs.h"
+#include "tests/common/huge_rows.h"
 #endif
 
 namespace flashkda::testing {
@@ -121,6 +122,43 @@ TEST_F(GpuGateForms, StrongDecaysMatchTheOracle) {
       sm90::set_launch_override(plan);
       expect_at_bars(p, run_cuda(p), "K " + std::to_string(K) + ", segments, outputs " + std::to_string(outputs));
       sm90::set_launch_override({});
+    }
+  }
+}
+
+// Rows of q and k whose fp32 squares overflow (huge_rows.h) in chunks past 2^-116:
+// the exact path forms its sums from the normalised rows, as the common path does.
+TEST_F(GpuGateForms, HugeRowsInStrongDecays) {
+  for (const int64_t K : {128, 64}) {
+    HostProblem base = make_problem(spec_of(300, 2, K), fresh_seed());
+    // Rows are (token, head) pairs: q in head 0, k in head 1, in chunks 0, 1 and 18.
+    make_rows_huge(base.q, K, 3 * 2, 17 * 2, 290 * 2);
+    make_rows_huge(base.k, K, 4 * 2 + 1, 16 * 2 + 1, 291 * 2 + 1);
+    const HostProblem p = with_general_inputs(
+        base, with_strong_decays(base, safe_gate_log_decays(base), -60.0, 3, true), DType::kFP32, true, DType::kFP32);
+    expect_at_bars(p, run_cuda(p), "huge rows, K " + std::to_string(K));
+  }
+}
+
+// The general inputs' kernel on the default inputs' values (the raw gate and the
+// logit widened to fp32, exactly): bitwise the default kernel's result. So its
+// common path is the default's code, and a chunk within 2^-116 does not take the
+// exact path (whose fp32 pairwise sums round differently). Also the safe gate on
+// fp32 g against the oracle.
+TEST_F(GpuGateForms, Fp32RawGateAndLogitAreTheDefaultKernelsBits) {
+  for (const int64_t K : {128, 64}) {
+    for (const ProblemSpec& spec : {spec_of(1000, 4, K), spec_of(0, 2, K, {0, 17, 700, 33}, 6)}) {
+      const HostProblem base = make_problem(spec, fresh_seed());
+      HostProblem p = base;
+      p.g_dtype = DType::kFP32;
+      p.beta_dtype = DType::kFP32;
+      for (uint16_t x : base.g) p.g_f32.push_back(bf16_to_float(x));
+      for (uint16_t x : base.beta) p.beta_f32.push_back(bf16_to_float(x));
+      const RunResult general = run_cuda(p), plain = run_cuda(base);
+      ASSERT_TRUE(general.status.ok() && plain.status.ok());
+      EXPECT_EQ(general.out_bits, plain.out_bits) << "K " << K << ", N " << p.N;
+      EXPECT_EQ(general.state_bytes, plain.state_bytes) << "K " << K << ", N " << p.N;
+      expect_at_bars(p, general, "fp32 raw gate and logit, K " + std::to_string(K) + ", N " + std::to_string(p.N));
     }
   }
 }

@@ -398,6 +398,26 @@ def test_fla_softplus_gate_is_formed_outside(entry, given):
     assert rel_rms(o_raw, ref_out) <= OUT_BAR
 
 
+@pytest.mark.parametrize("entry", ["chunk_kda", "fused_recurrent_kda"])
+@pytest.mark.parametrize("name,value,err,match", [
+    ("A_log", lambda p: p["A_log"][:, None], ValueError, r"^A_log: expected shape \[4\], got \[4, 1\]"),
+    ("A_log", lambda p: p["A_log"][:1], ValueError, r"^A_log: expected shape \[4\], got \[1\]"),
+    ("A_log", lambda p: p["A_log"].double(), TypeError, r"^A_log: expected dtype torch.float32"),
+    ("dt_bias", lambda p: p["dt_bias"][:1], ValueError, r"^dt_bias: expected shape \[4, 32\], got \[1, 32\]"),
+    ("g", lambda p: p["g_raw"].half(), TypeError, r"^g: expected dtype torch.bfloat16 or torch.float32"),
+])
+def test_fla_softplus_gate_operands_are_checked(entry, name, value, err, match):
+    """The softplus gate is formed in torch, which would broadcast shapes fwd refuses: each
+    operand's shape and dtype are checked first, naming it."""
+    p = make_log_decay_problem(gate="softplus", H=2, HV=4, K=32, seqlens=[4], seed=337)
+    args = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], g=p["g_raw"])
+    args[name] = value(p)
+    g = args.pop("g")
+    with pytest.raises(err, match=match):
+        getattr(flash_kda, entry)(p["q"], p["k"], p["v"], g, p["beta"], use_qk_l2norm_in_kernel=True,
+                                  use_gate_in_kernel=True, cu_seqlens=p["cu_seqlens"], **args)
+
+
 # ---- vLLM's Kimi Linear calls ---------------------------------------------------------------
 
 def kimi_linear_inputs(seqlens, seed, HV=4, H=2, K=32, P=8):

@@ -123,8 +123,9 @@ __device__ __forceinline__ void gate_prefix(Smem& s, const ElementMap& m, const 
 // decay a itself (γ = a·log2(e)). A log decay above 0 is not a decay: it is read
 // as 0 and reported through the return value (the kernel records it); a NaN stays
 // NaN, as any NaN input does. γ is held at kMinTokenDecayLog2 and above: a token
-// that keeps 2^-64 of the state instead of less changes no fp32 result (the state's
-// own rounding is 2^-24), while G stays finite (a = −inf, a decay of 0, would make
+// that keeps 2^-64 of the state instead of less adds 2^-64 of the old state, below
+// the state's own fp32 rounding (2^-24) unless the old state is ~2^40 times what
+// follows, while G stays finite (a = −inf, a decay of 0, would make
 // the wide path's G_i − G_j NaN) and small enough (at least −1024 over a chunk) that
 // those differences lose at most 2^-13 of a unit to cancellation.
 constexpr float kMinTokenDecayLog2 = -64.f;

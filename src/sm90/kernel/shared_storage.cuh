@@ -200,7 +200,7 @@ struct PrologueSmem : ChunkOperands {
     InverseScratch inverse;             // warp 0's (I + L)^{-1}; used by build_inverse only
   };
   union alignas(16) {
-    uint16_t g[kChunk][kHeadDim];       // raw bf16 g; read by gate_prefix only
+    uint16_t g[kChunk][kHeadDim];       // raw bf16 g; read by gate_prefix (or gate_prefix_general) only
     __half kdec16[kChunk][kLdRow];      // k̂·2^G in fp16 (B of w, by transposing ldmatrix); written by write_decayed_operands
   };
   union alignas(16) {
@@ -221,7 +221,7 @@ struct PrologueSmem : ChunkOperands {
   float rnorm_q_scaled[kChunk];  // scale/sqrt(|q|²+1e-6)
   float rnorm_k[kChunk];         // 1/sqrt(|k|²+1e-6)
   float dt_bias[kHeadDim];       // the value head's dt_bias; 0 in padding columns
-  float beta_sig[kChunk];  // sigmoid(beta); 0.5 on pad rows (harmless: their k is 0)
+  float beta_sig[kChunk];  // b: sigmoid(beta), or beta as given; 0.5 or 0 on pad rows (harmless: their k is 0)
 };
 
 // Recurrence kernel: a ring of chunk records with this CTA's slice of v, and a

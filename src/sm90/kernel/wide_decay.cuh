@@ -92,25 +92,29 @@ __device__ __forceinline__ void wide_lower_sums(Smem& s, int warp, int lane) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int i = h == 0 ? warp : kChunk - 1 - warp;
+    // k̂ and scale·q̂, normalised before any product: a row of raw elements near
+    // 1e19 (huge_rows.cuh) would overflow fp32 in k_i·k_j.
     float ki[4] = {}, qi[4] = {}, gi[4] = {};
     if (keys) {
+      const float rk_i = s.rnorm_k[i], rq_i = s.rnorm_q_scaled[i];
       const uint2 kw = *reinterpret_cast<const uint2*>(&s.k[i][d]);
       const uint2 qw = *reinterpret_cast<const uint2*>(&s.q[i][d]);
       const float4 gv = *reinterpret_cast<const float4*>(&g32[i][d]);
       const float2 k01 = bf16x2_bits_to_float2(kw.x), k23 = bf16x2_bits_to_float2(kw.y);
       const float2 q01 = bf16x2_bits_to_float2(qw.x), q23 = bf16x2_bits_to_float2(qw.y);
-      ki[0] = k01.x, ki[1] = k01.y, ki[2] = k23.x, ki[3] = k23.y;
-      qi[0] = q01.x, qi[1] = q01.y, qi[2] = q23.x, qi[3] = q23.y;
+      ki[0] = k01.x * rk_i, ki[1] = k01.y * rk_i, ki[2] = k23.x * rk_i, ki[3] = k23.y * rk_i;
+      qi[0] = q01.x * rq_i, qi[1] = q01.y * rq_i, qi[2] = q23.x * rq_i, qi[3] = q23.y * rq_i;
       gi[0] = gv.x, gi[1] = gv.y, gi[2] = gv.z, gi[3] = gv.w;
     }
-    const float rk_i = s.rnorm_k[i], rq_i = s.rnorm_q_scaled[i];
     for (int j = 0; j <= i; ++j) {
       float lk = 0.f, lq = 0.f;
       if (keys) {
+        const float rk_j = s.rnorm_k[j];
         const uint2 kw = *reinterpret_cast<const uint2*>(&s.k[j][d]);
         const float4 gv = *reinterpret_cast<const float4*>(&g32[j][d]);
         const float2 k01 = bf16x2_bits_to_float2(kw.x), k23 = bf16x2_bits_to_float2(kw.y);
-        const float kj[4] = {k01.x, k01.y, k23.x, k23.y}, gj[4] = {gv.x, gv.y, gv.z, gv.w};
+        const float kj[4] = {k01.x * rk_j, k01.y * rk_j, k23.x * rk_j, k23.y * rk_j};
+        const float gj[4] = {gv.x, gv.y, gv.z, gv.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float dk = kj[e] * ex2_approx(gi[e] - gj[e]);  // G_i − G_j <= 0
@@ -124,9 +128,8 @@ __device__ __forceinline__ void wide_lower_sums(Smem& s, int warp, int lane) {
         lq += __shfl_xor_sync(0xffffffffu, lq, off);
       }
       if (lane == 0) {
-        const float rk_j = s.rnorm_k[j];
-        out.l[i][j] = i > j ? lk * rk_i * rk_j : 0.f;
-        out.mqk[i][j] = lq * rq_i * rk_j;
+        out.l[i][j] = i > j ? lk : 0.f;
+        out.mqk[i][j] = lq;
       }
     }
   }
