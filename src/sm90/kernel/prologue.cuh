@@ -194,6 +194,26 @@ struct SwizzledRows {
 };
 constexpr int kQdecRow0 = kChunk * kHeadDim;  // Q_dec is rows 16-31 of wq
 
+// What every decayed operand of the thread's row i starts from: k̂ = k·rk and
+// scale·q̂ = q·rq on its two key columns, and 2^G there.
+struct DecayedRowInputs {
+  float k0, k1;  // k̂
+  float2 q;      // raw q; scale·q̂ = q·rq
+  float rq;
+  float up0, up1;  // 2^G in (0, 1]
+  template <class Smem>
+  __device__ DecayedRowInputs(const Smem& s, const ElementMap& m, unsigned i, float2 G) {
+    const float rk = s.rnorm_k[i];
+    rq = s.rnorm_q_scaled[i];
+    const float2 kf = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.k[i][m.d0]));
+    q = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.q[i][m.d0]));
+    k0 = kf.x * rk;
+    k1 = kf.y * rk;
+    up0 = ex2_approx(G.x);
+    up1 = ex2_approx(G.y);
+  }
+};
+
 // The decayed operands of the chunk (spec section 3), written where the mma
 // fragments of chunk_matrices.cuh and recurrence.cuh read them.
 template <class Smem>
@@ -204,11 +224,9 @@ __device__ __forceinline__ void write_decayed_operands(Smem& s, const ElementMap
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const unsigned i = m.row(r);
-    const float rk = s.rnorm_k[i], rq = s.rnorm_q_scaled[i];
-    const float2 kf = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.k[i][m.d0]));
-    const float2 qf = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.q[i][m.d0]));
-    const float k0 = kf.x * rk, k1 = kf.y * rk;
-    const float up0 = ex2_approx(G[r].x), up1 = ex2_approx(G[r].y);        // 2^G  in (0, 1]
+    const DecayedRowInputs x(s, m, i, G[r]);
+    const float k0 = x.k0, k1 = x.k1, up0 = x.up0, up1 = x.up1, rq = x.rq;
+    const float2 qf = x.q;
     const float down0 = ex2_approx(-G[r].x), down1 = ex2_approx(-G[r].y);  // 2^-G in [1, 2^116): a normal float
     const float kdec0 = k0 * up0, kdec1 = k1 * up1;
     const float kinv0 = k0 * down0, kinv1 = k1 * down1;

@@ -62,11 +62,9 @@ __device__ __forceinline__ void write_decayed_operands_wide(Smem& s, const Eleme
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const unsigned i = m.row(r);
-    const float rk = s.rnorm_k[i], rq = s.rnorm_q_scaled[i];
-    const float2 kf = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.k[i][m.d0]));
-    const float2 qf = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.q[i][m.d0]));
-    const float k0 = kf.x * rk, k1 = kf.y * rk;
-    const float up0 = ex2_approx(G[r].x), up1 = ex2_approx(G[r].y);
+    const DecayedRowInputs x(s, m, i, G[r]);
+    const float k0 = x.k0, k1 = x.k1, up0 = x.up0, up1 = x.up1, rq = x.rq;
+    const float2 qf = x.q;
     *reinterpret_cast<uint32_t*>(&s.kdec16[i][m.d0]) = pack_f16(k0 * up0, k1 * up1);
     const unsigned sw = rows.row(r);
     *reinterpret_cast<uint32_t*>(&s.wq[kQdecRow0 + sw]) = pack_bf16(qf.x * rq * up0, qf.y * rq * up1);
