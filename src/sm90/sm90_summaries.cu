@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -27,17 +28,17 @@ Status cuda_error(cudaError_t err, const char* what) {
 // The one-sequence summaries call over tokens [b, b + len) of `in`.
 ForwardArgs range_call(const ForwardArgs& in, int64_t b, int64_t len, float* M, float* B) {
   const int64_t H = in.num_heads, HV = value_heads(in), K = in.head_dim_k, V = in.head_dim_v;
-  // Token b of a tensor of `bytes`-byte elements (bf16, or fp32 g and beta).
-  auto at = [b](const void* p, int64_t token_stride, int64_t dense, int64_t bytes = 2) -> const void* {
-    return static_cast<const char*>(p) + b * (token_stride != 0 ? token_stride : dense) * bytes;
+  // Token b of each token tensor (strides resolved, in its own element size).
+  const std::array<TokenView, 5> views = token_views(in, H, HV, K, V);
+  auto at = [b](const void* p, const TokenView& x) -> const void* {
+    return static_cast<const char*>(p) + b * x.token_stride * x.elem_bytes;
   };
-  auto bytes_of = [](DType t) -> int64_t { return t == DType::kFP32 ? 4 : 2; };
   ForwardArgs f = in;
-  f.q = at(in.q, in.q_token_stride, H * K);
-  f.k = at(in.k, in.k_token_stride, H * K);
-  f.v = at(in.v, in.v_token_stride, HV * V);
-  f.g = at(in.g, in.g_token_stride, HV * K, bytes_of(in.g_dtype));
-  f.beta = at(in.beta, in.beta_token_stride, HV, bytes_of(in.beta_dtype));
+  f.q = at(in.q, views[0]);
+  f.k = at(in.k, views[1]);
+  f.v = at(in.v, views[2]);
+  f.g = at(in.g, views[3]);
+  f.beta = at(in.beta, views[4]);
   f.batch = 1;
   f.seqlen = len;
   f.num_seqs = 0;

@@ -414,8 +414,8 @@ TEST(GateForms, SegmentSummariesWithALogDecay) {
   spec.v_heads = 2;
   spec.head_dim = 32;
   const HostProblem p = make_problem(spec, 361);
-  // Sequence 0 gets the strong pattern, sequence 2 mild decays, so that M carries
-  // part of the incoming state through.
+  // Sequence 0 gets the strong pattern, sequence 2 mild decays, so that M keeps
+  // part of the incoming state.
   std::vector<double> a = strong_log_decays(1, p.T, p.HV, p.K, 362);
   for (size_t i = static_cast<size_t>(101 * p.HV * p.K); i < a.size(); ++i) a[i] = -0.02 * (1 + std::sin(double(i)));
   GateTensors gt;

@@ -214,7 +214,7 @@ def test_segment_summaries_of_the_log_decay_are_the_safe_gates(backend):
     M3, B3 = flash_kda.segment_summaries(*args, a, b, None, None, seg, cu_seqlens=p["cu_seqlens"], backend=backend,
                                          **LOG_DECAY)
     assert torch.isfinite(M3).all() and torch.isfinite(B3).all()
-    # The composed summaries of a sequence carry its initial state to the straight run's final state.
+    # The composed summaries of a sequence map its initial state to the straight run's final state.
     q = dict(p, g=a, beta=b, **LOG_DECAY)
     _, fs_ref = reference(q)
     S = p["initial_state"][0].double() @ M3[0].double() + B3[0].double()
