@@ -12,7 +12,8 @@
 //
 // Without --variants: the production kernel, one table (as scripts/gpu_test_and_bench.sh reads).
 // With --variants (A/B mode): each entry is a kernel variant name (lat, fuse-ef-occ, ...,
-// see sm90_decode.cu) optionally suffixed "+pdl" (launched with programmatic
+// see sm90_decode.cu) optionally suffixed "+log-decay" (its twin for the general
+// inputs, on prod-log-decay's inputs), then "+pdl" (launched with programmatic
 // dependent launch; without it a variant runs with PDL off), "all" for every
 // variant with and without "+pdl", or "prod" for the production choice (PDL
 // as PdlMode::kAuto chooses; "prod+pdl" forces it on; "prod-strided" is the production
@@ -136,8 +137,14 @@ bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols
                            pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kOff});
       continue;
     }
-    const bool pdl = item.size() > 4 && item.compare(item.size() - 4, 4, "+pdl") == 0;
-    const std::string name = pdl ? item.substr(0, item.size() - 4) : item;
+    // "VARIANT+log-decay[+pdl]": the variant's general-inputs twin (as prod-log-decay).
+    const auto suffix = [](const std::string& s, const std::string& x) {
+      return s.size() > x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+    };
+    const bool pdl = suffix(item, "+pdl");
+    std::string name = pdl ? item.substr(0, item.size() - 4) : item;
+    const bool log_decay = suffix(name, "+log-decay");
+    if (log_decay) name.resize(name.size() - std::string("+log-decay").size());
     if (name == "prod" || name == "prod-strided" || name == "prod-copied" || name == "prod-log-decay") {
       cols->push_back({item, Kind::kDecode, -1, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kAuto, false,
                        name == "prod-strided", name == "prod-copied", name == "prod-log-decay"});
@@ -149,10 +156,11 @@ bool parse_columns(const std::string& list, bool refs, std::vector<Column>* cols
     if (found < 0) {
       std::fprintf(stderr, "--variants: unknown variant '%s'; known:", name.c_str());
       for (int v = 0; v < nv; ++v) std::fprintf(stderr, " %s", flashkda::sm90::decode_variant_name(v));
-      std::fprintf(stderr, " (each optionally +pdl), prod, all\n");
+      std::fprintf(stderr, " (each optionally +log-decay, then +pdl), prod, all\n");
       return false;
     }
-    cols->push_back({item, Kind::kDecode, found, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kOff});
+    cols->push_back({item, Kind::kDecode, found, pdl ? flashkda::PdlMode::kOn : flashkda::PdlMode::kOff, false, false,
+                     false, log_decay});
   }
   if (refs) {
     cols->push_back({"memcpy", Kind::kMemcpy});

@@ -22,6 +22,9 @@ using DecodeKernel = void (*)(DecodeParams);
 struct DecodeVariant {
   const char* name;
   DecodeKernel fp32, bf16;
+  // The same kernels' twins for the general inputs (a log-decay gate, fp32 g or
+  // beta, b as given) on dense token tensors (kGeneral).
+  DecodeKernel fp32_general, bf16_general;
   // The bf16 kernel rounds the state after every token (PackedBf16StateRegs):
   // steps with more than one token a sequence (or cu_seqlens) run the bf16
   // bandwidth kernel fuse-ef-occ instead.
@@ -31,14 +34,30 @@ struct DecodeVariant {
 // rows2's shape: 8 lanes a row, two rows a thread, 7 CTAs/SM.
 using Rows2Policy = DecodePolicy<7, 7, 8, 2>;
 
+// The latency kernel's general twin is its strided build's (the only general
+// build at K = 64, with speculative verify and with strided token tensors).
+constexpr DecodeVariant latency_variant(const char* name) {
+  return {name, &kda_decode_latency_kernel<true, 4>, &kda_decode_latency_kernel<false, 4>,
+          &kda_decode_latency_kernel<true, 4, false, kDecodeDim, 1, true, true>,
+          &kda_decode_latency_kernel<false, 4, false, kDecodeDim, 1, true, true>};
+}
 template <class P>
 constexpr DecodeVariant fused_variant(const char* name) {
-  return {name, &kda_decode_fused_kernel<true, P>, &kda_decode_fused_kernel<false, P>};
+  return {name, &kda_decode_fused_kernel<true, P>, &kda_decode_fused_kernel<false, P>,
+          &kda_decode_fused_kernel<true, P, false, true>, &kda_decode_fused_kernel<false, P, false, true>};
 }
-// fp32 pools: rows2; bf16 pools: the state kept as bf16 pairs in registers.
-template <class PBf16>
+// fp32 pools: rows2; bf16 pools: the state kept as bf16 pairs in registers. The
+// general inputs on bf16 pools run PGeneralBf16's fused kernel instead: packed's
+// twin spilled at its 48 registers (40 bytes) and was the slower (H = 32, N = 256:
+// 176 against 168 µs for fuse-ef-occ's twin; docs/perf-log.md).
+template <class PBf16, class PGeneralBf16>
 constexpr DecodeVariant packed_variant(const char* name) {
-  return {name, &kda_decode_fused_kernel<true, Rows2Policy>, &kda_decode_fused_kernel<false, PBf16, true>, true};
+  return {name,
+          &kda_decode_fused_kernel<true, Rows2Policy>,
+          &kda_decode_fused_kernel<false, PBf16, true>,
+          &kda_decode_fused_kernel<true, Rows2Policy, false, true>,
+          &kda_decode_fused_kernel<false, PGeneralBf16, false, true>,
+          true};
 }
 
 // Every variant has the same work items: kDecodeSlices CTAs per (sequence, head).
@@ -51,7 +70,7 @@ constexpr DecodeVariant packed_variant(const char* name) {
 // CTAs/SM or in rows2's shape).
 constexpr DecodeVariant kDecodeVariants[] = {
     // Warp-built token vectors with approximate intrinsics, one state pass for both dot products.
-    {"lat", &kda_decode_latency_kernel<true, 4>, &kda_decode_latency_kernel<false, 4>},
+    latency_variant("lat"),
     // One reduction pass, streaming cache hints, 4 lanes a row, 7 CTAs/SM for fp32 pools, 8 for bf16.
     fused_variant<DecodePolicy<7, 8>>("fuse-ef-occ"),
     // fuse-ef-occ with 8 lanes a row and two rows a thread (16 apart): a warp's
@@ -60,7 +79,7 @@ constexpr DecodeVariant kDecodeVariants[] = {
     fused_variant<Rows2Policy>("rows2"),
     // bf16 pools, one token a sequence: fuse-ef-occ with the state as bf16 pairs in
     // registers, 48 registers and 10 CTAs/SM (fp32 pools: rows2).
-    packed_variant<DecodePolicy<7, 10>>("packed"),
+    packed_variant<DecodePolicy<7, 10>, DecodePolicy<7, 8>>("packed"),
 };
 constexpr int kNumDecodeVariants = static_cast<int>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
 
@@ -239,14 +258,17 @@ Status decode(const DecodeArgs& a, void* stream) {
   // other builds keep the dense addressing they were tuned with; with the strides
   // they spilled). At K = 128 from ~2,048 pairs the bandwidth kernels on dense
   // copies are faster (docs/perf-log.md): the Python decode copies there.
-  // The general inputs (a log-decay gate, fp32 g or beta, b as given) run the
-  // strided builds' twins, whose loads and gate read them at run time (every
-  // other build keeps its code).
+  // The general inputs (a log-decay gate, fp32 g or beta, b as given) run twins
+  // whose loads and gate read them at run time (every other build keeps its code):
+  // on dense tensors at K = 128 without verify, the twin of the kernel the default
+  // inputs would run; else the strided builds' twins.
   const bool general = has_general_inputs(a);
   const bool strided = has_strided_inputs(a);
+  const bool dense_general = general && !strided && K == kDecodeDim && !verify;
   const DecodeKernel kernel =
-      general   ? strided_build<true>(K, two_rows, fp32, verify)
-      : strided ? strided_build<false>(K, two_rows, fp32, verify)
+      dense_general ? (fp32 ? kDecodeVariants[variant].fp32_general : kDecodeVariants[variant].bf16_general)
+      : general     ? strided_build<true>(K, two_rows, fp32, verify)
+      : strided     ? strided_build<false>(K, two_rows, fp32, verify)
       : K == 64 ? (two_rows ? latency_build<64, 2>(fp32, verify) : latency_build<64, 1>(fp32, verify))
       : verify  ? latency_build<kDecodeDim, 1>(fp32, true)
       : fp32    ? kDecodeVariants[variant].fp32

@@ -17,6 +17,7 @@
 #ifdef FLASHKDA_WITH_CUDA
 #include <random>
 
+#include "sm90/sm90_decode.h"
 #include "sm90/sm90_forward.h"
 #include "tests/common/decode_problem.h"
 #include "tests/common/general_inputs.h"
@@ -203,20 +204,34 @@ struct DecodeRun {
   std::vector<uint8_t> pool;
 };
 
-// One decode step of p with the general inputs: g the safe gate's log decays
-// (fp32 or bf16) with key channels 3, 14, 25, ... at `strong`, beta as b (fp32 or
-// bf16), on kCuda or the float64 CPU backend (the same numbers for both); out
-// poisoned first.
+// How run_general_decode hands p's gate and beta over.
+struct GeneralDecodeForm {
+  // true: g as the safe gate's log decays with key channels 3, 14, 25, ... at
+  // `strong`, beta as b; false: p's raw gate and logits themselves, widened to
+  // g_dtype and beta_dtype (the safe gate, A_log and dt_bias read).
+  bool log_decay = true;
+  double strong = -60.0;
+  int variant = -1;  // kCuda: a decode kernel forced (sm90::set_decode_variant_override), -1 the production choice
+};
+
+// One decode step of p with the general inputs (g and beta in fp32 or bf16, as
+// `form` says), on kCuda or the float64 CPU backend (the same numbers for both);
+// out poisoned first.
 DecodeRun run_general_decode(const DecodeProblem& p, Backend backend, DType g_dtype, DType beta_dtype,
-                             double strong) {
+                             GeneralDecodeForm form) {
   const int64_t HV = p.HV, K = p.K;
   std::vector<float> a(p.g.size()), b(p.beta.size());
   for (size_t i = 0; i < a.size(); ++i) {
     const int64_t hv = static_cast<int64_t>(i / K) % HV, d = static_cast<int64_t>(i % K);
     const double x = std::exp(double(p.A_log[hv])) * (double(bf16_to_float(p.g[i])) + double(p.dt_bias[hv * K + d]));
-    a[i] = d % 11 == 3 ? static_cast<float>(strong) : static_cast<float>(-5.0 / (1.0 + std::exp(-x)));
+    a[i] = !form.log_decay ? bf16_to_float(p.g[i])
+           : d % 11 == 3   ? static_cast<float>(form.strong)
+                           : static_cast<float>(-5.0 / (1.0 + std::exp(-x)));
   }
-  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(1.0 / (1.0 + std::exp(-double(bf16_to_float(p.beta[i])))));
+  for (size_t i = 0; i < b.size(); ++i) {
+    const double logit = bf16_to_float(p.beta[i]);
+    b[i] = form.log_decay ? static_cast<float>(1.0 / (1.0 + std::exp(-logit))) : static_cast<float>(logit);
+  }
   std::vector<uint16_t> a16(a.size()), b16(b.size());
   for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
   for (size_t i = 0; i < b.size(); ++i) b16[i] = float_to_bf16(b[i]);
@@ -224,14 +239,16 @@ DecodeRun run_general_decode(const DecodeProblem& p, Backend backend, DType g_dt
   std::vector<uint8_t> pool = p.pool_bytes();
   std::vector<uint16_t> out(static_cast<size_t>(p.T * HV * p.V), 0xFFFF);
   auto fill = [&](DecodeArgs& args, const void* g, const void* beta) {
-    args.gate_form = GateForm::kLogDecay;
+    args.gate_form = form.log_decay ? GateForm::kLogDecay : GateForm::kSafeGate;
     args.g_dtype = g_dtype;
     args.g = g;
-    args.beta_is_probability = true;
+    args.beta_is_probability = form.log_decay;
     args.beta_dtype = beta_dtype;
     args.beta = beta;
-    args.A_log = nullptr;
-    args.dt_bias = nullptr;
+    if (form.log_decay) {
+      args.A_log = nullptr;
+      args.dt_bias = nullptr;
+    }
   };
   const void* g_host = g_dtype == DType::kFP32 ? static_cast<const void*>(a.data()) : a16.data();
   const void* b_host = beta_dtype == DType::kFP32 ? static_cast<const void*>(b.data()) : b16.data();
@@ -249,20 +266,59 @@ DecodeRun run_general_decode(const DecodeProblem& p, Backend backend, DType g_dt
   DeviceBuffer<int64_t> cu(p.cu_seqlens), idx64(p.idx64);
   DeviceBuffer<int32_t> idx32(p.idx32);
   DeviceBuffer<uint8_t> pool_d(pool);
+  DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
   DecodeArgs args = p.args(out_d.ptr, pool_d.ptr, nullptr);
   args.q = q.ptr;
   args.k = k.ptr;
   args.v = v.ptr;
+  args.A_log = A_log.ptr;
+  args.dt_bias = dt_bias.ptr;
   fill(args, g_dtype == DType::kFP32 ? static_cast<const void*>(a_d.ptr) : a16_d.ptr,
        beta_dtype == DType::kFP32 ? static_cast<const void*>(b_d.ptr) : b16_d.ptr);
   args.state_indices = p.spec.int64_indices ? static_cast<const void*>(idx64.ptr) : idx32.ptr;
   if (!p.cu_seqlens.empty()) args.cu_seqlens = cu.ptr;
+  sm90::set_decode_variant_override(form.variant);
   const Status s = decode(args, Backend::kCuda, nullptr);
+  sm90::set_decode_variant_override(-1);
   EXPECT_TRUE(s.ok()) << s.message;
   FKDA_CUDA_CHECK(cudaDeviceSynchronize());
   r.out = out_d.to_host();
   r.pool = pool_d.to_host();
   return r;
+}
+
+// p's decode step with the general inputs on kCuda against the float64 CPU backend.
+void expect_decode_matches(const DecodeProblem& p, const std::string& what, DType g_dtype, DType beta_dtype,
+                           const GeneralDecodeForm& form) {
+  const DecodeRun gpu = run_general_decode(p, Backend::kCuda, g_dtype, beta_dtype, form);
+  const DecodeRun cpu = run_general_decode(p, Backend::kCpuReference, g_dtype, beta_dtype, form);
+  const DType state = p.spec.state_dtype;
+  const std::vector<float> gp = state_bytes_to_float(gpu.pool, state), cp = state_bytes_to_float(cpu.pool, state);
+  // The padding entry's tokens (sequence 0) are read by neither backend: their out
+  // rows keep the poison on both sides; every other row must be written.
+  const int64_t padding_tokens =
+      p.spec.padding_entries == 0 ? 0 : p.spec.seq_tokens.empty() ? p.spec.tokens_per_seq : p.spec.seq_tokens[0];
+  const size_t padding_rows = static_cast<size_t>(padding_tokens * p.HV * p.V);
+  ASSERT_EQ(gpu.out.size(), cpu.out.size());
+  std::vector<float> go, co;
+  size_t untouched = 0;
+  for (size_t i = 0; i < gpu.out.size(); ++i) {
+    if (i < padding_rows) {
+      untouched += gpu.out[i] == 0xFFFF && cpu.out[i] == 0xFFFF;
+      continue;
+    }
+    go.push_back(bf16_to_float(gpu.out[i]));
+    co.push_back(bf16_to_float(cpu.out[i]));
+  }
+  EXPECT_EQ(untouched, padding_rows) << what << ": the padding entry's out rows were written";
+  const double e_out = rel_rms(go, co), e_pool = rel_rms(gp, cp);
+  std::printf("[ errors ] %s: out %.3e  pool %.3e\n", what.c_str(), e_out, e_pool);
+  // out is bf16 on both sides (one rounding apart at most); the pool as the
+  // decode tests judge it.
+  EXPECT_LE(e_out, 2e-3) << what;
+  EXPECT_LE(e_pool, state == DType::kFP32 ? 1e-5 : 2e-3) << what;
+  const Status faults = check_device_faults(nullptr);
+  EXPECT_TRUE(faults.ok()) << what << ": " << faults.message;
 }
 
 TEST_F(GpuGateForms, DecodeMatchesTheFloat64Steps) {
@@ -278,33 +334,50 @@ TEST_F(GpuGateForms, DecodeMatchesTheFloat64Steps) {
         spec.state_dtype = state;
         spec.padding_entries = 1;
         const DecodeProblem p = make_decode_problem(spec, fresh_seed());
-        const DecodeRun gpu = run_general_decode(p, Backend::kCuda, g_dtype, g_dtype, -60.0);
-        const DecodeRun cpu = run_general_decode(p, Backend::kCpuReference, g_dtype, g_dtype, -60.0);
-        const std::vector<float> gp = state_bytes_to_float(gpu.pool, state), cp = state_bytes_to_float(cpu.pool, state);
-        // The padding entry's token (sequence 0) is read by neither backend: its out
-        // rows keep the poison on both sides; every other row must be written.
-        const size_t padding_rows = static_cast<size_t>(spec.seq_tokens[0] * p.HV * p.V);
-        ASSERT_EQ(gpu.out.size(), cpu.out.size());
-        std::vector<float> go, co;
-        size_t untouched = 0;
-        for (size_t i = 0; i < gpu.out.size(); ++i) {
-          if (i < padding_rows) {
-            untouched += gpu.out[i] == 0xFFFF && cpu.out[i] == 0xFFFF;
-            continue;
-          }
-          go.push_back(bf16_to_float(gpu.out[i]));
-          co.push_back(bf16_to_float(cpu.out[i]));
+        const std::string what = "decode K " + std::to_string(K) + ", state " + to_string(state) + ", g " +
+                                 to_string(g_dtype);
+        expect_decode_matches(p, what, g_dtype, g_dtype, GeneralDecodeForm{});
+      }
+    }
+  }
+}
+
+// Every decode kernel's general-inputs twin (sm90_decode.cu: the latency kernel's
+// strided build, and the bandwidth kernels' kGeneral builds on dense tensors),
+// forced in turn, and the production choice at a size where it picks a bandwidth
+// kernel (72 sequences x 32 value heads: packed's slot for bf16 pools, whose general
+// twin is fuse-ef-occ's, and rows2 for fp32):
+// both gate forms, g and beta in fp32 and bf16, one token a sequence and several.
+TEST_F(GpuGateForms, EveryDecodeKernelTakesTheGeneralInputs) {
+  for (int variant = -1; variant < sm90::decode_variant_count(); ++variant) {
+    for (const DType state : {DType::kFP32, DType::kBF16}) {
+      for (const bool one_token : {true, false}) {
+        DecodeSpec spec;
+        if (one_token) {
+          spec.num_seqs = variant < 0 ? 72 : 9;
+          spec.tokens_per_seq = 1;
+          spec.padding_entries = 1;
+        } else {
+          spec.num_seqs = 0;
+          spec.seq_tokens = {1, 3, 0, 2, 1};
+          spec.padding_entries = 1;
         }
-        EXPECT_EQ(untouched, padding_rows) << "the padding entry's out rows were written";
-        const double e_out = rel_rms(go, co), e_pool = rel_rms(gp, cp);
-        std::printf("[ errors ] decode K %lld, state %s, g %s: out %.3e  pool %.3e\n", static_cast<long long>(K),
-                    to_string(state), to_string(g_dtype), e_out, e_pool);
-        // out is bf16 on both sides (one rounding apart at most); the pool as the
-        // decode tests judge it.
-        EXPECT_LE(e_out, 2e-3);
-        EXPECT_LE(e_pool, state == DType::kFP32 ? 1e-5 : 2e-3);
-        const Status faults = check_device_faults(nullptr);
-        EXPECT_TRUE(faults.ok()) << faults.message;
+        spec.heads = 8;
+        spec.v_heads = 32;
+        spec.state_dtype = state;
+        const DecodeProblem p = make_decode_problem(spec, fresh_seed());
+        for (const bool log_decay : {true, false}) {
+          const DType g_dtype = log_decay ? DType::kFP32 : DType::kBF16;
+          const DType beta_dtype = log_decay ? DType::kBF16 : DType::kFP32;
+          GeneralDecodeForm form;
+          form.log_decay = log_decay;
+          form.variant = variant;
+          const std::string what =
+              std::string("decode ") + (variant < 0 ? "production" : sm90::decode_variant_name(variant)) +
+              ", state " + to_string(state) + (one_token ? ", one token a sequence" : ", varlen") +
+              (log_decay ? ", log decay fp32, b bf16" : ", raw gate bf16, logit fp32");
+          expect_decode_matches(p, what, g_dtype, beta_dtype, form);
+        }
       }
     }
   }
@@ -316,10 +389,27 @@ TEST_F(GpuGateForms, DecodeLogDecayAboveZeroIsReported) {
   spec.num_seqs = 3;
   spec.tokens_per_seq = 2;
   const DecodeProblem p = make_decode_problem(spec, fresh_seed());
-  run_general_decode(p, Backend::kCuda, DType::kFP32, DType::kFP32, /*strong=*/0.5);
+  GeneralDecodeForm form;
+  form.strong = 0.5;
+  run_general_decode(p, Backend::kCuda, DType::kFP32, DType::kFP32, form);
   const Status faults = check_device_faults(nullptr);
   EXPECT_EQ(faults.code, StatusCode::kInvalidArgument);
   EXPECT_NE(faults.message.find("g (decode, gate_form kLogDecay)"), std::string::npos) << faults.message;
+  // The bandwidth kernels' twins record it too (one token a sequence, many pairs).
+  for (const int variant : {1, 2, 3}) {
+    ASSERT_TRUE(check_device_faults(nullptr).ok());
+    DecodeSpec wide;
+    wide.num_seqs = 9;
+    wide.v_heads = 32;
+    wide.heads = 8;
+    wide.state_dtype = variant == 3 ? DType::kBF16 : DType::kFP32;
+    const DecodeProblem q = make_decode_problem(wide, fresh_seed());
+    form.variant = variant;
+    run_general_decode(q, Backend::kCuda, DType::kFP32, DType::kFP32, form);
+    const Status f = check_device_faults(nullptr);
+    EXPECT_EQ(f.code, StatusCode::kInvalidArgument) << sm90::decode_variant_name(variant);
+    EXPECT_NE(f.message.find("g (decode, gate_form kLogDecay)"), std::string::npos) << f.message;
+  }
 }
 
 #endif  // FLASHKDA_WITH_CUDA

@@ -29,8 +29,8 @@ struct DecodeParams {
   const float* dt_bias;  // [HV, K]
   uint16_t* out;         // [T, HV, V]
   // The general inputs (DecodeArgs' gate_form, g_dtype, beta_is_probability,
-  // beta_dtype), read only by the latency kernel's kGeneral builds, which every
-  // decode with them runs: g_f32 / beta_f32 replace g / beta where those are fp32.
+  // beta_dtype), read only by the kernels' kGeneral builds, which every decode with
+  // them runs: g_f32 / beta_f32 replace g / beta where those are fp32.
   const float* g_f32;
   const float* beta_f32;
   int32_t gate_log_decay;
@@ -244,16 +244,25 @@ __device__ __forceinline__ void decay_and_update4(float* sg, float coef, const f
   sg[2] = fmaf(coef, k.z, sg[2] * d.z); sg[3] = fmaf(coef, k.w, sg[3] * d.w);
 }
 
-// One token's inputs for thread tid (column tid of q, k, g; row `row` of v).
+// One token's inputs for thread tid (column tid of q, k, g; row `row` of v), from
+// dense tensors. kGeneral: g and beta from the general inputs' fp32 tensors where
+// they are fp32 (DecodeParams::g_f32, beta_f32; dense too).
 struct TokenInputs {
   float q, k, g, beta, v;
 };
+template <bool kGeneral = false>
 __device__ __forceinline__ TokenInputs load_token_inputs(const DecodeParams& p, int64_t t, int h, int hv, int tid,
                                                          int row) {
   const int64_t qk_off = (t * p.num_heads + h) * kDecodeDim + tid;
   const int64_t vh = t * p.num_v_heads + hv;
-  return {bf16_at(p.q, qk_off), bf16_at(p.k, qk_off), bf16_at(p.g, vh * kDecodeDim + tid), bf16_at(p.beta, vh),
-          bf16_at(p.v, vh * kDecodeDim + row)};
+  if constexpr (kGeneral) {
+    const int64_t g_off = vh * kDecodeDim + tid;
+    return {bf16_at(p.q, qk_off), bf16_at(p.k, qk_off), p.g_f32 != nullptr ? p.g_f32[g_off] : bf16_at(p.g, g_off),
+            p.beta_f32 != nullptr ? p.beta_f32[vh] : bf16_at(p.beta, vh), bf16_at(p.v, vh * kDecodeDim + row)};
+  } else {
+    return {bf16_at(p.q, qk_off), bf16_at(p.k, qk_off), bf16_at(p.g, vh * kDecodeDim + tid), bf16_at(p.beta, vh),
+            bf16_at(p.v, vh * kDecodeDim + row)};
+  }
 }
 
 }  // namespace flashkda::sm90

@@ -183,13 +183,25 @@ struct FusedVectors {
 
 // The token's per-column vectors into `sh` (thread tid: column tid), k̂·q̂·scale
 // into sh.kq, and the token's beta gate, returned. Ends with a block barrier:
-// `sh` is then readable by every thread.
+// `sh` is then readable by every thread. kGeneral: g may be the log decay itself
+// (DecodeParams::gate_log_decay; one above 0 is read as 0 and recorded against
+// token t, as the latency kernel does) and beta b itself (beta_probability).
+template <bool kGeneral = false>
 __device__ __forceinline__ float fused_token_vectors(const DecodeParams& p, FusedVectors& sh, const TokenInputs& in,
-                                                     float exp_a, float dt_bias) {
+                                                     float exp_a, float dt_bias, int64_t t) {
   const int tid = threadIdx.x;
-  const float x = exp_a * (in.g + dt_bias);
-  const float dec = expf(p.lower_bound / (1.f + expf(-x)));  // exp(lower_bound·sigmoid(x))
-  const float b = 1.f / (1.f + expf(-in.beta));
+  float dec, b;
+  if (kGeneral && p.gate_log_decay != 0) {
+    if (in.g > 0.f) record_fault(kFaultDecodeGate, t);
+    dec = expf(in.g > 0.f ? 0.f : in.g);  // a NaN stays NaN
+  } else {
+    const float x = exp_a * (in.g + dt_bias);
+    dec = expf(p.lower_bound / (1.f + expf(-x)));  // exp(lower_bound·sigmoid(x))
+  }
+  if (kGeneral && p.beta_probability != 0)
+    b = in.beta;
+  else
+    b = 1.f / (1.f + expf(-in.beta));
   const float3 ss = block_sum3(in.q * in.q, in.k * in.k, in.q * in.k, sh.scratch);
   const float qn = sqrtf(ss.x + 1e-6f), kn = sqrtf(ss.y + 1e-6f);
   const float kh_d = in.k / kn, qh_d = in.q / qn * p.scale;
@@ -289,7 +301,7 @@ struct PackedBf16StateRegs {
 // `next` holds token t0's inputs (its v: row0's); each token requests the
 // following one's before its own math. The caller needs a barrier before `sh`
 // is written again after this returns.
-template <bool kFp32, class P, class Regs>
+template <bool kFp32, class P, bool kGeneral, class Regs>
 __device__ __forceinline__ void fused_tokens(const DecodeParams& p, FusedVectors& sh, Regs& s, TokenInputs next,
                                              int64_t t0, int64_t t1, int h, int hv, int row0, int lane, float exp_a,
                                              float dt_bias, uint64_t policy) {
@@ -298,13 +310,13 @@ __device__ __forceinline__ void fused_tokens(const DecodeParams& p, FusedVectors
   const int tid = threadIdx.x;
   for (int64_t t = t0; t < t1; ++t) {
     const TokenInputs in = next;
-    if (t + 1 < t1) next = load_token_inputs(p, t + 1, h, hv, tid, row0);
+    if (t + 1 < t1) next = load_token_inputs<kGeneral>(p, t + 1, h, hv, tid, row0);
     const int64_t vh = t * p.num_v_heads + hv;
     float v[R];
     v[0] = in.v;
 #pragma unroll
     for (int i = 1; i < R; ++i) v[i] = bf16_at(p.v, vh * kDecodeDim + row0 + i * L::kRowStep);
-    const float b = fused_token_vectors(p, sh, in, exp_a, dt_bias);
+    const float b = fused_token_vectors<kGeneral>(p, sh, in, exp_a, dt_bias, t);
 
     // (S·diag(decay)) k̂ and (S·diag(decay)) q̂ in two chains each, then one lane reduction.
     float sk[R], sq[R];
@@ -358,7 +370,10 @@ __device__ __forceinline__ void fused_tokens(const DecodeParams& p, FusedVectors
 }
 
 // kPacked (bf16 pools only): the state in PackedBf16StateRegs, else FloatStateRegs.
-template <bool kFp32, class P, bool kPacked = false>
+// kGeneral: the general inputs (DecodeParams::gate_log_decay, beta_probability,
+// g_f32, beta_f32) read at run time, dense as every input of this kernel; twins of
+// their own, so that the default inputs' builds keep their code.
+template <bool kFp32, class P, bool kPacked = false, bool kGeneral = false>
 __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P::kMinBlocksBf16)
     kda_decode_fused_kernel(const __grid_constant__ DecodeParams p) {
   static_assert(!(kPacked && kFp32), "packed state registers hold bf16 pools");
@@ -378,10 +393,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   // The gate's weights too: requested after the state, the token's vectors wait
   // for them after the state arrives (N = 64 bf16: 44.4 against 42.0 µs). rows2
   // spills one register here (ptxas: 4 bytes), to L1.
-  const float exp_a = expf(p.A_log[tile.hv]);
-  const float dt_bias = p.dt_bias[static_cast<int64_t>(tile.hv) * kDecodeDim + tid];  // thread tid: column tid
+  // The general inputs' log decay reads neither A_log nor dt_bias, which may then be null.
+  const bool log_decay = kGeneral && p.gate_log_decay != 0;
+  const float exp_a = log_decay ? 0.f : expf(p.A_log[tile.hv]);
+  // thread tid: column tid
+  const float dt_bias = log_decay ? 0.f : p.dt_bias[static_cast<int64_t>(tile.hv) * kDecodeDim + tid];
   TokenInputs first{};
-  if (seq.t0 < seq.t1) first = load_token_inputs(p, seq.t0, tile.h, tile.hv, tid, row);
+  if (seq.t0 < seq.t1) first = load_token_inputs<kGeneral>(p, seq.t0, tile.h, tile.hv, tid, row);
   if (seq.slot < 0 || seq.slot >= p.pool_size) {  // padding entry or index past the pool: no access
     report_decode_faults(p, tile, seq.faults);
     return;
@@ -390,7 +408,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   const int64_t head_off = (static_cast<int64_t>(tile.hv) * kDecodeDim + row) * kDecodeDim;
   Regs s;
   s.load(p.pool, seq.slot * p.pool_stride + head_off, lane, policy);
-  fused_tokens<kFp32, P>(p, sh, s, first, seq.t0, seq.t1, tile.h, tile.hv, row, lane, exp_a, dt_bias, policy);
+  fused_tokens<kFp32, P, kGeneral>(p, sh, s, first, seq.t0, seq.t1, tile.h, tile.hv, row, lane, exp_a, dt_bias, policy);
   s.store(p.out_pool, seq.slot * p.out_stride + head_off, lane, policy);
   report_decode_faults(p, tile, seq.faults);
 }
