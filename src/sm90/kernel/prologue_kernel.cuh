@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kPrologueThreads, kPrologueMinCtasPerSm)
       below = below || G[r].x < -kMaxChunkDecayLog2 || G[r].y < -kMaxChunkDecayLog2;
     wide = __syncthreads_or(below) != 0;
     if (wide)
-      write_decayed_operands_wide(s, m, G);
+      write_decayed_operands_wide(s, m, G, gate, p.lower_bound_log2e, p.gate_log_decay != 0, g32);
     else
       write_decayed_operands(s, m, G);
     __syncthreads();

@@ -204,10 +204,15 @@ struct PrologueSmem : ChunkOperands {
     __half kdec16[kChunk][kLdRow];      // k̂·2^G in fp16 (B of w, by transposing ldmatrix); written by write_decayed_operands
   };
   union alignas(16) {
-    float g_part[4][kHeadDim];          // per row group, its column totals of γ; read by finish_gate_prefix
-    __nv_bfloat16 kdec_lo[kChunk][kLdRow];  // written by write_decayed_operands
+    struct {
+      __nv_bfloat16 kdec_lo[kChunk][kLdRow];  // written by write_decayed_operands
+      __nv_bfloat16 kdec_hi[kChunk][kLdRow];  // k̂·2^G   (A of L)
+    };
+    float g_part[4][kHeadDim];  // per row group, its column totals of γ (over kdec_lo); read by finish_gate_prefix
+    // A wide chunk's k̂ in fp32 (wide_decay.cuh), where K_dec's hi + lo are never
+    // formed; written after g_part's last read.
+    float wide_khat[kChunk][kHeadDim];
   };
-  alignas(16) __nv_bfloat16 kdec_hi[kChunk][kLdRow];  // k̂·2^G   (A of L)
   union alignas(16) {
     struct {
       __nv_bfloat16 kinv_hi[kChunk][kLdRow];  // k̂·2^-G  (B of L and Mqk)

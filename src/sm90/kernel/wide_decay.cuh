@@ -16,8 +16,10 @@
 // above 0 is read as 0), so nothing overflows, and what underflows is below
 // 2^-126 of a term that is at most 1. K_dec, Q_dec and 2^G_last are formed as on
 // the common path. Each entry is one warp's sum over the keys in fp32 (more exact
-// than the bf16 hi + lo products it replaces), about as many instructions again
-// as the rest of the chunk: the price of chunks whose decay passes 2^-116.
+// than the bf16 hi + lo products it replaces); a row's entries carry their decay
+// from one to the next by a multiply with the row's step 2^γ, so no entry takes an
+// ex2. A forward with every chunk wide takes ~1.4x the common path's time: the
+// price of chunks whose decay passes 2^-116.
 #pragma once
 #include "sm90/kernel/prologue.cuh"
 #include "sm90/kernel/shared_storage.cuh"
@@ -26,11 +28,19 @@ namespace flashkda::sm90 {
 
 // Where the wide path keeps its fp32 intermediates in the prologue's shared memory:
 // arrays the common path needs and this path does not (PrologueSmem::wide_g over
-// kinv_hi and kinv_lo for G, kdec_hi for the two 16x16 sums). The fp32 g of the
-// general inputs also arrives in G's place: it is read by gate_prefix_general, two
-// barriers before G is written.
+// kinv_hi and kinv_lo for the rows' decay steps, wide_khat over kdec_lo and kdec_hi
+// for k̂ in fp32, qdec_lo for the two 16x16 sums).
+// The fp32 g of the general inputs also arrives there: it is read by
+// gate_prefix_general and write_decayed_operands_wide, the latter a barrier before
+// the steps are written.
 template <class Smem>
 __device__ __forceinline__ float (*wide_g(Smem& s))[kHeadDim] {
+  return s.wide_g;
+}
+// The same array holds each row's decay step 2^γ_i = 2^(G_i − G_{i−1}) once the
+// gate has been read (write_decayed_operands_wide).
+template <class Smem>
+__device__ __forceinline__ float (*wide_steps(Smem& s))[kHeadDim] {
   return s.wide_g;
 }
 struct WideSums {
@@ -39,8 +49,13 @@ struct WideSums {
 };
 template <class Smem>
 __device__ __forceinline__ WideSums& wide_sums(Smem& s) {
-  static_assert(sizeof(WideSums) <= sizeof(Smem::kdec_hi), "the two 16x16 sums fit kdec_hi");
-  return *reinterpret_cast<WideSums*>(&s.kdec_hi[0][0]);
+  static_assert(sizeof(WideSums) <= sizeof(Smem::qdec_lo), "the two 16x16 sums fit qdec_lo");
+  return *reinterpret_cast<WideSums*>(&s.qdec_lo[0][0]);
+}
+// k̂ in fp32, [row][key] (PrologueSmem::wide_khat over g_part, kdec_lo and kdec_hi).
+template <class Smem>
+__device__ __forceinline__ float (*wide_khat(Smem& s))[kHeadDim] {
+  return s.wide_khat;
 }
 // G_last of each key column, published by finish_gate_prefix into row 3 of
 // g_part, which no thread reads (finish_gate_prefix adds the totals of groups 0-2).
@@ -51,13 +66,40 @@ __device__ __forceinline__ float* wide_g_last(Smem& s) {
 }
 
 // write_decayed_operands for a wide chunk: K_dec (fp16, for w), Q_dec's high part
-// (the record) and K_res (the record) as the common path writes them, and G in fp32
-// for the sums; none of the mma operands of L and Mqk.
+// (the record) and K_res (the record) as the common path writes them, and each
+// row's step 2^γ_i = 2^(G_i − G_{i−1}) in fp32 for the sums; none of the mma
+// operands of L and Mqk. The steps come from the gate's input again (g32 or s.g,
+// as gate_prefix_general read them), not as differences of G: where G has reached
+// −1000 a difference keeps only ~2^-13 of γ, and wide_lower_sums multiplies up to
+// fifteen steps. s.g shares its memory with kdec16: the inputs are read before a
+// barrier, the operands written after it (a wide chunk is the CTA's, so every
+// thread takes this path).
 template <class Smem>
 __device__ __forceinline__ void write_decayed_operands_wide(Smem& s, const ElementMap& m,
-                                                            const float2 (&G)[kRowsPerThread]) {
+                                                            const float2 (&G)[kRowsPerThread],
+                                                            const GateConstants& k, float lb_log2e, bool log_decay,
+                                                            const float (*g32)[kHeadDim]) {
+  float2 step[kRowsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const float2 x = g32 != nullptr ? *reinterpret_cast<const float2*>(&g32[m.row(r)][m.d0])
+                                    : bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.g[m.row(r)][m.d0]));
+    float g0, g1;  // γ as gate_prefix_general forms it (a log decay above 0 is 0; held at kMinTokenDecayLog2)
+    if (log_decay) {
+      g0 = x.x > 0.f ? 0.f : kLog2e * x.x;
+      g1 = x.y > 0.f ? 0.f : kLog2e * x.y;
+      g0 = g0 < kMinTokenDecayLog2 ? kMinTokenDecayLog2 : g0;
+      g1 = g1 < kMinTokenDecayLog2 ? kMinTokenDecayLog2 : g1;
+    } else {
+      g0 = lb_log2e * rcp_approx(1.f + ex2_approx(fmaf(x.x, k.c, k.cd.x)));
+      g1 = lb_log2e * rcp_approx(1.f + ex2_approx(fmaf(x.y, k.c, k.cd.y)));
+    }
+    step[r] = make_float2(ex2_approx(g0), ex2_approx(g1));  // <= 1
+  }
   const float2 g_last = *reinterpret_cast<const float2*>(&wide_g_last(s)[m.d0]);
-  float (*const g32)[kHeadDim] = wide_g(s);
+  __syncthreads();  // every read of s.g and g_part before kdec16's and k̂'s writes
+  float (*const steps)[kHeadDim] = wide_steps(s);
+  float (*const khat)[kHeadDim] = wide_khat(s);
   const SwizzledRows rows(m);
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
@@ -72,7 +114,8 @@ __device__ __forceinline__ void write_decayed_operands_wide(Smem& s, const Eleme
     split_bf16x2(k0 * ex2_approx(g_last.x - G[r].x), k1 * ex2_approx(g_last.y - G[r].y), hi, lo);
     *reinterpret_cast<uint32_t*>(&s.kres_hi[sw]) = hi;
     *reinterpret_cast<uint32_t*>(&s.kres_lo[sw]) = lo;
-    *reinterpret_cast<float2*>(&g32[i][m.d0]) = G[r];
+    *reinterpret_cast<float2*>(&steps[i][m.d0]) = step[r];  // the thread's own g32 elements: read above
+    *reinterpret_cast<float2*>(&khat[i][m.d0]) = make_float2(k0, k1);
   }
 }
 
@@ -80,54 +123,83 @@ __device__ __forceinline__ void write_decayed_operands_wide(Smem& s, const Eleme
 // w and 15 − w, so every warp sums 17 entries (i, j <= i) of both matrices; lane l
 // takes keys 4l..4l+3. The upper triangles are not written: build_inverse and
 // build_mqk select below the diagonal.
+//
+// Row i's entries run from j = i down to 0, each key's decay 2^(G_i − G_j) carried
+// from the entry before by one multiply with row j + 1's step (a product of
+// factors <= 1: what underflows stays below 2^-126 of a term that is at most 1),
+// instead of an ex2 of a difference an entry. Entries go four at a time, their
+// eight partial sums (L and Mqk of each) reduced over the warp by one
+// reduce-scatter: at each of three levels a lane keeps half of its values and
+// trades the other half with its partner, then the last value is summed over the
+// lane's quad; lane 4v + t (t < 4) ends with value v. Nine shuffles for eight sums,
+// where one butterfly a sum took forty.
 template <int kDim, class Smem>
 __device__ __forceinline__ void wide_lower_sums(Smem& s, int warp, int lane) {
   static_assert(kChunk == 2 * kPrologueWarps && kHeadDim == 4 * 32, "two rows a warp, four keys a lane");
-  const float (*const g32)[kHeadDim] = wide_g(s);
+  constexpr int kBatch = 4;  // entries a reduce-scatter: 2·kBatch = 8 values over 3 levels of 32 lanes
+  const float (*const steps)[kHeadDim] = wide_steps(s);
+  const float (*const khat)[kHeadDim] = wide_khat(s);
   WideSums& out = wide_sums(s);
   const int d = 4 * lane;
   const bool keys = d < kDim;  // K = 64: lanes 16-31 hold the zero padding columns
-#pragma unroll
+  const bool hi16 = (lane & 16) != 0, hi8 = (lane & 8) != 0, hi4 = (lane & 4) != 0;
+  const int held = (lane >> 2) & 7;  // the value this lane holds after the reduce-scatter
+#pragma unroll 1
   for (int h = 0; h < 2; ++h) {
     const int i = h == 0 ? warp : kChunk - 1 - warp;
-    // k̂ and scale·q̂, normalised before any product: a row of raw elements near
-    // 1e19 (huge_rows.cuh) would overflow fp32 in k_i·k_j.
-    float ki[4] = {}, qi[4] = {}, gi[4] = {};
+    // k̂ (wide_khat) and scale·q̂, normalised before any product: a row of raw
+    // elements near 1e19 (huge_rows.cuh) would overflow fp32 in k_i·k_j.
+    float ki[4] = {}, qi[4] = {};
     if (keys) {
-      const float rk_i = s.rnorm_k[i], rq_i = s.rnorm_q_scaled[i];
-      const uint2 kw = *reinterpret_cast<const uint2*>(&s.k[i][d]);
+      const float rq_i = s.rnorm_q_scaled[i];
+      const float4 kv = *reinterpret_cast<const float4*>(&khat[i][d]);
       const uint2 qw = *reinterpret_cast<const uint2*>(&s.q[i][d]);
-      const float4 gv = *reinterpret_cast<const float4*>(&g32[i][d]);
-      const float2 k01 = bf16x2_bits_to_float2(kw.x), k23 = bf16x2_bits_to_float2(kw.y);
       const float2 q01 = bf16x2_bits_to_float2(qw.x), q23 = bf16x2_bits_to_float2(qw.y);
-      ki[0] = k01.x * rk_i, ki[1] = k01.y * rk_i, ki[2] = k23.x * rk_i, ki[3] = k23.y * rk_i;
+      ki[0] = kv.x, ki[1] = kv.y, ki[2] = kv.z, ki[3] = kv.w;
       qi[0] = q01.x * rq_i, qi[1] = q01.y * rq_i, qi[2] = q23.x * rq_i, qi[3] = q23.y * rq_i;
-      gi[0] = gv.x, gi[1] = gv.y, gi[2] = gv.z, gi[3] = gv.w;
     }
-    for (int j = 0; j <= i; ++j) {
-      float lk = 0.f, lq = 0.f;
-      if (keys) {
-        const float rk_j = s.rnorm_k[j];
-        const uint2 kw = *reinterpret_cast<const uint2*>(&s.k[j][d]);
-        const float4 gv = *reinterpret_cast<const float4*>(&g32[j][d]);
-        const float2 k01 = bf16x2_bits_to_float2(kw.x), k23 = bf16x2_bits_to_float2(kw.y);
-        const float kj[4] = {k01.x * rk_j, k01.y * rk_j, k23.x * rk_j, k23.y * rk_j};
-        const float gj[4] = {gv.x, gv.y, gv.z, gv.w};
+    float decay[4] = {1.f, 1.f, 1.f, 1.f};  // 2^(G_i − G_j) on the lane's keys, from j = i
+#pragma unroll 1
+    for (int j0 = i; j0 >= 0; j0 -= kBatch) {
+      float v[2 * kBatch];  // v[2u], v[2u + 1]: L's and Mqk's partial sums of entry j0 − u
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float dk = kj[e] * ex2_approx(gi[e] - gj[e]);  // G_i − G_j <= 0
-          lk = fmaf(ki[e], dk, lk);
-          lq = fmaf(qi[e], dk, lq);
+      for (int u = 0; u < kBatch; ++u) {
+        const int j = j0 - u;
+        float lk = 0.f, lq = 0.f;
+        if (j >= 0 && keys) {
+          const float4 kv = *reinterpret_cast<const float4*>(&khat[j][d]);
+          const float kj[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float dk = kj[e] * decay[e];
+            lk = fmaf(ki[e], dk, lk);
+            lq = fmaf(qi[e], dk, lq);
+          }
+          if (j > 0) {  // on to j − 1: times 2^(G_j − G_{j−1})
+            const float4 st = *reinterpret_cast<const float4*>(&steps[j][d]);
+            decay[0] *= st.x, decay[1] *= st.y, decay[2] *= st.z, decay[3] *= st.w;
+          }
         }
+        v[2 * u] = lk;
+        v[2 * u + 1] = lq;
       }
+      // Reduce-scatter: keep values 4·hi16 + .., then 2·hi8 + .., then hi4.
+      float w4[4], w2[2];
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        lk += __shfl_xor_sync(0xffffffffu, lk, off);
-        lq += __shfl_xor_sync(0xffffffffu, lq, off);
-      }
-      if (lane == 0) {
-        out.l[i][j] = i > j ? lk : 0.f;
-        out.mqk[i][j] = lq;
+      for (int e = 0; e < 4; ++e)
+        w4[e] = (hi16 ? v[e + 4] : v[e]) + __shfl_xor_sync(0xffffffffu, hi16 ? v[e] : v[e + 4], 16);
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        w2[e] = (hi8 ? w4[e + 2] : w4[e]) + __shfl_xor_sync(0xffffffffu, hi8 ? w4[e] : w4[e + 2], 8);
+      float x = (hi4 ? w2[1] : w2[0]) + __shfl_xor_sync(0xffffffffu, hi4 ? w2[0] : w2[1], 4);
+      x += __shfl_xor_sync(0xffffffffu, x, 2);
+      x += __shfl_xor_sync(0xffffffffu, x, 1);
+      const int j = j0 - (held >> 1);
+      if ((lane & 3) == 0 && j >= 0) {
+        if (held & 1)
+          out.mqk[i][j] = x;
+        else
+          out.l[i][j] = i > j ? x : 0.f;
       }
     }
   }
