@@ -70,8 +70,9 @@ __device__ __forceinline__ float* wide_g_last(Smem& s) {
 // row's step 2^γ_i = 2^(G_i − G_{i−1}) in fp32 for the sums; none of the mma
 // operands of L and Mqk. The steps come from the gate's input again (g32 or s.g,
 // as gate_prefix_general read them), not as differences of G: where G has reached
-// −1000 a difference keeps only ~2^-13 of γ, and wide_lower_sums multiplies up to
-// fifteen steps. s.g shares its memory with kdec16: the inputs are read before a
+// −1000 a difference is off by up to 2^-13 absolute (G's own rounding), a large
+// error on a small γ, where a step from γ itself is off by 2^-24 of γ, and the
+// fifteen steps wide_lower_sums multiplies add no more than fifteen of those. s.g shares its memory with kdec16: the inputs are read before a
 // barrier, the operands written after it (a wide chunk is the CTA's, so every
 // thread takes this path).
 template <class Smem>
