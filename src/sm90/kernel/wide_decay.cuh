@@ -16,9 +16,8 @@
 // above 0 is read as 0), so nothing overflows, and what underflows is below
 // 2^-126 of a term that is at most 1. K_dec, Q_dec and 2^G_last are formed as on
 // the common path. Each entry is one warp's sum over the keys in fp32 (more exact
-// than the bf16 hi + lo products it replaces); a row's entries carry their decay
-// from one to the next by a multiply with the row's step 2^γ, so no entry takes an
-// ex2. A forward with every chunk wide takes ~1.4x the common path's time: the
+// than the bf16 hi + lo products it replaces); each entry's decay is the entry
+// before's times one row's step 2^γ, so no entry takes an ex2. A forward with every chunk wide takes ~1.4x the common path's time: the
 // price of chunks whose decay passes 2^-116.
 #pragma once
 #include "sm90/kernel/prologue.cuh"
@@ -72,9 +71,10 @@ __device__ __forceinline__ float* wide_g_last(Smem& s) {
 // as gate_prefix_general read them), not as differences of G: where G has reached
 // −1000 a difference is off by up to 2^-13 absolute (G's own rounding), a large
 // error on a small γ, where a step from γ itself is off by 2^-24 of γ, and the
-// fifteen steps wide_lower_sums multiplies add no more than fifteen of those. s.g shares its memory with kdec16: the inputs are read before a
-// barrier, the operands written after it (a wide chunk is the CTA's, so every
-// thread takes this path).
+// fifteen steps wide_lower_sums multiplies add no more than fifteen of those.
+// s.g shares its memory with kdec16 and g32 with the steps: the inputs are read
+// before a barrier, the outputs written after it (a wide chunk is the CTA's, so
+// every thread takes this path).
 template <class Smem>
 __device__ __forceinline__ void write_decayed_operands_wide(Smem& s, const ElementMap& m,
                                                             const float2 (&G)[kRowsPerThread],
@@ -115,7 +115,7 @@ __device__ __forceinline__ void write_decayed_operands_wide(Smem& s, const Eleme
     split_bf16x2(k0 * ex2_approx(g_last.x - G[r].x), k1 * ex2_approx(g_last.y - G[r].y), hi, lo);
     *reinterpret_cast<uint32_t*>(&s.kres_hi[sw]) = hi;
     *reinterpret_cast<uint32_t*>(&s.kres_lo[sw]) = lo;
-    *reinterpret_cast<float2*>(&steps[i][m.d0]) = step[r];  // the thread's own g32 elements: read above
+    *reinterpret_cast<float2*>(&steps[i][m.d0]) = step[r];
     *reinterpret_cast<float2*>(&khat[i][m.d0]) = make_float2(k0, k1);
   }
 }
@@ -125,8 +125,8 @@ __device__ __forceinline__ void write_decayed_operands_wide(Smem& s, const Eleme
 // takes keys 4l..4l+3. The upper triangles are not written: build_inverse and
 // build_mqk select below the diagonal.
 //
-// Row i's entries run from j = i down to 0, each key's decay 2^(G_i − G_j) carried
-// from the entry before by one multiply with row j + 1's step (a product of
+// Row i's entries run from j = i down to 0, each key's decay 2^(G_i − G_j) the
+// entry before's times row j + 1's step (a product of
 // factors <= 1: what underflows stays below 2^-126 of a term that is at most 1),
 // instead of an ex2 of a difference an entry. Entries go four at a time, their
 // eight partial sums (L and Mqk of each) reduced over the warp by one
