@@ -104,6 +104,11 @@ __device__ __forceinline__ GateConstants gate_constants(float exp_a, float2 dt_b
   const float c = -1.4426950408889634f * exp_a;
   return {c, make_float2(c * dt_bias.x, c * dt_bias.y)};
 }
+// sigmoid(a·(g + d)) of one element from g, c and c·d: γ is lower_bound·log2(e)
+// times it, added to the prefix by one FMA.
+__device__ __forceinline__ float gate_sigmoid(float g, float c, float cd) {
+  return rcp_approx(1.f + ex2_approx(fmaf(g, c, cd)));
+}
 template <class Smem>
 __device__ __forceinline__ void gate_prefix(Smem& s, const ElementMap& m, const GateConstants& k, float lb_log2e,
                                             float2 (&G)[kRowsPerThread]) {
@@ -111,8 +116,8 @@ __device__ __forceinline__ void gate_prefix(Smem& s, const ElementMap& m, const 
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const float2 x = bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.g[m.row(r)][m.d0]));
-    acc.x = fmaf(lb_log2e, rcp_approx(1.f + ex2_approx(fmaf(x.x, k.c, k.cd.x))), acc.x);
-    acc.y = fmaf(lb_log2e, rcp_approx(1.f + ex2_approx(fmaf(x.y, k.c, k.cd.y))), acc.y);
+    acc.x = fmaf(lb_log2e, gate_sigmoid(x.x, k.c, k.cd.x), acc.x);
+    acc.y = fmaf(lb_log2e, gate_sigmoid(x.y, k.c, k.cd.y), acc.y);
     G[r] = acc;
   }
   *reinterpret_cast<float2*>(&s.g_part[m.group][m.d0]) = acc;
@@ -129,26 +134,52 @@ __device__ __forceinline__ void gate_prefix(Smem& s, const ElementMap& m, const 
 // the wide path's G_i − G_j NaN) and small enough (at least −1024 over a chunk) that
 // those differences lose at most 2^-13 of a unit to cancellation.
 constexpr float kMinTokenDecayLog2 = -64.f;
+
+// The general inputs' gate input of the thread's row r, two columns.
+template <class Smem>
+__device__ __forceinline__ float2 general_gate_input(const Smem& s, const ElementMap& m, int r,
+                                                     const float (*g32)[kHeadDim]) {
+  return g32 != nullptr ? *reinterpret_cast<const float2*>(&g32[m.row(r)][m.d0])
+                        : bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.g[m.row(r)][m.d0]));
+}
+
+// γ of a log decay a: a·log2(e), 0 above 0, held at kMinTokenDecayLog2. Selects,
+// not fminf / fmaxf, so that a NaN stays NaN.
+__device__ __forceinline__ float log_decay_gamma(float a) {
+  const float g = a > 0.f ? 0.f : kLog2e * a;
+  return g < kMinTokenDecayLog2 ? kMinTokenDecayLog2 : g;
+}
+
+// γ of the general inputs as a product scale·factor, either form: the prefix adds
+// it by one FMA, in the raw gate's form gate_prefix's own (so an fp32 raw gate
+// gives the default kernels' bits), and a log decay's by fmaf(1, γ, ·), its sum.
+struct GeneralGamma {
+  float scale;  // lower_bound·log2(e) for the raw gate, 1 for a log decay
+  bool log_decay;
+  __device__ GeneralGamma(float lb_log2e, bool log_decay_form)
+      : scale(log_decay_form ? 1.f : lb_log2e), log_decay(log_decay_form) {}
+  __device__ float factor(float g, const GateConstants& k, float cd) const {
+    return log_decay ? log_decay_gamma(g) : gate_sigmoid(g, k.c, cd);
+  }
+  __device__ float2 factors(float2 g, const GateConstants& k) const {
+    return make_float2(factor(g.x, k, k.cd.x), factor(g.y, k, k.cd.y));
+  }
+};
+
 template <class Smem>
 __device__ __forceinline__ bool gate_prefix_general(Smem& s, const ElementMap& m, const GateConstants& k,
                                                     float lb_log2e, bool log_decay, const float (*g32)[kHeadDim],
                                                     float2 (&G)[kRowsPerThread]) {
+  const GeneralGamma gamma(lb_log2e, log_decay);
   float2 acc = make_float2(0.f, 0.f);
   bool above_zero = false;
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
-    const float2 x = g32 != nullptr ? *reinterpret_cast<const float2*>(&g32[m.row(r)][m.d0])
-                                    : bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.g[m.row(r)][m.d0]));
-    if (log_decay) {
-      above_zero = above_zero || x.x > 0.f || x.y > 0.f;
-      // Selects, not fminf / fmaxf, so that a NaN stays NaN.
-      const float g0 = x.x > 0.f ? 0.f : kLog2e * x.x, g1 = x.y > 0.f ? 0.f : kLog2e * x.y;
-      acc.x += g0 < kMinTokenDecayLog2 ? kMinTokenDecayLog2 : g0;
-      acc.y += g1 < kMinTokenDecayLog2 ? kMinTokenDecayLog2 : g1;
-    } else {
-      acc.x = fmaf(lb_log2e, rcp_approx(1.f + ex2_approx(fmaf(x.x, k.c, k.cd.x))), acc.x);
-      acc.y = fmaf(lb_log2e, rcp_approx(1.f + ex2_approx(fmaf(x.y, k.c, k.cd.y))), acc.y);
-    }
+    const float2 x = general_gate_input(s, m, r, g32);
+    above_zero = above_zero || (log_decay && (x.x > 0.f || x.y > 0.f));
+    const float2 f = gamma.factors(x, k);
+    acc.x = fmaf(gamma.scale, f.x, acc.x);
+    acc.y = fmaf(gamma.scale, f.y, acc.y);
     G[r] = acc;
   }
   *reinterpret_cast<float2*>(&s.g_part[m.group][m.d0]) = acc;

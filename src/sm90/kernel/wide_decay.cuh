@@ -80,22 +80,13 @@ __device__ __forceinline__ void write_decayed_operands_wide(Smem& s, const Eleme
                                                             const float2 (&G)[kRowsPerThread],
                                                             const GateConstants& k, float lb_log2e, bool log_decay,
                                                             const float (*g32)[kHeadDim]) {
+  const GeneralGamma gamma(lb_log2e, log_decay);
   float2 step[kRowsPerThread];
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
-    const float2 x = g32 != nullptr ? *reinterpret_cast<const float2*>(&g32[m.row(r)][m.d0])
-                                    : bf16x2_bits_to_float2(*reinterpret_cast<const uint32_t*>(&s.g[m.row(r)][m.d0]));
-    float g0, g1;  // γ as gate_prefix_general forms it (a log decay above 0 is 0; held at kMinTokenDecayLog2)
-    if (log_decay) {
-      g0 = x.x > 0.f ? 0.f : kLog2e * x.x;
-      g1 = x.y > 0.f ? 0.f : kLog2e * x.y;
-      g0 = g0 < kMinTokenDecayLog2 ? kMinTokenDecayLog2 : g0;
-      g1 = g1 < kMinTokenDecayLog2 ? kMinTokenDecayLog2 : g1;
-    } else {
-      g0 = lb_log2e * rcp_approx(1.f + ex2_approx(fmaf(x.x, k.c, k.cd.x)));
-      g1 = lb_log2e * rcp_approx(1.f + ex2_approx(fmaf(x.y, k.c, k.cd.y)));
-    }
-    step[r] = make_float2(ex2_approx(g0), ex2_approx(g1));  // <= 1
+    // γ as gate_prefix_general forms it, from the same input
+    const float2 f = gamma.factors(general_gate_input(s, m, r, g32), k);
+    step[r] = make_float2(ex2_approx(gamma.scale * f.x), ex2_approx(gamma.scale * f.y));  // <= 1
   }
   const float2 g_last = *reinterpret_cast<const float2*>(&wide_g_last(s)[m.d0]);
   __syncthreads();  // every read of s.g and g_part before kdec16's and k̂'s writes
