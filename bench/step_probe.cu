@@ -1,12 +1,12 @@
-// flashkda-step-probe: the chain of chunk steps alone, in ns a step (issue 12,
-// "the chunk step's latency"). A 4-warp CTA runs the recurrence kernel's own step
+// flashkda-step-probe: the chain of chunk steps alone, in ns a step: the latency
+// that bounds the few-heads rows. A 4-warp CTA runs the recurrence kernel's own step
 // (recurrence_step, src/sm90/kernel/recurrence.cuh) on records already in shared
 // memory: no loads, no stores, one CTA barrier a step, as in the kernel's chunk
 // loop. So the time is the step's dependent chain (its conversions, the two
 // products' issue and drain, U's split, the decay, the out tile's staging) and
 // nothing the kernel adds around it (the records' and v's loads, the stage's
-// wait, the out tile's global stores); the kernel's own ns a chunk, from
-// flashkda-bench, minus this is what those cost.
+// wait, the out tile's global stores); the recurrence kernel's own time a chunk
+// (ncu) minus this is what those cost.
 //
 //   flashkda-step-probe [--steps 4096] [--iters 20]
 //
