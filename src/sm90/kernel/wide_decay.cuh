@@ -17,8 +17,9 @@
 // 2^-126 of a term that is at most 1. K_dec, Q_dec and 2^G_last are formed as on
 // the common path. Each entry is one warp's sum over the keys in fp32 (more exact
 // than the bf16 hi + lo products it replaces); each entry's decay is the entry
-// before's times one row's step 2^γ, so no entry takes an ex2. A forward with every chunk wide takes ~1.4x the common path's time: the
-// price of chunks whose decay passes 2^-116.
+// before's times one row's step 2^γ, so no entry takes an ex2. A forward with
+// every chunk wide takes ~1.4x the common path's time: the price of chunks whose
+// decay passes 2^-116.
 #pragma once
 #include "sm90/kernel/prologue.cuh"
 #include "sm90/kernel/shared_storage.cuh"
