@@ -209,9 +209,9 @@ struct ForwardArgs {
 
   // Checkpoints into pool slots (vLLM's "align" prefix caching; needs state_pool):
   // for sequence n, up to two token offsets slot_checkpoint_offsets[2n + i]
-  // (multiples of 16 in [16, L_n]; negative: none) whose states go to pool slots
-  // slot_checkpoint_slots[2n + i] (state_index_type; negative: none, whatever the
-  // offset), in the
+  // (multiples of 16 in [16, L_n]; negative: none, whatever the slot) whose states
+  // go to pool slots slot_checkpoint_slots[2n + i] (state_index_type; negative:
+  // none, whatever the offset), in the
   // pool's dtype and layout. Host memory for the CPU backends, device memory for
   // kCuda (which skips an out-of-range offset or slot and records it for
   // check_device_faults).
@@ -237,7 +237,9 @@ struct ForwardArgs {
   //    workspace must be passed
   //    untouched from the first to the second (otherwise the results are
   //    unspecified, though no access leaves the given tensors); it
-  //    serves one resume. The CPU backends need no workspace and run the whole
+  //    serves one resume. cu_seqlens values out of order or range are recorded
+  //    for check_device_faults by the summaries call, which checks them; the
+  //    resume call, which must get the same values, does not check them again. The CPU backends need no workspace and run the whole
   //    forward. Not with state_pool or checkpoints (either call).
   float* summaries_M = nullptr;
   float* summaries_B = nullptr;

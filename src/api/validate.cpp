@@ -365,18 +365,20 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
     if (!s.ok()) return s;
   }
   if (slot_checkpoints && !cuda) {
-    const Status s = check_slot_indices("slot_checkpoint_slots", a.slot_checkpoint_slots, a.state_index_type,
-                                        N * kSlotCheckpointsPerSequence, a.pool_size, "none");
-    if (!s.ok()) return s;
     const std::vector<SequenceSpan> spans = sequence_spans(a, a.cu_seqlens);
     for (int64_t n = 0; n < N; ++n)
       for (int64_t i = 0; i < kSlotCheckpointsPerSequence; ++i) {
-        const int64_t off = a.slot_checkpoint_offsets[n * kSlotCheckpointsPerSequence + i];
+        const int64_t e = n * kSlotCheckpointsPerSequence + i;
+        const int64_t off = a.slot_checkpoint_offsets[e];
         const int64_t L = spans[static_cast<size_t>(n)].length;
-        // A negative slot is "none" whatever the offset, as the backends run it
-        // (kCuda records no fault for it either).
-        const int64_t slot = index_at(a.slot_checkpoint_slots, a.state_index_type, n * kSlotCheckpointsPerSequence + i);
-        if (off >= 0 && slot >= 0 && (off < 16 || off % 16 != 0 || off > L))
+        // An entry with a negative offset or a negative slot is "none" whatever the
+        // other holds, as the backends run it (kCuda records no fault for it either).
+        const int64_t slot = index_at(a.slot_checkpoint_slots, a.state_index_type, e);
+        if (off < 0 || slot < 0) continue;
+        if (slot >= a.pool_size)
+          return Status::Invalid(cat("slot_checkpoint_slots: entry [", n, ", ", i, "] is ", slot,
+                                     ", expected < pool_size=", a.pool_size, " (or negative for none)"));
+        if (off < 16 || off % 16 != 0 || off > L)
           return Status::Invalid(cat("slot_checkpoint_offsets: entry [", n, ", ", i, "] is ", off,
                                      ", expected a multiple of 16 in [16, ", L, "] (the sequence's length) or negative"));
       }

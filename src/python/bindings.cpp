@@ -1046,7 +1046,7 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
 
   // Devices (ValueError): everything where q is, except the host copy of cu_seqlens.
   for (const Arg* a : {&c.k, &c.v, &c.g, &c.beta, &c.A_log, &c.dt_bias, &c.out, &c.pool, &c.idx, &c.cu,
-                       &c.pool_out, &c.per_tok})
+                       &c.pool_out, &c.per_tok, &c.acc})
     expect_device(*a, c.q);
   if (c.cu_host.present && c.cu_host.dev.type != kDLCPU)
     raise_value(cat("cu_seqlens_host: expected a CPU tensor, got ", c.cu_host.dev.str()));

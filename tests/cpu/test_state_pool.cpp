@@ -359,7 +359,14 @@ TEST(StatePoolValidation, BadArgumentsAreNamed) {
   EXPECT_TRUE(validate(a, Backend::kCpuReference).ok());
   offsets[1] = -1;
   ck_slots[4] = 4;
-  expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "slot_checkpoint_slots: entry 4 is 4");
+  expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument,
+         "slot_checkpoint_slots: entry [2, 0] is 4, expected < pool_size=4");
+  // A negative offset is "none" whatever its slot (kCuda neither reads that slot
+  // nor records a fault for it): entry [2, 0] keeps slot 4 with no offset.
+  offsets[4] = -1;
+  EXPECT_TRUE(validate(a, Backend::kCpuChunked).ok());
+  EXPECT_TRUE(validate(a, Backend::kCpuReference).ok());
+  offsets[4] = 32;
   ck_slots[4] = 2;
   a.slot_checkpoint_slots = nullptr;
   expect(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, "slot_checkpoint_slots: null pointer");

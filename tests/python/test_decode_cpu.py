@@ -534,14 +534,18 @@ def test_cu_seqlens_values_are_validated(small):
         call_with(small, cu_seqlens=None, cu_seqlens_host=torch.tensor([0, 1, 2]))
 
 
-@pytest.mark.parametrize("name", ["k", "out", "state_pool", "state_indices", "per_token_states"])
+@pytest.mark.parametrize("name", ["k", "out", "state_pool", "state_indices", "per_token_states",
+                                  "num_accepted_tokens"])
 def test_mixed_devices_is_value_error(small, name):
     shape, dtype = {"out": (small["v"].shape, "bfloat16"), "state_pool": (small["pool"].shape, "float32"),
                     "state_indices": ((2,), "int64"), "per_token_states": ((2, 2, 32, 32), "float32"),
-                    "k": (small["k"].shape, "bfloat16")}[name]
+                    "k": (small["k"].shape, "bfloat16"), "num_accepted_tokens": ((2,), "int32")}[name]
+    # The counts of a verify call are read by the kernel: on another device than q
+    # they would be dereferenced where they do not live.
+    extra = dict(state_indices=small["indices"][:, None].contiguous()) if name == "num_accepted_tokens" else {}
     fake = FakeDeviceTensor(shape, dtype, DL_CUDA, 0)
     with pytest.raises(ValueError, match=rf"^{name}: expected a tensor on the same device as q \(cpu\), got cuda:0"):
-        call_with(small, **{name: fake})
+        call_with(small, **extra, **{name: fake})
 
 
 @pytest.mark.parametrize("name", ["cu_seqlens", "state_out_pool", "per_token_states", "num_accepted_tokens"])
