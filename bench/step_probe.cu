@@ -31,8 +31,9 @@ constexpr int kProbeStages = 4;  // records cycled through, as the kernel's ring
 using ProbeCfg = RecurrenceConfig<kProbeWarps, kProbeStages>;
 using ProbeSmem = ProbeCfg::Smem;
 
-// A small finite value from an index (bench_common's hash): the products' time
-// does not depend on the values, but the state should stay finite over many steps.
+// A small finite value from an index (bench_common's hash), so that the state
+// stays finite over many steps. The step's time moves with the values by a few
+// per cent (docs/perf-log.md, 2026-12-03): compare runs of one build's values only.
 __device__ __forceinline__ float probe_value(uint32_t i) {
   return (flashkda::bench::hash32(i) * 2.3283064e-10f - 0.5f) * 0.125f;
 }

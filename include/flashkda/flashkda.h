@@ -239,8 +239,9 @@ struct ForwardArgs {
   //    unspecified, though no access leaves the given tensors); it
   //    serves one resume. cu_seqlens values out of order or range are recorded
   //    for check_device_faults by the summaries call, which checks them; the
-  //    resume call, which must get the same values, does not check them again. The CPU backends need no workspace and run the whole
-  //    forward. Not with state_pool or checkpoints (either call).
+  //    resume call, which must get the same values, does not check them again.
+  //    The CPU backends need no workspace and run the whole forward. Not with
+  //    state_pool or checkpoints (either call).
   float* summaries_M = nullptr;
   float* summaries_B = nullptr;
   bool resume_from_summaries = false;
