@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "common/bf16.h"
@@ -26,18 +27,9 @@ inline std::vector<double> safe_gate_log_decays(const HostProblem& p) {
   return a;
 }
 
-// p with g replaced by the log decays `a` (in g_dtype: bf16 or fp32) and, when
-// beta_probability, beta by sigmoid(beta) (in beta_dtype). A_log and dt_bias stay
-// (the log decay does not read them; host_args passes null).
-inline HostProblem with_general_inputs(HostProblem p, const std::vector<double>& a, DType g_dtype,
-                                       bool beta_probability, DType beta_dtype) {
-  p.gate_form = GateForm::kLogDecay;
-  p.g_dtype = g_dtype;
-  if (g_dtype == DType::kFP32) {
-    p.g_f32.assign(a.begin(), a.end());
-  } else {
-    for (size_t i = 0; i < a.size(); ++i) p.g[i] = float_to_bf16(static_cast<float>(a[i]));
-  }
+// p with beta as the logit or, when beta_probability, as b = sigmoid(beta), in
+// beta_dtype (bf16 or fp32).
+inline HostProblem with_beta_form(HostProblem p, bool beta_probability, DType beta_dtype) {
   p.beta_is_probability = beta_probability;
   p.beta_dtype = beta_dtype;
   std::vector<float> b(p.beta.size());
@@ -51,6 +43,29 @@ inline HostProblem with_general_inputs(HostProblem p, const std::vector<double>&
     for (size_t i = 0; i < b.size(); ++i) p.beta[i] = float_to_bf16(b[i]);
   }
   return p;
+}
+
+// p with g replaced by the log decays `a` (in g_dtype: bf16 or fp32) and beta as
+// with_beta_form gives it. A_log and dt_bias stay (the log decay does not read
+// them; host_args passes null).
+inline HostProblem with_general_inputs(HostProblem p, const std::vector<double>& a, DType g_dtype,
+                                       bool beta_probability, DType beta_dtype) {
+  p.gate_form = GateForm::kLogDecay;
+  p.g_dtype = g_dtype;
+  if (g_dtype == DType::kFP32) {
+    p.g_f32.assign(a.begin(), a.end());
+  } else {
+    for (size_t i = 0; i < a.size(); ++i) p.g[i] = float_to_bf16(static_cast<float>(a[i]));
+  }
+  return with_beta_form(std::move(p), beta_probability, beta_dtype);
+}
+
+// p with the raw gate kept (the safe gate), g in g_dtype (fp32: the same values,
+// widened exactly), and beta as with_beta_form gives it.
+inline HostProblem with_raw_gate_inputs(HostProblem p, DType g_dtype, bool beta_probability, DType beta_dtype) {
+  p.g_dtype = g_dtype;
+  if (g_dtype == DType::kFP32) p.g_f32 = bf16_vector_to_float(p.g);
+  return with_beta_form(std::move(p), beta_probability, beta_dtype);
 }
 
 // Log decays of the safe gate with some far stronger: key channel d of token t

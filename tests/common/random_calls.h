@@ -5,7 +5,9 @@
 // initial_state, or apart) or a state pool (int32 or int64
 // indices, negative ones, has_initial_state, padded slots, fp32 or bf16),
 // periodic checkpoints (either layout and dtype, any interval), slot checkpoints,
-// and, for kCuda, a launch plan (the heuristic's or a forced one). A call runs on
+// the general inputs (a log decay, some channels far past the safe gate's bound,
+// or the raw gate; g and beta in bf16 or fp32; beta as the logit or as b), and,
+// for kCuda, a launch plan (the heuristic's or a forced one). A call runs on
 // a backend and on the float64 reference with the same arguments, and the two
 // results are compared sequence by sequence, entry by entry and slot by slot;
 // what no sequence owns (pool slots, slot padding, spare checkpoint entries,
@@ -18,7 +20,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -27,6 +31,7 @@
 #include "common/bf16.h"
 #include "common/sequences.h"
 #include "flashkda/flashkda.h"
+#include "tests/common/general_inputs.h"
 #include "tests/common/kda_problem.h"
 
 namespace flashkda::testing::random_calls {
@@ -58,29 +63,63 @@ inline int64_t draw_length(Rng& r) {
   return r.in(1200, 2400);
 }
 
-// A token tensor [tokens, heads, width] as a strided view: every row starts
-// 16-byte aligned (kCuda's rule), the padding holds NaN.
+// A token tensor [tokens, heads, width] of bf16 bits or fp32 as a strided view:
+// every row starts `align` elements aligned (kCuda's rule: 16 bytes for q, k, v
+// and g), the padding holds NaN.
 struct View {
-  std::vector<uint16_t> data;
-  int64_t offset = 0, token_stride = 0, head_stride = 0;  // 0, 0: dense
-  const uint16_t* ptr() const { return data.data() + offset; }
+  std::vector<uint8_t> bytes;
+  size_t element = 2;                                      // bytes an element
+  int64_t offset = 0, token_stride = 0, head_stride = 0;  // elements; 0, 0: dense
+  size_t offset_bytes() const { return static_cast<size_t>(offset) * element; }
+  const void* ptr() const { return bytes.data() + offset_bytes(); }
 };
-inline View make_view(const std::vector<uint16_t>& dense, int64_t tokens, int64_t heads, int64_t width, bool strided,
-                      Rng& r, int64_t align) {
+template <class T>
+inline View make_view(const std::vector<T>& dense, int64_t tokens, int64_t heads, int64_t width, bool strided,
+                      Rng& r, int64_t align, T nan) {
   View v;
+  v.element = sizeof(T);
+  std::vector<T> x;
   if (!strided) {
-    v.data = dense;
-    return v;
+    x = dense;
+  } else {
+    v.head_stride = width + align * r.in(0, 2);
+    v.token_stride = heads * v.head_stride + align * r.in(0, 5);
+    v.offset = align * r.in(0, 1);
+    x.assign(static_cast<size_t>(v.offset + tokens * v.token_stride + align), nan);
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        std::memcpy(&x[v.offset + t * v.token_stride + h * v.head_stride], &dense[(t * heads + h) * width],
+                    static_cast<size_t>(width) * sizeof(T));
   }
-  v.head_stride = width + align * r.in(0, 2);
-  v.token_stride = heads * v.head_stride + align * r.in(0, 5);
-  v.offset = align * r.in(0, 1);
-  v.data.assign(static_cast<size_t>(v.offset + tokens * v.token_stride + align), kNanBits);
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t h = 0; h < heads; ++h)
-      std::memcpy(&v.data[v.offset + t * v.token_stride + h * v.head_stride], &dense[(t * heads + h) * width],
-                  static_cast<size_t>(width) * 2);
+  v.bytes.resize(x.size() * sizeof(T));
+  if (!x.empty()) std::memcpy(v.bytes.data(), x.data(), v.bytes.size());
   return v;
+}
+// g and beta in the problem's dtypes (general_inputs.h).
+inline View make_g_view(const HostProblem& p, bool strided, Rng& r) {
+  return p.g_dtype == DType::kFP32
+             ? make_view(p.g_f32, p.tokens(), p.HV, p.K, strided, r, 4, std::numeric_limits<float>::quiet_NaN())
+             : make_view(p.g, p.tokens(), p.HV, p.K, strided, r, 8, kNanBits);
+}
+inline View make_beta_view(const HostProblem& p, bool strided, Rng& r) {
+  return p.beta_dtype == DType::kFP32
+             ? make_view(p.beta_f32, p.tokens(), p.HV, 1, strided, r, 1, std::numeric_limits<float>::quiet_NaN())
+             : make_view(p.beta, p.tokens(), p.HV, 1, strided, r, 1, kNanBits);
+}
+
+// The seeds a suite of `count` calls runs: [0, count), or, for a longer sweep,
+// FLASHKDA_RANDOM_SEEDS = "first:count" (or "count").
+struct SeedRange {
+  int first, end;
+};
+inline SeedRange seed_range(int count) {
+  const char* env = std::getenv("FLASHKDA_RANDOM_SEEDS");
+  if (env == nullptr || *env == '\0') return {0, count};
+  const std::string s(env);
+  const size_t colon = s.find(':');
+  const int first = colon == std::string::npos ? 0 : std::atoi(s.substr(0, colon).c_str());
+  const int n = std::atoi(colon == std::string::npos ? s.c_str() : s.substr(colon + 1).c_str());
+  return {first, first + std::max(n, 1)};
 }
 
 // kCuda's launch plan for the call (sm90::LaunchOverride's fields; 0: the heuristic's).
@@ -115,6 +154,7 @@ struct Call {
   bool ck_value_major = false;
   std::vector<int64_t> slot_ck_offsets, slot_ck_slots;  // [N, 2] or empty
   PlanChoice plan{};
+  std::string general = "none";  // the general inputs drawn (gate form, dtypes), for the trace
 
   size_t esize(DType t) const { return t == DType::kFP32 ? 4 : 2; }
   int64_t per_state() const { return p.HV * p.V * p.K; }
@@ -168,11 +208,11 @@ inline Call draw_call(uint64_t seed, HeadDims dims = HeadDims::kCuda) {
   c.int32_cu = varlen && r.chance(0.4);
   c.host_copy = varlen && r.chance(0.6);
   const bool strided = r.chance(0.5);
-  c.q = make_view(p.q, tokens, p.H, p.K, strided, r, 8);
-  c.k = make_view(p.k, tokens, p.H, p.K, strided, r, 8);
-  c.v = make_view(p.v, tokens, p.HV, p.V, strided, r, 8);
-  c.g = make_view(p.g, tokens, p.HV, p.K, strided, r, 8);
-  c.beta = make_view(p.beta, tokens, p.HV, 1, strided, r, 1);
+  c.q = make_view(p.q, tokens, p.H, p.K, strided, r, 8, kNanBits);
+  c.k = make_view(p.k, tokens, p.H, p.K, strided, r, 8, kNanBits);
+  c.v = make_view(p.v, tokens, p.HV, p.V, strided, r, 8, kNanBits);
+  c.g = make_g_view(p, strided, r);
+  c.beta = make_beta_view(p, strided, r);
 
   const int64_t per = c.per_state();
   if (c.pool) {
@@ -244,6 +284,24 @@ inline Call draw_call(uint64_t seed, HeadDims dims = HeadDims::kCuda) {
   c.states_key_major = !c.pool && r.chance(0.5);
   c.state_in_place = !c.pool && spec.initial_state != DType::kNone && spec.initial_state == spec.final_state &&
                      r.chance(0.5);
+  // The general inputs (general_inputs.h), g's and beta's views drawn again for them.
+  if (r.chance(0.35)) {
+    const bool log_decay = r.chance(0.7);
+    const DType g_dtype = r.chance(0.5) ? DType::kFP32 : DType::kBF16;
+    const bool beta_probability = r.chance(0.5);
+    const DType beta_dtype = r.chance(0.5) ? DType::kFP32 : DType::kBF16;
+    if (log_decay) {
+      std::vector<double> a = safe_gate_log_decays(p);
+      if (r.chance(0.4)) a = with_strong_decays(p, a, r.pick<double>({-20.0, -60.0, -1000.0}), 7, r.chance(0.5));
+      p = with_general_inputs(p, a, g_dtype, beta_probability, beta_dtype);
+    } else {
+      p = with_raw_gate_inputs(p, g_dtype, beta_probability, beta_dtype);
+    }
+    c.general = std::string(log_decay ? "log-decay" : "raw-gate") + (g_dtype == DType::kFP32 ? "/g32" : "/g16") +
+                (beta_probability ? "/b" : "/logit") + (beta_dtype == DType::kFP32 ? "32" : "16");
+    c.g = make_g_view(p, strided, r);
+    c.beta = make_beta_view(p, strided, r);
+  }
 
   char buf[512];
   std::string lens;
@@ -251,8 +309,8 @@ inline Call draw_call(uint64_t seed, HeadDims dims = HeadDims::kCuda) {
     for (int64_t n = 0; n < N; ++n) lens += (n ? "," : "") + std::to_string(p.cu_seqlens[n + 1] - p.cu_seqlens[n]);
   else lens = std::to_string(p.B) + "x" + std::to_string(p.T);
   std::snprintf(buf, sizeof(buf),
-                "K=%lld H=%lld HV=%lld lens=[%s] cu=%s%s views=%s states=%s%s%s%s ck=%lld%s%s slot_ck=%s plan=(v%d seg%lld "
-                "out%d rec%d comp%d)",
+                "K=%lld H=%lld HV=%lld lens=[%s] cu=%s%s views=%s states=%s%s%s%s ck=%lld%s%s slot_ck=%s inputs=%s "
+                "plan=(v%d seg%lld out%d rec%d comp%d)",
                 static_cast<long long>(p.K), static_cast<long long>(p.H), static_cast<long long>(p.HV), lens.c_str(),
                 !varlen ? "none" : c.int32_cu ? "int32" : "int64", c.host_copy ? "+host" : "",
                 strided ? "strided" : "dense",
@@ -260,7 +318,8 @@ inline Call draw_call(uint64_t seed, HeadDims dims = HeadDims::kCuda) {
                        : (to_string(spec.initial_state) + std::string("->") + to_string(spec.final_state)).c_str(),
                 c.pool ? (c.index_type == IndexType::kInt64 ? "/i64" : "/i32") : "",
                 c.states_key_major ? "/kv" : "", c.state_in_place ? "/in-place" : "", static_cast<long long>(c.interval), c.interval ? (c.ck_dtype == DType::kFP32 ? "/fp32" : "/bf16") : "",
-                c.interval && c.ck_value_major ? "/vk" : "", c.slot_ck_offsets.empty() ? "no" : "yes", c.plan.v_split,
+                c.interval && c.ck_value_major ? "/vk" : "", c.slot_ck_offsets.empty() ? "no" : "yes", c.general.c_str(),
+                c.plan.v_split,
                 static_cast<long long>(c.plan.seg_chunks), c.plan.outputs, c.plan.records, c.plan.compose);
   c.what = buf;
   return c;

@@ -41,7 +41,7 @@ constexpr int kCalls = 48;
 
 Results run_gpu(const Call& c) {
   const HostProblem& p = c.p;
-  DeviceBuffer<uint16_t> q(c.q.data), k(c.k.data), v(c.v.data), g(c.g.data), beta(c.beta.data);
+  DeviceBuffer<uint8_t> q(c.q.bytes), k(c.k.bytes), v(c.v.bytes), g(c.g.bytes), beta(c.beta.bytes);
   DeviceBuffer<float> A_log(p.A_log), dt_bias(p.dt_bias);
   DeviceBuffer<int64_t> cu(p.cu_seqlens);
   DeviceBuffer<int32_t> cu32(std::vector<int32_t>(p.cu_seqlens.begin(), p.cu_seqlens.end()));
@@ -57,8 +57,8 @@ Results run_gpu(const Call& c) {
   const void* init = c.state_in_place                       ? static_cast<const void*>(fin.data())
                      : p.spec.initial_state == DType::kBF16 ? static_cast<const void*>(init_bf16.ptr)
                                                             : static_cast<const void*>(init_f32.ptr);
-  const Buffers b{q.ptr + c.q.offset, k.ptr + c.k.offset, v.ptr + c.v.offset, g.ptr + c.g.offset,
-                  beta.ptr + c.beta.offset, A_log.ptr, dt_bias.ptr, cu.ptr, cu32.ptr, out.data(), init, fin.data(),
+  const Buffers b{q.ptr + c.q.offset_bytes(), k.ptr + c.k.offset_bytes(), v.ptr + c.v.offset_bytes(),
+                  g.ptr + c.g.offset_bytes(), beta.ptr + c.beta.offset_bytes(), A_log.ptr, dt_bias.ptr, cu.ptr, cu32.ptr, out.data(), init, fin.data(),
                   pool.data(), slots.ptr, has.ptr, ck.data(), slot_ck_offsets.ptr, slot_ck_slots.ptr};
   sm90::LaunchOverride plan;
   plan.v_split = c.plan.v_split;
@@ -105,7 +105,7 @@ TEST_P(GpuRandomCalls, MatchTheReference) {
               w.out, w.state, w.checkpoints);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, GpuRandomCalls, ::testing::Range(0, kCalls));
+INSTANTIATE_TEST_SUITE_P(Seeds, GpuRandomCalls, ::testing::Range(seed_range(kCalls).first, seed_range(kCalls).end));
 
 #endif  // FLASHKDA_WITH_CUDA
 
