@@ -650,12 +650,12 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
   expect_grouped_heads(c.v, H, HV);
   expect_shape(c.k, {B, T, H, K}, "[B, T, H, K] (the shape of q)");
   expect_shape(c.v, {B, T, HV, V}, "[B, T, HV, V] (B, T from q)");
-  expect_shape(c.g, {B, T, HV, K}, "[B, T, HV, K]");
-  expect_shape(c.beta, {B, T, HV}, "[B, T, HV]");
+  expect_shape(c.g, {B, T, HV, K}, "[B, T, HV, K] (HV from v, K from q)");
+  expect_shape(c.beta, {B, T, HV}, "[B, T, HV] (HV from v)");
   if (c.out.present) expect_shape(c.out, {B, T, HV, V}, "[B, T, HV, V] (the shape of v)");
   if (gate_in_kernel) {
-    expect_shape(c.A_log, {HV}, "[HV]");
-    expect_shape(c.dt_bias, {HV, K}, "[HV, K]");
+    expect_shape(c.A_log, {HV}, "[HV] (HV from v)");
+    expect_shape(c.dt_bias, {HV, K}, "[HV, K] (HV from v, K from q)");
   }
   int64_t N = B;
   if (c.cu.present) {
@@ -669,11 +669,16 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
     if (!c.cu.present) raise_value("cu_seqlens_host: given without cu_seqlens");
     expect_shape(c.cu_host, {N + 1}, "[N+1] (the shape of cu_seqlens)");
   }
+  // Where a count of sequences comes from, for the messages of the tensors that
+  // must match it: a mismatch may be either side's fault, so both are named.
+  const std::string n_from = c.cu.present ? "N = len(cu_seqlens) - 1" : "N = B, from q";
+  auto per_seq = [&](const char* shape, const char* what) { return cat(shape, " (", what, n_from, ")"); };
   // [N, HV, K, V] with states_key_major (fla's layout).
   for (const Arg* s : {&c.s0, &c.s1})
     if (s->present) {
-      if (states_key_major) expect_shape(*s, {N, HV, K, V}, "[N, HV, K, V] (states_key_major)");
-      else expect_shape(*s, {N, HV, V, K}, "[N, HV, V, K]");
+      if (states_key_major)
+        expect_shape(*s, {N, HV, K, V}, per_seq("[N, HV, K, V] (states_key_major)", "HV, V from v; ").c_str());
+      else expect_shape(*s, {N, HV, V, K}, per_seq("[N, HV, V, K]", "HV, V from v; ").c_str());
     }
   // A state pool: slots of [HV, V, K] at any stride (expect_pool), one index per sequence.
   int64_t pool_stride = 0;
@@ -686,13 +691,13 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
     if (c.idx.present) raise_value("state_indices: given without state_pool");
     if (c.has.present) raise_value("has_initial_state: given without state_pool");
   }
-  if (c.idx.present) expect_shape(c.idx, {N}, "[N] (one slot per sequence)");
+  if (c.idx.present) expect_shape(c.idx, {N}, per_seq("[N]", "one slot per sequence, ").c_str());
   if (c.ck_off.present || c.ck_slot.present) {
     if (!c.pool.present) raise_value("slot_checkpoint_offsets: slot checkpoints need a state_pool");
     if (!c.ck_off.present || !c.ck_slot.present)
       raise_value("slot_checkpoint_offsets: give both slot_checkpoint_offsets and slot_checkpoint_slots");
-    expect_shape(c.ck_off, {N, 2}, "[N, 2] (up to two offsets per sequence)");
-    expect_shape(c.ck_slot, {N, 2}, "[N, 2] (the slot of each offset)");
+    expect_shape(c.ck_off, {N, 2}, per_seq("[N, 2]", "up to two offsets per sequence, ").c_str());
+    expect_shape(c.ck_slot, {N, 2}, per_seq("[N, 2]", "the slot of each offset, ").c_str());
     if (dtype_of(c.ck_slot.dtype) != dtype_of(c.idx.dtype))
       raise_type(cat("slot_checkpoint_slots: expected the dtype of state_indices (", dtype_string(c.idx.dtype),
                      "), got ", dtype_string(c.ck_slot.dtype)));
@@ -714,13 +719,13 @@ Call prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
       raise_value(cat("checkpoint_interval: expected a positive multiple of 16 with checkpoints, got ",
                       checkpoint_interval));
   }
-  if (c.has.present) expect_shape(c.has, {N}, "[N] (one flag per sequence)");
+  if (c.has.present) expect_shape(c.has, {N}, per_seq("[N]", "one flag per sequence, ").c_str());
   // The two calls of a split forward: (M, B) of each whole sequence, then the
   // resume. The combinations the summaries call excludes are named here by this
   // API's argument; flashkda::validate checks the rest (the resume call's).
   if (summaries_call) {
-    expect_shape(c.sum_m, {N, HV, K, K}, "[N, HV, K, K]");
-    expect_shape(c.sum_b, {N, HV, V, K}, "[N, HV, V, K]");
+    expect_shape(c.sum_m, {N, HV, K, K}, per_seq("[N, HV, K, K]", "").c_str());
+    expect_shape(c.sum_b, {N, HV, V, K}, per_seq("[N, HV, V, K]", "").c_str());
     if (resume_from_summaries)
       raise_value("summaries: given together with resume_from_summaries=True (the summaries call comes first; "
                   "the resume call takes no summaries)");
@@ -981,11 +986,12 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   expect_grouped_heads(c.v, H, HV);
   expect_shape(c.k, lead.then({H, K}), r3 ? "[T, H, K] (the shape of q)" : "[N, t, H, K] (the shape of q)");
   expect_shape(c.v, lead.then({HV, V}), r3 ? "[T, HV, V] (T from q)" : "[N, t, HV, V] (N, t from q)");
-  expect_shape(c.g, lead.then({HV, K}), r3 ? "[T, HV, K]" : "[N, t, HV, K]");
-  expect_shape(c.beta, lead.then({HV}), r3 ? "[T, HV]" : "[N, t, HV]");
+  expect_shape(c.g, lead.then({HV, K}),
+               r3 ? "[T, HV, K] (HV from v, K from q)" : "[N, t, HV, K] (HV from v, K from q)");
+  expect_shape(c.beta, lead.then({HV}), r3 ? "[T, HV] (HV from v)" : "[N, t, HV] (HV from v)");
   if (gate_in_kernel) {
-    expect_shape(c.A_log, {HV}, "[HV]");
-    expect_shape(c.dt_bias, {HV, K}, "[HV, K]");
+    expect_shape(c.A_log, {HV}, "[HV] (HV from v)");
+    expect_shape(c.dt_bias, {HV, K}, "[HV, K] (HV from v, K from q)");
   }
   expect_shape(c.out, lead.then({HV, V}), r3 ? "[T, HV, V] (the shape of v)" : "[N, t, HV, V] (the shape of v)");
   const int64_t pool_stride = expect_pool(c.pool, -1, HV, V, K);
@@ -1004,7 +1010,7 @@ DecodeCall prepare_decode(nb::handle q, nb::handle k, nb::handle v, nb::handle g
   if (c.acc.present) {
     if (verify_slots == 0)
       raise_value("num_accepted_tokens: needs 2-d state_indices [N, 1 + draft tokens]");
-    expect_shape(c.acc, {N}, "[N] (one count per sequence)");
+    expect_shape(c.acc, {N}, "[N] (one count per sequence, N = len(state_indices))");
   }
   int64_t tokens_per_seq = 1;
   if (c.cu.present) {

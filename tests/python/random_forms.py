@@ -1,7 +1,8 @@
 """Random engine-style calls of flash_kda.fwd and flash_kda.decode, drawn for one
 device: the draws and the two forms of each call that test_random_calls_cpu.py,
 test_random_calls_gpu.py, test_random_decode_cpu.py and test_random_decode_gpu.py
-share.
+share (random_errors.py breaks the engine's forms, from engine_kwargs(), one
+argument at a time).
 
 A drawn call is made twice on its device. Once in an engine's forms, all at once:
 token tensors as views of one fused projection output (or dense), int32 or int64
@@ -180,9 +181,10 @@ class ForwardCall:
             kw = dict(checkpoints=ck, checkpoint_interval=self.interval, checkpoints_value_major=self.value_major)
         return ck, kw
 
-    def engine(self):
-        """The engine's forms on the call's device: (out, the whole pool buffer or
-        final_state, the whole checkpoint buffer)."""
+    def engine_kwargs(self):
+        """The engine's forms on the call's device as flash_kda.fwd's keyword
+        arguments, not yet called, and what the call may write: out, the whole pool
+        buffer or final_state (states) and the whole checkpoint buffer."""
         dev, p = self.device, self.p
         t = token_inputs(p, self.pad, dev)
         kw = {}
@@ -201,9 +203,16 @@ class ForwardCall:
         out = torch.full(p["v"].shape, float("nan"), dtype=torch.bfloat16, device=dev)
         dense_in = None if self.use_pool else p["initial_state"].to(dev)
         fin = None if self.use_pool else torch.full(self.state_shape, float("nan"), device=dev)
-        flash_kda.fwd(t["q"], t["k"], t["v"], t["g"], t["beta"], self.scale, out, initial_state=dense_in,
-                      final_state=fin, **self._common(dev), **kw)
-        return out, (pool_base if self.use_pool else fin), ck
+        kwargs = dict(q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], scale=self.scale, out=out,
+                      initial_state=dense_in, final_state=fin, **self._common(dev), **kw)
+        return kwargs, SimpleNamespace(out=out, states=pool_base if self.use_pool else fin, checkpoints=ck)
+
+    def engine(self):
+        """The engine's forms on the call's device: (out, the whole pool buffer or
+        final_state, the whole checkpoint buffer)."""
+        kwargs, written = self.engine_kwargs()
+        flash_kda.fwd(**kwargs)
+        return written.out, written.states, written.checkpoints
 
     def glued(self, device):
         """The same call with the glue, on `device`: out, the N final states (dense,
@@ -312,15 +321,19 @@ class DecodeStep:
         self.pad = fused_pad(p, r, device) if r.random() < 0.6 else None
         self.cu_dtype = r.choice([torch.int32, torch.int64]) if self.lengths is not None else None
 
-    def _call(self, t, pool, idx, device, cu_seqlens, state_out_pool, per_token_states):
+    def _kwargs(self, t, pool, idx, device, cu_seqlens, state_out_pool, per_token_states):
+        """flash_kda.decode's keyword arguments for these forms."""
         p = self.p
         # A padding entry's out rows are not written: both forms start from the same bytes.
         out = torch.full(p["v"].shape, 9.0, dtype=torch.bfloat16, device=device)
         acc = None if self.acc is None else self.acc.to(device)
-        flash_kda.decode(t["q"], t["k"], t["v"], t["g"], t["beta"], p["A_log"].to(device), p["dt_bias"].to(device),
-                         pool, idx, out=out, scale=p["scale"], lower_bound=p["lower_bound"], cu_seqlens=cu_seqlens,
-                         num_accepted_tokens=acc, state_out_pool=state_out_pool, per_token_states=per_token_states)
-        return out
+        return dict(q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], A_log=p["A_log"].to(device),
+                    dt_bias=p["dt_bias"].to(device), state_pool=pool, state_indices=idx, out=out, scale=p["scale"],
+                    lower_bound=p["lower_bound"], cu_seqlens=cu_seqlens, num_accepted_tokens=acc,
+                    state_out_pool=state_out_pool, per_token_states=per_token_states)
+
+    def _call(self, *forms):
+        return flash_kda.decode(**self._kwargs(*forms))
 
     def slots_of(self, buf):
         """The slots of a pool buffer (rows of per + slot_pad elements) as [P, HV, V, K]."""
@@ -331,9 +344,10 @@ class DecodeStep:
             return None
         return torch.full(self.per_token_shape, 7.0, dtype=self.state_dtype, device=device)
 
-    def engine(self):
-        """The engine's forms on the step's device: out, the whole pool and output
-        pool buffers, the per-token states and the block table."""
+    def engine_kwargs(self):
+        """The engine's forms on the step's device as flash_kda.decode's keyword
+        arguments, not yet called, and the buffers behind them: the whole pool and
+        output pool buffers (base, out_base), the per-token states and the block table."""
         dev, p = self.device, self.p
         table = torch.full((self.idx.shape[0], self.cols + 2), 99, dtype=self.index_dtype)
         table[:, :self.cols] = self.idx
@@ -345,8 +359,16 @@ class DecodeStep:
         t = token_inputs(p, self.pad, dev)
         cu = None if self.lengths is None else p["cu_seqlens"].to(dev, self.cu_dtype)
         out_pool = None if out_base is None else self.slots_of(out_base)
-        out = self._call(t, self.slots_of(base), idx_view, dev, cu, out_pool, per_token)
-        return SimpleNamespace(out=out, base=base, out_base=out_base, per_token=per_token, table=table)
+        kwargs = self._kwargs(t, self.slots_of(base), idx_view, dev, cu, out_pool, per_token)
+        return kwargs, SimpleNamespace(out=kwargs["out"], base=base, out_base=out_base, per_token=per_token,
+                                       table=table)
+
+    def engine(self):
+        """The engine's forms on the step's device: out, the whole pool and output
+        pool buffers, the per-token states and the block table."""
+        kwargs, e = self.engine_kwargs()
+        flash_kda.decode(**kwargs)
+        return e
 
     def glued(self, device):
         """The same step with the glue, on `device`: out, the pool, the output pool
