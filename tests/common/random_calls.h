@@ -107,19 +107,18 @@ inline View make_beta_view(const HostProblem& p, bool strided, Rng& r) {
              : make_view(p.beta, p.tokens(), p.HV, 1, strided, r, 1, kNanBits);
 }
 
-// The seeds a suite of `count` calls runs: [0, count), or, for a longer sweep,
-// FLASHKDA_RANDOM_SEEDS = "first:count" (or "count").
-struct SeedRange {
-  int first, end;
-};
-inline SeedRange seed_range(int count) {
+// The seeds a suite of `count` calls runs (INSTANTIATE_TEST_SUITE_P's generator):
+// [0, count), or, for a longer sweep, FLASHKDA_RANDOM_SEEDS = "first:count" (or "count").
+inline auto seeds(int count) {
+  int first = 0;
   const char* env = std::getenv("FLASHKDA_RANDOM_SEEDS");
-  if (env == nullptr || *env == '\0') return {0, count};
-  const std::string s(env);
-  const size_t colon = s.find(':');
-  const int first = colon == std::string::npos ? 0 : std::atoi(s.substr(0, colon).c_str());
-  const int n = std::atoi(colon == std::string::npos ? s.c_str() : s.substr(colon + 1).c_str());
-  return {first, first + std::max(n, 1)};
+  if (env != nullptr && *env != '\0') {
+    const std::string s(env);
+    const size_t colon = s.find(':');
+    if (colon != std::string::npos) first = std::atoi(s.substr(0, colon).c_str());
+    count = std::max(std::atoi(colon == std::string::npos ? s.c_str() : s.substr(colon + 1).c_str()), 1);
+  }
+  return ::testing::Range(first, first + count);
 }
 
 // kCuda's launch plan for the call (sm90::LaunchOverride's fields; 0: the heuristic's).
@@ -317,10 +316,11 @@ inline Call draw_call(uint64_t seed, HeadDims dims = HeadDims::kCuda) {
                 c.pool ? (c.pool_dtype == DType::kFP32 ? "pool-fp32" : "pool-bf16")
                        : (to_string(spec.initial_state) + std::string("->") + to_string(spec.final_state)).c_str(),
                 c.pool ? (c.index_type == IndexType::kInt64 ? "/i64" : "/i32") : "",
-                c.states_key_major ? "/kv" : "", c.state_in_place ? "/in-place" : "", static_cast<long long>(c.interval), c.interval ? (c.ck_dtype == DType::kFP32 ? "/fp32" : "/bf16") : "",
-                c.interval && c.ck_value_major ? "/vk" : "", c.slot_ck_offsets.empty() ? "no" : "yes", c.general.c_str(),
-                c.plan.v_split,
-                static_cast<long long>(c.plan.seg_chunks), c.plan.outputs, c.plan.records, c.plan.compose);
+                c.states_key_major ? "/kv" : "", c.state_in_place ? "/in-place" : "",
+                static_cast<long long>(c.interval), c.interval ? (c.ck_dtype == DType::kFP32 ? "/fp32" : "/bf16") : "",
+                c.interval && c.ck_value_major ? "/vk" : "", c.slot_ck_offsets.empty() ? "no" : "yes",
+                c.general.c_str(), c.plan.v_split, static_cast<long long>(c.plan.seg_chunks), c.plan.outputs,
+                c.plan.records, c.plan.compose);
   c.what = buf;
   return c;
 }

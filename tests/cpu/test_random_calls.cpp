@@ -39,7 +39,7 @@ TEST_P(CpuRandomCalls, MatchTheReference) {
               w.out, w.state, w.checkpoints);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, CpuRandomCalls, ::testing::Range(seed_range(kCalls).first, seed_range(kCalls).end));
+INSTANTIATE_TEST_SUITE_P(Seeds, CpuRandomCalls, seeds(kCalls));
 
 }  // namespace
 }  // namespace flashkda::testing

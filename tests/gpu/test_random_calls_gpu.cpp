@@ -58,8 +58,9 @@ Results run_gpu(const Call& c) {
                      : p.spec.initial_state == DType::kBF16 ? static_cast<const void*>(init_bf16.ptr)
                                                             : static_cast<const void*>(init_f32.ptr);
   const Buffers b{q.ptr + c.q.offset_bytes(), k.ptr + c.k.offset_bytes(), v.ptr + c.v.offset_bytes(),
-                  g.ptr + c.g.offset_bytes(), beta.ptr + c.beta.offset_bytes(), A_log.ptr, dt_bias.ptr, cu.ptr, cu32.ptr, out.data(), init, fin.data(),
-                  pool.data(), slots.ptr, has.ptr, ck.data(), slot_ck_offsets.ptr, slot_ck_slots.ptr};
+                  g.ptr + c.g.offset_bytes(), beta.ptr + c.beta.offset_bytes(), A_log.ptr, dt_bias.ptr, cu.ptr,
+                  cu32.ptr, out.data(), init, fin.data(), pool.data(), slots.ptr, has.ptr, ck.data(),
+                  slot_ck_offsets.ptr, slot_ck_slots.ptr};
   sm90::LaunchOverride plan;
   plan.v_split = c.plan.v_split;
   plan.seg_chunks = c.plan.seg_chunks;
@@ -105,7 +106,7 @@ TEST_P(GpuRandomCalls, MatchTheReference) {
               w.out, w.state, w.checkpoints);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, GpuRandomCalls, ::testing::Range(seed_range(kCalls).first, seed_range(kCalls).end));
+INSTANTIATE_TEST_SUITE_P(Seeds, GpuRandomCalls, seeds(kCalls));
 
 #endif  // FLASHKDA_WITH_CUDA
 

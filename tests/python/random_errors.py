@@ -24,10 +24,10 @@ Only what the API documents as an error is drawn. Device-resident values that
 CUDA skips and records instead (cu_seqlens, state_indices and
 num_accepted_tokens values on the device; the checkpoint capacity without
 host-side lengths) are drawn on the CPU only, where the host reads them; on
-CUDA the host copy cu_seqlens_host is broken instead. A strided state_indices is taken dense (documented), so it is
-no mutation, nor is a strided beta (read element by element), a bf16 or fp16
-A_log / dt_bias for the forward (widened exactly) or a pool with another number
-of slots.
+CUDA the host copy cu_seqlens_host is broken instead. A strided state_indices is
+taken dense (documented), so it is no mutation, nor is a strided beta (read
+element by element), a bf16 or fp16 A_log / dt_bias for the forward (widened
+exactly) or a pool with another number of slots.
 
 A shape that disagrees with one another argument defines may be either side's
 fault: the message must name both (e.g. g's expected shape says "HV from v", a
@@ -48,7 +48,6 @@ from random_forms import DecodeStep, ForwardCall
 # Head dims no backend of the device runs: the CPU backends (and decode on every
 # device) take 1 to 256; CUDA's kernels K = V in {64, 128}.
 UNSUPPORTED_HEAD_DIMS = {"cpu": (272,), "cuda": (32, 96, 256)}
-
 
 
 @dataclass
@@ -204,7 +203,7 @@ def kind_shape(ctx):
 
 
 def kind_heads(ctx):
-    """v's heads (HV) not a multiple of q's (H): ValueError naming both."""
+    """v's heads (HV) not a multiple of q's (H): ValueError naming q or v."""
     kw = ctx.kw
     H, HV = kw["q"].shape[-2], kw["v"].shape[-2]
     out = []

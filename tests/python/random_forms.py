@@ -332,9 +332,6 @@ class DecodeStep:
                     lower_bound=p["lower_bound"], cu_seqlens=cu_seqlens, num_accepted_tokens=acc,
                     state_out_pool=state_out_pool, per_token_states=per_token_states)
 
-    def _call(self, *forms):
-        return flash_kda.decode(**self._kwargs(*forms))
-
     def slots_of(self, buf):
         """The slots of a pool buffer (rows of per + slot_pad elements) as [P, HV, V, K]."""
         return buf[:, :self.per].view(-1, *self.slot_shape)
@@ -380,7 +377,7 @@ class DecodeStep:
         idx = (self.idx if self.verify else self.idx[:, 0]).contiguous().to(device)
         t = {n: dense_copy(p[n], device) for n in TOKEN_INPUTS}
         cu = None if self.lengths is None else p["cu_seqlens"].to(device, torch.int64)
-        out = self._call(t, pool, idx, device, cu, out_pool, per_token)
+        out = flash_kda.decode(**self._kwargs(t, pool, idx, device, cu, out_pool, per_token))
         return SimpleNamespace(out=out, pool=pool, out_pool=out_pool, per_token=per_token)
 
 
