@@ -489,14 +489,15 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   // CTAs that each own a slice of V and share the chunk records through L2.
   // Measured on the H200 (docs/perf-log.md, 2026-11-29, late): two 4-warp
   // CTAs per (sequence, head) beat one 8-warp CTA in every row of the standard
-  // table except 64/8x1024 (within 1 %), and a quarter slice never paid. When
-  // the longest chain of chunks bounds the kernel (the longest sequence has more
-  // chunks than half of what each of the 2 x SMs resident 8-warp CTAs would get
-  // of the whole) four records in flight are best (varlen-6: 3 stages lose 6 %);
-  // when the total work does (8 x 1024 at H = 96), three (measured faster
-  // there, though at its registers two CTAs an SM still bound it, as with four:
-  // recurrence_kernel.cuh). A varlen call without cu_seqlens_host may hide a long
-  // sequence: treated as chain-bound.
+  // table except 64/8x1024 (within 1 %; the kernels of that day: with many
+  // chains the 8-warp CTA has since caught up, below), and a quarter slice
+  // never paid. When the longest chain of chunks bounds the kernel (the longest
+  // sequence has more chunks than half of what each of the 2 x SMs resident
+  // 8-warp CTAs would get of the whole) four records in flight are best
+  // (varlen-6: 3 stages lose 6 %); when the total work does (8 x 1024 at
+  // H = 96), three (measured faster there, though at its registers two CTAs an
+  // SM still bound it, as with four: recurrence_kernel.cuh). A varlen call
+  // without cu_seqlens_host may hide a long sequence: treated as chain-bound.
   constexpr int64_t kResidentCtasPerSm = 2;
   const int64_t work_per_cta =
       shape.total_chunks * shape.heads / std::max<int64_t>(1, kResidentCtasPerSm * num_sms);
@@ -510,6 +511,23 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   // CTA per SM the split is far better (H = 64, T = 8192: 0.752 against 0.937).
   const int64_t chains = shape.seqs * shape.heads;
   if (chains <= num_sms && 2 * chains > num_sms) {
+    plan.v_split = 1;
+    plan.stages = 4;
+  }
+  // With at least three chains an SM of at least 16 chunks each on average
+  // (2026-12-03: 96 heads x 8 x 1024 and varlen-6, 32-96 heads x 16 x 512 and
+  // 32 x 256, 64 heads x 8 x 1024) the 8-warp CTA was level or 1-3.6 % faster,
+  // and 0.3-2.7 % faster with checkpoints, at a higher SM clock (likely, not
+  // profiled: it brings each record into shared memory once for its 128 rows,
+  // where two 4-warp CTAs bring it twice). Between one and three chains an SM
+  // (48 and 64 heads x 3 x 2048, 64 heads x varlen-6) the 4-warp CTAs were
+  // level or faster, by up to 10 %: smaller CTAs fill the last wave better. On
+  // shorter sequences the 8-warp CTA was level (8 chunks: 16-96 heads x 64 x
+  // 128) or 2.5-4.7 % slower (one chunk: 512 x 16), where a CTA's set-up (the
+  // state's loads, the first records) is most of it.
+  constexpr int64_t kManyChainsPerSm = 3;
+  constexpr int64_t kLongChainChunks = 16;
+  if (chains >= kManyChainsPerSm * num_sms && shape.total_chunks >= kLongChainChunks * shape.seqs) {
     plan.v_split = 1;
     plan.stages = 4;
   }

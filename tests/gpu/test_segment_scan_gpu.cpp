@@ -1137,6 +1137,19 @@ TEST(SegmentPlan, HeuristicChoices) {
   EXPECT_EQ(plan(1, 12, 64).seg_chunks, 0);   // T = 1024: too short to gain
   EXPECT_EQ(plan(4, 12, 512).seg_chunks, 0);  // 4 x 8192: pass 1 would not fit one wave
   EXPECT_EQ(plan(1, 48, 512).seg_chunks, 0);
+  // V split: one 8-warp CTA a chain where each gets an SM of its own (96
+  // chains) or where there are at least three chains an SM of at least 16
+  // chunks on average; two 4-warp CTAs where the halves fit one an SM (64
+  // chains), between one and three chains an SM (the smaller CTAs fill the
+  // last wave better) and on short sequences (the set-up is most of a CTA).
+  for (const auto& [seqs, heads, chunks, v_split] :
+       {std::tuple<int64_t, int64_t, int64_t, int>{1, 96, 512, 1}, {1, 64, 512, 2}, {8, 96, 64, 1}, {8, 64, 64, 1},
+        {6, 64, 86, 2}, {3, 48, 128, 2}, {3, 64, 128, 2}, {3, 132, 128, 1}, {3, 131, 128, 2}, {32, 96, 16, 1},
+        {32, 96, 15, 2}, {64, 96, 8, 2}, {512, 16, 1, 2}}) {
+    const sm90::LaunchPlan p = plan(seqs, heads, chunks);
+    EXPECT_EQ(p.v_split, v_split) << seqs << " x " << heads << " chains";
+    if (p.v_split == 1) EXPECT_EQ(p.stages, 4);
+  }
   for (const auto& [seqs, heads, chunks] : {std::tuple<int64_t, int64_t, int64_t>{1, 12, 512}, {1, 12, 2048},
                                             {1, 24, 512}, {1, 1, 65536}}) {
     const sm90::LaunchPlan p = plan(seqs, heads, chunks);
