@@ -530,8 +530,10 @@ TEST_F(GpuForward, NanInOneSequencePropagatesOnlyThere) {
 
 // The launch heuristic is host code: it runs (and is checked) without a GPU.
 // Shapes of the standard table on a 132-SM H200, and what it must choose there
-// (docs/perf-log.md, v6): two 4-warp CTAs per (sequence, head) everywhere; three
-// stages only when the total work, not the longest chain, bounds the kernel.
+// (docs/perf-log.md): one 8-warp CTA per (sequence, head) where each gets an SM
+// or where there are at least three chains an SM of 16 chunks or more on
+// average, else two 4-warp CTAs; for those, three stages only when the total
+// work, not the longest chain, bounds the kernel.
 ForwardArgs shape_args(int64_t heads, std::vector<int64_t>* cu, bool with_host_copy) {
   ForwardArgs a;
   a.num_heads = heads;
@@ -564,30 +566,52 @@ TEST(GpuForwardLaunchPlan, StandardTableOnAnH200) {
     // Few heads (tensor-parallel serving): every chain gets its own SMs, split.
     const auto tp = sm90::choose_launch_plan(sm90::problem_shape(shape_args(heads / 8, &single, false)), kSms);
     EXPECT_EQ(tp.v_split, 2);
+    // varlen-6: 576 chains of 86 chunks on average at H = 96 (an 8-warp CTA
+    // each), 384 at H = 64 (under three an SM: 4-warp CTAs); the longest
+    // sequence bounds the kernel.
     const auto pv = sm90::choose_launch_plan(sm90::problem_shape(shape_args(heads, &varlen6, true)), kSms);
-    EXPECT_EQ(pv.v_split, 2);
+    EXPECT_EQ(pv.v_split, heads == 96 ? 1 : 2);
     EXPECT_EQ(pv.stages, 4);
   }
-  // 8 x 1024 as a batch: at H = 96 the total work bounds the kernel, at H = 64 the chain still does.
+  // 8 x 1024 as a batch: 768 and 512 chains of 64 chunks, an 8-warp CTA each.
   ForwardArgs batch8;
   batch8.batch = 8;
   batch8.seqlen = 1024;
   batch8.head_dim_k = batch8.head_dim_v = 128;
-  batch8.num_heads = 96;
-  EXPECT_EQ(sm90::choose_launch_plan(sm90::problem_shape(batch8), kSms).stages, 3);
-  batch8.num_heads = 64;
-  EXPECT_EQ(sm90::choose_launch_plan(sm90::problem_shape(batch8), kSms).stages, 4);
+  for (int64_t heads : {96, 64}) {
+    batch8.num_heads = heads;
+    const auto p = sm90::choose_launch_plan(sm90::problem_shape(batch8), kSms);
+    EXPECT_EQ(p.v_split, 1) << heads;
+    EXPECT_EQ(p.stages, 4) << heads;
+  }
+  // 64 x 128 (a chunked prefill's batch): chains of 8 chunks, 4-warp CTAs; at
+  // H = 96 the total work bounds the kernel (three stages), at H = 8 the chain does.
+  ForwardArgs short_batch;
+  short_batch.batch = 64;
+  short_batch.seqlen = 128;
+  short_batch.head_dim_k = short_batch.head_dim_v = 128;
+  short_batch.num_heads = 96;
+  EXPECT_EQ(sm90::choose_launch_plan(sm90::problem_shape(short_batch), kSms).v_split, 2);
+  EXPECT_EQ(sm90::choose_launch_plan(sm90::problem_shape(short_batch), kSms).stages, 3);
+  short_batch.num_heads = 8;
+  EXPECT_EQ(sm90::choose_launch_plan(sm90::problem_shape(short_batch), kSms).stages, 4);
   // Varlen without a host copy of cu_seqlens: the longest sequence is unknown, so
-  // the chain is assumed to bound the kernel.
-  const auto unknown = sm90::choose_launch_plan(sm90::problem_shape(shape_args(96, &eight, false)), kSms);
+  // the chain is assumed to bound the kernel (the same 64 x 128 as above: four
+  // stages); the average length is known from the shapes.
+  std::vector<int64_t> short64 = {0};
+  for (int i = 0; i < 64; ++i) short64.push_back(short64.back() + 128);
+  const auto unknown = sm90::choose_launch_plan(sm90::problem_shape(shape_args(96, &short64, false)), kSms);
   EXPECT_EQ(unknown.v_split, 2);
   EXPECT_EQ(unknown.stages, 4);
+  const auto unknown8 = sm90::choose_launch_plan(sm90::problem_shape(shape_args(96, &eight, false)), kSms);
+  EXPECT_EQ(unknown8.v_split, 1);
+  EXPECT_EQ(unknown8.stages, 4);
 }
 
 TEST(GpuForwardLaunchPlan, OverrideReplacesOnlyTheFieldsGiven) {
-  ForwardArgs a;
-  a.batch = 8;
-  a.seqlen = 1024;
+  ForwardArgs a;  // 64 x 128 at H = 96: two 4-warp CTAs, three stages by default
+  a.batch = 64;
+  a.seqlen = 128;
   a.num_heads = 96;
   a.head_dim_k = a.head_dim_v = 128;
   const sm90::ProblemShape shape = sm90::problem_shape(a);
