@@ -494,9 +494,10 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   // never paid. When the longest chain of chunks bounds the kernel (the longest
   // sequence has more chunks than half of what each of the 2 x SMs resident
   // 8-warp CTAs would get of the whole) four records in flight are best
-  // (varlen-6: 3 stages lose 6 %); when the total work does (8 x 1024 at
-  // H = 96), three (measured faster there, though at its registers two CTAs an
-  // SM still bound it, as with four: recurrence_kernel.cuh). A varlen call
+  // (varlen-6: 3 stages lose 6 %); when the total work does, three (measured
+  // faster at 8 x 1024, H = 96, though at its registers two CTAs an SM still
+  // bound it, as with four: recurrence_kernel.cuh; that row now takes the
+  // 8-warp CTA below, batches of short sequences keep them). A varlen call
   // without cu_seqlens_host may hide a long sequence: treated as chain-bound.
   constexpr int64_t kResidentCtasPerSm = 2;
   const int64_t work_per_cta =
