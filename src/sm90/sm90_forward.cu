@@ -511,10 +511,7 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   // CTA is faster (H = 96, T = 8192: 1.129 against 1.160 ms). With one 4-warp
   // CTA per SM the split is far better (H = 64, T = 8192: 0.752 against 0.937).
   const int64_t chains = shape.seqs * shape.heads;
-  if (chains <= num_sms && 2 * chains > num_sms) {
-    plan.v_split = 1;
-    plan.stages = 4;
-  }
+  const bool an_sm_each = chains <= num_sms && 2 * chains > num_sms;
   // With at least three chains an SM of at least 16 chunks each on average
   // (2026-12-03: 96 heads x 8 x 1024 and varlen-6, 32-96 heads x 16 x 512 and
   // 32 x 256, 64 heads x 8 x 1024) the 8-warp CTA was level or 1-3.6 % faster,
@@ -528,7 +525,9 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   // state's loads, the first records) is most of it.
   constexpr int64_t kManyChainsPerSm = 3;
   constexpr int64_t kLongChainChunks = 16;
-  if (chains >= kManyChainsPerSm * num_sms && shape.total_chunks >= kLongChainChunks * shape.seqs) {
+  const bool many_long_chains =
+      chains >= kManyChainsPerSm * num_sms && shape.total_chunks >= kLongChainChunks * shape.seqs;
+  if (an_sm_each || many_long_chains) {
     plan.v_split = 1;
     plan.stages = 4;
   }

@@ -618,10 +618,11 @@ TEST(GpuForwardLaunchPlan, OverrideReplacesOnlyTheFieldsGiven) {
   sm90::set_launch_override({1, 0});
   EXPECT_EQ(sm90::effective_launch_plan(shape, 132).v_split, 1);
   EXPECT_EQ(sm90::effective_launch_plan(shape, 132).stages, 4);  // only the 4-warp variant has 3 stages
-  sm90::set_launch_override({0, 3});
+  sm90::set_launch_override({0, 4});  // the stages only: the default's 3 replaced, its V split kept
   EXPECT_EQ(sm90::effective_launch_plan(shape, 132).v_split, 2);
-  EXPECT_EQ(sm90::effective_launch_plan(shape, 132).stages, 3);
+  EXPECT_EQ(sm90::effective_launch_plan(shape, 132).stages, 4);
   sm90::set_launch_override({});
+  EXPECT_EQ(sm90::effective_launch_plan(shape, 132).stages, 3);
   EXPECT_EQ(sm90::effective_launch_plan(shape, 132).stages, sm90::choose_launch_plan(shape, 132).stages);
 }
 
