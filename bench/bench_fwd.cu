@@ -3,7 +3,7 @@
 //
 //   flashkda-bench [--heads 96,64] [--states fp32,bf16,none] [--iters 100] [--warmup 10]
 //                  [--cases 8192,varlen6,8x1024] [--table standard|tp] [--v-split 0|1|2] [--stages 0|3|4]
-//                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg[,rec[,out[,compose[,ochunks]]]]];..."]
+//                  [--seg-chunks 0|-1|N] [--sweep-v-split] [--sweep-plan] [--plans "v,s[,seg[,rec[,out[,compose[,ochunks[,storer]]]]]];..."]
 //                  [--checkpoints C] [--checkpoints-dtype bf16|fp32] [--checkpoints-value-major]
 //                  [--checkpoints-paired] [--no-host-lengths]
 //                  [--head-dim 128|64] [--gate safe|log-decay|log-decay-wide] [--json FILE]
@@ -37,8 +37,10 @@
 // same inputs; --plans lists overrides to time the same way (v_split,stages, and
 // optionally seg_chunks, how 4-warp CTAs load records at K = 128: 1 cp.async,
 // 2 bulk copy, how a segment scan forms out: 1 chains again (pass 3), 2 by
-// superposition, and its composition: 1 the register form, 4/8/16/32 the staged
-// form with that many rows a CTA).
+// superposition, its composition: 1 the register form, 4/8/16/32 the staged
+// form with that many rows a CTA, the outputs' chunks a CTA, and whether a
+// checkpoint call on bulk records writes its entries by the entry storer: 1 no,
+// 2 yes).
 //
 // Timing: CUDA events around each launch, median of --iters launches after
 // --warmup; the SM clock measured right after them is printed with each row
@@ -172,6 +174,7 @@ int main(int argc, char** argv) {
         if (f.size() > 4) o.outputs = f[4];
         if (f.size() > 5) o.compose = f[5];
         if (f.size() > 6) o.output_chunks = f[6];
+        if (f.size() > 7) o.entry_storer = f[7];
         listed_plans.push_back(o);
       }
     }

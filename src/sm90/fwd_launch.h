@@ -25,9 +25,11 @@ cudaError_t launch_prologue(const FwdParams& p, int device, cudaStream_t stream)
 // kBulkRecords: how a CTA loads its chunk records (recurrence_kernel.cuh); K = 128 only.
 // kSuperposed: the segment scan's pass 1 writing o⁰ and P for the output kernel
 // (segment_outputs.cuh).
+// kEntryStorer: checkpoint entries written by a storer warpgroup (entry_storer.cuh).
 constexpr bool kRecordsByBulkCopy = true, kRecordsByCpAsync = false;
+constexpr bool kWithEntryStorer = true;
 template <int kStateWarps, int kStages, bool kCheckpoints, int kDim = 128, bool kBulkRecords = kRecordsByCpAsync,
-          bool kSuperposed = false>
+          bool kSuperposed = false, bool kEntryStorer = false>
 cudaError_t launch_recurrence(const FwdParams& p, int64_t num_ctas, int device, cudaStream_t stream);
 
 // V split 1: records by bulk copy.
@@ -42,6 +44,11 @@ extern template cudaError_t launch_recurrence<4, 4, false, 128, kRecordsByBulkCo
                                                                                      cudaStream_t);
 extern template cudaError_t launch_recurrence<4, 4, true, 128, kRecordsByBulkCopy>(const FwdParams&, int64_t, int,
                                                                                     cudaStream_t);
+// Checkpoints with the entry storer (where entry_storer_pays, sm90_forward.cu): bulk copy.
+extern template cudaError_t launch_recurrence<8, 4, true, 128, kRecordsByBulkCopy, false, kWithEntryStorer>(
+    const FwdParams&, int64_t, int, cudaStream_t);
+extern template cudaError_t launch_recurrence<4, 4, true, 128, kRecordsByBulkCopy, false, kWithEntryStorer>(
+    const FwdParams&, int64_t, int, cudaStream_t);
 // V split 2, 3 stages (chosen where many CTAs share each SM): bulk copy.
 extern template cudaError_t launch_recurrence<4, 3, false, 128, kRecordsByBulkCopy>(const FwdParams&, int64_t, int,
                                                                                      cudaStream_t);

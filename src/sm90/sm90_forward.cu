@@ -28,6 +28,7 @@ std::atomic<int> g_force_records{0};
 std::atomic<int> g_force_outputs{0};
 std::atomic<int> g_force_compose{0};
 std::atomic<int> g_force_output_chunks{0};
+std::atomic<int> g_force_entry_storer{0};
 
 Status cuda_status(cudaError_t err, const char* what) {
   return {StatusCode::kCudaError, std::string("backend kCuda: ") + what + ": " + cudaGetErrorString(err)};
@@ -482,6 +483,17 @@ ProblemShape problem_shape(const ForwardArgs& args) {
   return shape;
 }
 
+// Checkpoint calls write their periodic entries through the entry storer
+// (entry_storer.cuh) where the records come by bulk copy and the sequences
+// average at least kStorerChunksPerSequence chunks. With 4-8 chunks a sequence
+// (batches of 64-1024 sequences of 64-128 tokens, 32-96 heads) the storer's
+// warpgroup cost 3-6 % of the call, with 64 or more it saved 1.5-2 %
+// (docs/perf-log.md, "The entry storer"). The cp.async checkpoint variant (4-warp
+// CTAs, one an SM) has no storer: beside cp.async records it cost 3-4 %.
+constexpr int64_t kStorerChunksPerSequence = 16;
+bool entry_storer_pays(const ProblemShape& shape) {
+  return shape.total_chunks >= kStorerChunksPerSequence * shape.seqs;
+}
 
 LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   LaunchPlan plan;
@@ -572,6 +584,7 @@ void set_launch_override(const LaunchOverride& forced) {
   g_force_outputs.store(forced.outputs);
   g_force_compose.store(forced.compose);
   g_force_output_chunks.store(forced.output_chunks);
+  g_force_entry_storer.store(forced.entry_storer);
 }
 
 LaunchPlan effective_launch_plan(const ProblemShape& given, int num_sms) {
@@ -654,6 +667,9 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
 
   // Checkpoints run the recurrence variant that writes them (4 stages).
   const bool checkpoints = p.checkpoints != nullptr || p.slot_ck_offsets != nullptr;
+  const int forced_storer = g_force_entry_storer.load();
+  const bool entry_storer =
+      checkpoints && (forced_storer != 0 ? forced_storer == 2 : entry_storer_pays(problem_shape(args)));
   LaunchPlan plan;
   int dev = 0, num_sms = 0;
   Status planned = plan_for(args, &plan, &dev, &num_sms);
@@ -717,6 +733,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
       return checkpoints ? launch_recurrence<4, 4, true, 64>(p, ctas, dev, s)
                          : launch_recurrence<4, 4, false, 64>(p, ctas, dev, s);
     const bool bulk = records_by_bulk_copy(ctas);
+    if (checkpoints && bulk && entry_storer)
+      return launch_recurrence<4, 4, true, 128, kRecordsByBulkCopy, false, kWithEntryStorer>(p, ctas, dev, s);
     if (checkpoints)
       return bulk ? launch_recurrence<4, 4, true, 128, kRecordsByBulkCopy>(p, ctas, dev, s)
                   : launch_recurrence<4, 4, true>(p, ctas, dev, s);
@@ -782,8 +800,12 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
   if (dim64 || p.v_split == 2) {
     err = launch_4warps(num_ctas);
   } else if (p.v_split == 1) {
-    err = checkpoints ? launch_recurrence<8, 4, true, 128, kRecordsByBulkCopy>(p, num_ctas, dev, s)
-                      : launch_recurrence<8, 4, false, 128, kRecordsByBulkCopy>(p, num_ctas, dev, s);
+    if (checkpoints && entry_storer)
+      err = launch_recurrence<8, 4, true, 128, kRecordsByBulkCopy, false, kWithEntryStorer>(p, num_ctas, dev, s);
+    else if (checkpoints)
+      err = launch_recurrence<8, 4, true, 128, kRecordsByBulkCopy>(p, num_ctas, dev, s);
+    else
+      err = launch_recurrence<8, 4, false, 128, kRecordsByBulkCopy>(p, num_ctas, dev, s);
   } else {
     err = cudaErrorInvalidValue;
   }

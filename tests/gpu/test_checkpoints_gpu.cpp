@@ -36,12 +36,14 @@ struct CkCase {
   int64_t head_dim = 128;
   int v_split = 0;  // forced plan: 0 the heuristic's, 1 one 8-warp CTA a head, 2 two 4-warp CTAs
   int records = 0;  // forced 4-warp record loads: 0 the heuristic's, 1 cp.async, 2 bulk copy
+  int storer = 0;   // forced entry storer (bulk records): 0 the heuristic's, 1 without, 2 with
   std::string name() const {
     return std::string(dtype == DType::kFP32 ? "fp32" : "bf16") + (value_major ? "_vk" : "_kv") + "_c" +
            std::to_string(interval) + (seg_chunks < 0 ? "_chain" : "_seg" + std::to_string(seg_chunks)) +
            (head_dim == 128 ? "" : "_K" + std::to_string(head_dim)) +
            (v_split == 0 ? "" : "_vsplit" + std::to_string(v_split)) +
-           (records == 1 ? "_cp_async" : records == 2 ? "_bulk_copy" : "");
+           (records == 1 ? "_cp_async" : records == 2 ? "_bulk_copy" : "") +
+           (storer == 1 ? "_no_storer" : storer == 2 ? "_storer" : "");
   }
 };
 
@@ -98,6 +100,7 @@ void expect_checkpoints_match(const CkCase& c, const std::vector<int64_t>& seqle
   // chains, not by superposition, which rounds differently): the same bits.
   sm90::LaunchOverride same_plan = {c.v_split, 0, c.seg_chunks, c.records};
   same_plan.outputs = 1;
+  same_plan.entry_storer = c.storer;
   sm90::set_launch_override(same_plan);
   const RunResult plain = run_cuda(p);
   ASSERT_TRUE(plain.status.ok()) << plain.status.message;
@@ -248,7 +251,19 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuCheckpoints,
                                            // choice where CTAs share SMs, larger than these)
                                            CkCase{DType::kBF16, false, 16, -1, 128, 2, 2},
                                            CkCase{DType::kFP32, true, 16, -1, 128, 2, 2},
-                                           CkCase{DType::kBF16, false, 64, 3, 128, 0, 2}),
+                                           CkCase{DType::kBF16, false, 64, 3, 128, 0, 2},
+                                           // bf16 key-major entries by the entry storer (these lengths
+                                           // average under 16 chunks: the heuristic would not take it),
+                                           // and without it on the long rows' plans: a stop every chunk
+                                           // (the stage reused at once), every 64 tokens, segments
+                                           CkCase{DType::kBF16, false, 16, -1, 128, 1, 0, 2},
+                                           CkCase{DType::kBF16, false, 64, -1, 128, 1, 0, 2},
+                                           CkCase{DType::kBF16, false, 16, -1, 128, 2, 2, 2},
+                                           CkCase{DType::kBF16, false, 64, -1, 128, 2, 2, 2},
+                                           CkCase{DType::kBF16, false, 16, 3, 128, 0, 2, 2},
+                                           CkCase{DType::kBF16, false, 64, 3, 128, 0, 2, 2},
+                                           CkCase{DType::kFP32, true, 16, -1, 128, 1, 0, 2},
+                                           CkCase{DType::kBF16, false, 64, -1, 128, 1, 0, 1}),
                          [](const auto& info) { return info.param.name(); });
 
 // The forward of `p` on the fp32 device pool `pool` (P slots, sequence n on

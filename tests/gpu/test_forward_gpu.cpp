@@ -608,6 +608,34 @@ TEST(GpuForwardLaunchPlan, StandardTableOnAnH200) {
   EXPECT_EQ(unknown8.stages, 4);
 }
 
+// Checkpoint calls take the entry storer where the sequences average at least 16
+// chunks: the standard table's rows (64-512 chunks a sequence), not a chunked
+// prefill's batch of short sequences, where its warpgroup cost more than it saved.
+TEST(GpuForwardLaunchPlan, EntryStorerWhereSequencesAreLong) {
+  std::vector<int64_t> varlen6 = {0, 1300, 1847, 3895, 4858, 5129, 8192};
+  std::vector<int64_t> short64 = {0};
+  for (int i = 0; i < 64; ++i) short64.push_back(short64.back() + 128);
+  std::vector<int64_t> at_floor = {0};  // 16 sequences of 256 tokens: 16 chunks each
+  for (int i = 0; i < 16; ++i) at_floor.push_back(at_floor.back() + 256);
+  std::vector<int64_t> under_floor = at_floor;
+  under_floor.back() -= 16;  // one chunk fewer in all
+  EXPECT_TRUE(sm90::entry_storer_pays(sm90::problem_shape(shape_args(96, &varlen6, true))));
+  EXPECT_TRUE(sm90::entry_storer_pays(sm90::problem_shape(shape_args(96, &varlen6, false))));
+  EXPECT_FALSE(sm90::entry_storer_pays(sm90::problem_shape(shape_args(96, &short64, true))));
+  EXPECT_FALSE(sm90::entry_storer_pays(sm90::problem_shape(shape_args(96, &short64, false))));
+  EXPECT_TRUE(sm90::entry_storer_pays(sm90::problem_shape(shape_args(64, &at_floor, true))));
+  EXPECT_FALSE(sm90::entry_storer_pays(sm90::problem_shape(shape_args(64, &under_floor, true))));
+  ForwardArgs batch8;
+  batch8.batch = 8;
+  batch8.seqlen = 1024;
+  batch8.num_heads = 96;
+  batch8.head_dim_k = batch8.head_dim_v = 128;
+  EXPECT_TRUE(sm90::entry_storer_pays(sm90::problem_shape(batch8)));
+  batch8.batch = 1024;
+  batch8.seqlen = 64;
+  EXPECT_FALSE(sm90::entry_storer_pays(sm90::problem_shape(batch8)));
+}
+
 TEST(GpuForwardLaunchPlan, OverrideReplacesOnlyTheFieldsGiven) {
   ForwardArgs a;  // 64 x 128 at H = 96: two 4-warp CTAs, three stages by default
   a.batch = 64;

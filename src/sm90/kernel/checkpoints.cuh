@@ -262,10 +262,46 @@ struct PeriodicBf16Entries {
   template <int kDim>
   __device__ __forceinline__ int64_t store(const StateRows& S, const FwdParams& p, int64_t stop, int row0, int lane) {
     store_state_key_major_bf16<kDim>(S, at, row0, lane);
+    return advance<kDim>(p, stop);
+  }
+
+  // Past the entry at `at`, stored (or handed to the entry storer) at the stop
+  // after `stop` chunks; returns the next stop.
+  template <int kDim>
+  __device__ __forceinline__ int64_t advance(const FwdParams& p, int64_t stop) {
     at += static_cast<int64_t>(p.num_v_heads) * kDim * kDim;
     return --left > 0 ? stop + p.ck_chunks : kNoCheckpoint;
   }
 };
+
+// Where a CTA's checkpoints start: its first periodic entry and its first stop.
+// A CTA that starts after chunk 0 does not store the state it starts from (see
+// the top of this file): its first stop is after its first chunk. From chunk 0
+// the first entry is entry 0, without first_periodic_entry's 64-bit division.
+struct CheckpointStart {
+  int64_t entry = 0;
+  int64_t next = kNoCheckpoint;
+};
+__device__ __forceinline__ CheckpointStart checkpoint_start(const CheckpointCursor& ck, const RecurrenceWork& w) {
+  CheckpointStart start;
+  if (ck.any) {
+    const int64_t from = w.first_chunk == 0 ? 0 : w.first_chunk + 1;
+    start.entry = from == 0 ? 0 : first_periodic_entry(ck, from);
+    start.next = next_checkpoint_stop(ck, start.entry, from);
+  }
+  return start;
+}
+
+// How many periodic entries of the common kind (PeriodicBf16Entries, whose stops
+// are every ck.every chunks from start.next on) a CTA whose chunks end after
+// `last` chunks of the sequence stores: the count the entry storer copies.
+__device__ __forceinline__ int64_t periodic_entries_stored(const CheckpointCursor& ck, const CheckpointStart& start,
+                                                           int64_t last) {
+  if (start.next > last || ck.entries <= start.entry) return 0;
+  const int64_t reached = (last - start.next) / ck.every + 1;
+  const int64_t left = ck.entries - start.entry;
+  return reached < left ? reached : left;
+}
 
 // Whether the final state may go to the sequence's own slot: not where a slot
 // checkpoint names that slot (the CPU backends write those after the final state).

@@ -10,8 +10,11 @@
 // One barrier per chunk: after it a stage is visible to all warps, and the stage
 // refilled next was released by every warp before it.
 #pragma once
+#include <type_traits>
+
 #include "sm90/kernel/checkpoints.cuh"
 #include "sm90/kernel/chunk_loader.cuh"
+#include "sm90/kernel/entry_storer.cuh"
 #include "sm90/kernel/epilogue.cuh"
 #include "sm90/kernel/grid_dependency.cuh"
 #include "sm90/kernel/params.h"
@@ -28,15 +31,26 @@ namespace flashkda::sm90 {
 // on an SM, but at 174 registers a thread the 3-stage variant still runs two:
 // held to 168 so that three fit, the segment scan's passes ran slower on most
 // few-heads rows (docs/perf-log.md).
-template <int kStateWarps, int kStages>
+template <class Base, int kVCta>
+struct WithEntryStage : Base {
+  alignas(128) unsigned char entry_stage[EntryStage<kVCta>::kBytes];
+};
+
+template <int kStateWarps, int kStages, bool kEntryStorer = false>
 struct RecurrenceConfig {
   static_assert(kStateWarps % 4 == 0, "the state's products are warpgroup MMAs: whole warpgroups of 4 warps");
-  static constexpr int kThreads = 32 * kStateWarps;
+  static constexpr int kThreads = 32 * kStateWarps;  // the state warps'
+  static constexpr int kCtaThreads = kThreads + (kEntryStorer ? kStorerThreads : 0);
   static constexpr int kVCta = 16 * kStateWarps;
-  using Smem = RecurrenceSmem<kVCta, kStages, kStateWarps>;
+  using Ring = RecurrenceSmem<kVCta, kStages, kStateWarps>;
+  using Smem = std::conditional_t<kEntryStorer, WithEntryStage<Ring, kVCta>, Ring>;
   // The swizzled record operands need 1024-byte aligned shared addresses; the
   // dynamic allocation is only promised 16, so it carries one atom of slack.
   static constexpr size_t kSmemBytes = sizeof(Smem) + kSw128AtomBytes;
+  // Two 4-warp CTAs an SM, as without the storer; the bound fixes the registers
+  // at entry, which setmaxnreg needs (entry_storer.cuh).
+  static constexpr int kMinCtasPerSm = kEntryStorer && kStateWarps == 4 ? 2 : 1;
+  static constexpr int kStateRegs = state_registers(kThreads, kCtaThreads, kMinCtasPerSm);
 };
 
 // The state alone is 64 registers a thread, the wgmma operands of a step another
@@ -58,13 +72,22 @@ struct RecurrenceConfig {
 // o⁰ (value rows) as fp32 accumulator fragments, P (key rows) as bf16 hi + lo in
 // a swizzled layout for the output kernel's wgmma. (A listed plan, FwdParams::seg_plan,
 // runs the segment 0s in a launch of their own, kPassFirstSegments, with out written.)
-template <int kStateWarps, int kStages, bool kCheckpoints, int kDim, bool kBulkRecords, bool kSuperposed>
-__global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThreads, 1)
+// kEntryStorer: the checkpoint variant (K = 128, records by bulk copy) whose
+// periodic bf16 key-major entries a storer warpgroup writes (entry_storer.cuh),
+// taken where the sequences are long enough (sm90_forward.cu, entry_storer_pays).
+template <int kStateWarps, int kStages, bool kCheckpoints, int kDim, bool kBulkRecords, bool kSuperposed,
+          bool kEntryStorer>
+__global__ void __launch_bounds__(
+    RecurrenceConfig<kStateWarps, kStages, kEntryStorer>::kCtaThreads,
+    RecurrenceConfig<kStateWarps, kStages, kEntryStorer>::kMinCtasPerSm)
     kda_recurrence_kernel(const __grid_constant__ FwdParams p) {
   static_assert(is_supported_head_dim<kDim>(), "K = V = 64 or 128");
   static_assert(!kBulkRecords || kDim == kHeadDim, "bulk copies move whole records: K = 128");
   static_assert(!(kSuperposed && kCheckpoints), "checkpoints run pass 3's chains");
-  using Cfg = RecurrenceConfig<kStateWarps, kStages>;
+  static_assert(!kEntryStorer || (kCheckpoints && kDim == kHeadDim && kBulkRecords),
+                "the entry storer: periodic entries at K = 128, records by bulk copy");
+  constexpr bool kStorer = kEntryStorer;
+  using Cfg = RecurrenceConfig<kStateWarps, kStages, kStorer>;
   using Smem = typename Cfg::Smem;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -73,10 +96,36 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
 #ifdef FLASHKDA_DEBUG_POISON_SMEM
   // Test builds: shared memory starts as NaN, so that a read of a part of a
   // record the loader skips (record_vector) shows in the results.
-  for (int i = tid; i < static_cast<int>(sizeof(Smem) / 16); i += Cfg::kThreads)
+  for (int i = tid; i < static_cast<int>(sizeof(Smem) / 16); i += Cfg::kCtaThreads)
     reinterpret_cast<uint4*>(&s)[i] = make_uint4(~0u, ~0u, ~0u, ~0u);
   __syncthreads();
 #endif
+  // The entry storer (entry_storer.cuh) works where the state warps hand
+  // entries over: periodic bf16 key-major ones (ck_periodic below, from the same
+  // cursor); elsewhere it leaves. The warpgroups part before anything else is
+  // computed: a value live across setmaxnreg was spilled, and reloaded inside
+  // the chunk loop.
+  if constexpr (kStorer) {
+    init_stage_barriers(s.record_full, 1);  // before the warpgroups part: a CTA barrier
+    if (warp >= kStateWarps) {
+      warpgroup_registers_down<storer_registers(Cfg::kThreads)>();
+      const RecurrenceWork w = get_recurrence_work<Cfg::kVCta, kDim>(p);
+      if (!w.active) {
+        leave_early(recurrence_beside(p));
+      } else if (w.true_state) {
+        const CheckpointCursor ck = checkpoint_cursor(p, w);
+        const CheckpointStart start = checkpoint_start(ck, w);
+        const PeriodicBf16Entries entries = PeriodicBf16Entries::from<kDim>(p, ck, start.entry, w.v_head);
+        if (entries.at != nullptr) {
+          const int64_t last = w.first_chunk + (w.length + kChunk - 1) / kChunk;
+          run_entry_storer<Cfg::kVCta>(s.entry_stage, entries.at, int64_t{p.num_v_heads} * kDim * kDim,
+                                       periodic_entries_stored(ck, start, last), w.row0, tid - Cfg::kThreads);
+        }
+      }
+      return;
+    }
+    warpgroup_registers_up<Cfg::kStateRegs>();
+  }
 
   // A listed segment plan runs pass 1 as two launches (RecurrencePass): the
   // second may start once every CTA of the first has, and needs nothing from
@@ -101,7 +150,12 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   const ChunkOperands* const first_record = chunk_record(p, w.first_slot, w.v_head);
   const ChunkCursor<Cfg::kVCta, Cfg::kThreads, kDim> cursor(p, first_record, w.token_begin, w.v_head, v_col0,
                                                       Smem::kLdV, tid);
-  if constexpr (kBulkRecords) init_stage_barriers(s.record_full, 1);
+  if constexpr (kBulkRecords && !kStorer) init_stage_barriers(s.record_full, 1);
+  // The state warps' CTA barrier: with a storer, its threads are not in it.
+  auto state_warps_sync = [] {
+    if constexpr (kStorer) named_barrier_sync(kStateWarpsBarrier, Cfg::kThreads);
+    else __syncthreads();
+  };
   const OutCursor<kDim> out(p, w.token_begin, w.v_head, row, lane);
   const OutputFragmentCursor<kDim> fragments_out(p, w.first_slot, w.v_head, row, lane);
   auto chunk_rows = [&](int64_t c) {
@@ -137,6 +191,16 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
   __shared__ CheckpointCursor ck;
   int64_t ck_next = kNoCheckpoint, ck_entry = 0;
   PeriodicBf16Entries ck_periodic;  // the common case's stops (checkpoints.cuh)
+  EntryHandOff<Cfg::kVCta> hand_off;
+  // A periodic stop of the common kind: handed to the storer, or stored here.
+  auto periodic_stop_here = [&](int64_t stop) {
+    if constexpr (kStorer) {
+      hand_off.hand_over(S, s.entry_stage, warp, lane);
+      return ck_periodic.advance<kDim>(p, stop);
+    } else {
+      return ck_periodic.store<kDim>(S, p, stop, row, lane);
+    }
+  };
   if (kCheckpoints && w.true_state) {
     // Every thread finds the cursor, one writes it: with the search (then a loop
     // over the sequences before this one) under `tid == 0`, the compiler could
@@ -148,20 +212,15 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     // the chunk loop's first barrier publishes it to. A barrier of its own here
     // held every warp behind warp 0's wait for the cursor's loads.
     if (tid == 0) ck = mine;
-    if (mine.any) {
-      // A CTA that starts after chunk 0 does not store the state it starts from
-      // (checkpoints.cuh): its first stop is after its first chunk. From chunk 0
-      // the first entry is entry 0, without first_periodic_entry's 64-bit division.
-      const int64_t from = w.first_chunk == 0 ? 0 : w.first_chunk + 1;
-      ck_entry = from == 0 ? 0 : first_periodic_entry(mine, from);
-      ck_next = next_checkpoint_stop(mine, ck_entry, from);
-    }
+    const CheckpointStart start = checkpoint_start(mine, w);
+    ck_entry = start.entry;
+    ck_next = start.next;
     ck_periodic = PeriodicBf16Entries::from<kDim>(p, mine, ck_entry, w.v_head);
     if (ck_next == 0) {  // the entry at token 0, by the loop's own kind of stop
-      ck_next = ck_periodic.at != nullptr ? ck_periodic.store<kDim>(S, p, 0, row, lane)
+      ck_next = ck_periodic.at != nullptr ? periodic_stop_here(0)
                                           : store_checkpoints<kDim>(S, p, mine, 0, ck_entry, w.v_head, row, lane);
     }
-    if (num_chunks == 0) __syncthreads();  // no loop barrier to publish ck
+    if (num_chunks == 0) state_warps_sync();  // no loop barrier to publish ck
   }
 
   int stage = 0;  // c % kStages, without 64-bit division
@@ -171,7 +230,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
     const int ustage = stage;  // the refill's lambda takes this constant, not the loop's variable
     if constexpr (kBulkRecords) cute::wait_barrier(s.record_full[ustage], phase);
     else fence_async_proxy();  // the record's cp.async writes, before wgmma reads them
-    __syncthreads();
+    state_warps_sync();
     const auto& st = s.stage[ustage];
     // The refill of the stage released at the barrier above, and the out tile's
     // stores, run in the shadows of the step's products (recurrence_step).
@@ -185,7 +244,7 @@ __global__ void __launch_bounds__(RecurrenceConfig<kStateWarps, kStages>::kThrea
                             [&] { out.store(p, s.out[warp], c, w.write_out ? chunk_rows(c) : 0); });
     }
     if (kCheckpoints && w.first_chunk + c + 1 == ck_next) {
-      ck_next = ck_periodic.at != nullptr ? ck_periodic.store<kDim>(S, p, ck_next, row, lane)
+      ck_next = ck_periodic.at != nullptr ? periodic_stop_here(ck_next)
                                           : store_checkpoints<kDim>(S, p, ck, ck_next, ck_entry, w.v_head, row, lane);
     }
     if (stage + 1 == kStages) phase ^= 1;
