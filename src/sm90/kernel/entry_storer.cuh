@@ -4,11 +4,10 @@
 // The state warps' stop shrinks to the state's bf16 image transposed into a
 // shared-memory stage (one stmatrix.trans for two key tiles: 8 a thread) and
 // an arrival; the storer copies the stage to the entry as whole 128-byte lines
-// while the chain goes on. The stops written by the state
-// warps themselves (checkpoints.cuh, store_state_key_major_bf16) took 32
-// movmatrix, 16 shuffles and 16 scattered 8-byte stores a thread (eight cache
-// lines an instruction) on the chain, with the next step's loads queued behind
-// them (docs/perf-log.md).
+// while the chain goes on. The stops written by the state warps themselves
+// (checkpoints.cuh, store_state_key_major_bf16) take 32 movmatrix, 16 shuffles
+// and 16 scattered 8-byte stores a thread (eight cache lines an instruction) on
+// the chain, with the next step's loads queued behind them (docs/perf-log.md).
 //
 // Stage: [key][row of the CTA's kVCta rows] bf16, a key's rows one run of
 // kVCta·2 bytes, its 16-byte chunks swizzled by chunk ^ (key % 8) so that the
@@ -19,7 +18,8 @@
 //   state warps: [bar.sync free, after the first stop] → stage → bar.arrive full
 //   storer:      bar.sync full → copy → [bar.arrive free, but after the last]
 // The storer finds the entries and their count from the CTA's checkpoint cursor
-// itself (handed_entries), as the state warps' stops do: nothing else crosses.
+// itself (periodic_entries_stored), as the state warps' stops do: nothing else
+// crosses.
 //
 // Registers: one allocation serves every warp of a kernel, and a warp after the
 // state warps put three warps on some SM sub-partitions, which held the kernel
@@ -35,7 +35,7 @@
 
 namespace flashkda::sm90 {
 
-// Named barriers: 0 is __syncthreads. With a storer warp the state warps' own
+// Named barriers: 0 is __syncthreads. With the storer the state warps' own
 // CTA barrier (the chunk loop's) is kStateWarpsBarrier over their threads only.
 constexpr int kStateWarpsBarrier = 1;
 constexpr int kStageFull = 2;
