@@ -44,7 +44,7 @@ extern template cudaError_t launch_recurrence<4, 4, false, 128, kRecordsByBulkCo
                                                                                      cudaStream_t);
 extern template cudaError_t launch_recurrence<4, 4, true, 128, kRecordsByBulkCopy>(const FwdParams&, int64_t, int,
                                                                                     cudaStream_t);
-// Checkpoints with the entry storer (where entry_storer_pays, sm90_forward.cu): bulk copy.
+// Checkpoints with the entry storer (LaunchPlan::entry_storer): bulk copy.
 extern template cudaError_t launch_recurrence<8, 4, true, 128, kRecordsByBulkCopy, false, kWithEntryStorer>(
     const FwdParams&, int64_t, int, cudaStream_t);
 extern template cudaError_t launch_recurrence<4, 4, true, 128, kRecordsByBulkCopy, false, kWithEntryStorer>(

@@ -483,20 +483,22 @@ ProblemShape problem_shape(const ForwardArgs& args) {
   return shape;
 }
 
-// Checkpoint calls write their periodic entries through the entry storer
-// (entry_storer.cuh) where the records come by bulk copy and the sequences
-// average at least kStorerChunksPerSequence chunks. With 4-8 chunks a sequence
-// (batches of 64-1024 sequences of 64-128 tokens, 32-96 heads) the storer's
-// warpgroup cost 3-6 % of the call, with 64 or more it saved 1.5-2 %
-// (docs/perf-log.md, "The entry storer"). The cp.async checkpoint variant (4-warp
-// CTAs, one an SM) has no storer: beside cp.async records it cost 3-4 %.
-constexpr int64_t kStorerChunksPerSequence = 16;
-bool entry_storer_pays(const ProblemShape& shape) {
-  return shape.total_chunks >= kStorerChunksPerSequence * shape.seqs;
-}
+// Sequences long enough (on average) for the plan's per-CTA machinery to pay:
+// one 8-warp CTA a chain where chains are many, and the entry storer. Both
+// measured on the H200 on either side of 16 chunks (docs/perf-log.md: "one
+// 8-warp CTA a chain ...", "The entry storer").
+constexpr int64_t kLongChainChunks = 16;
+bool long_chains(const ProblemShape& shape) { return shape.total_chunks >= kLongChainChunks * shape.seqs; }
 
 LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   LaunchPlan plan;
+  // Checkpoint calls write their periodic entries through the entry storer
+  // (entry_storer.cuh) where the records come by bulk copy and the sequences are
+  // long. With 4-8 chunks a sequence (batches of 64-1024 sequences of 64-128
+  // tokens, 32-96 heads) its warpgroup cost 3-6 % of the call, with 16 and more it
+  // saved 1-2 %. The cp.async checkpoint variant (4-warp CTAs, one an SM) has no
+  // storer: beside cp.async records it cost 3-4 %.
+  plan.entry_storer = long_chains(shape);
   // Rows of S are independent, so a (sequence, head) can be served by several
   // CTAs that each own a slice of V and share the chunk records through L2.
   // Measured on the H200 (docs/perf-log.md, 2026-11-29, late): two 4-warp
@@ -536,9 +538,7 @@ LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms) {
   // 128) or 2.5-4.7 % slower (one chunk: 512 x 16), where a CTA's set-up (the
   // state's loads, the first records) is most of it.
   constexpr int64_t kManyChainsPerSm = 3;
-  constexpr int64_t kLongChainChunks = 16;
-  const bool many_long_chains =
-      chains >= kManyChainsPerSm * num_sms && shape.total_chunks >= kLongChainChunks * shape.seqs;
+  const bool many_long_chains = chains >= kManyChainsPerSm * num_sms && long_chains(shape);
   if (an_sm_each || many_long_chains) {
     plan.v_split = 1;
     plan.stages = 4;
@@ -608,6 +608,8 @@ LaunchPlan effective_launch_plan(const ProblemShape& given, int num_sms) {
   }
   if (plan.seg_chunks > 0) plan.v_split = 2;  // the segment scan runs 4-warp CTAs
   if (plan.v_split != 2) plan.stages = 4;  // the only instantiations built
+  const int storer = g_force_entry_storer.load();
+  if (storer == 1 || storer == 2) plan.entry_storer = storer == 2;
   return plan;
 }
 
@@ -667,13 +669,11 @@ Status forward(const ForwardArgs& args, void* workspace, size_t, void* stream) {
 
   // Checkpoints run the recurrence variant that writes them (4 stages).
   const bool checkpoints = p.checkpoints != nullptr || p.slot_ck_offsets != nullptr;
-  const int forced_storer = g_force_entry_storer.load();
-  const bool entry_storer =
-      checkpoints && (forced_storer != 0 ? forced_storer == 2 : entry_storer_pays(problem_shape(args)));
   LaunchPlan plan;
   int dev = 0, num_sms = 0;
   Status planned = plan_for(args, &plan, &dev, &num_sms);
   if (!planned.ok()) return planned;
+  const bool entry_storer = checkpoints && plan.entry_storer;
   // K = V = 64: one 4-warp CTA per (sequence, head) holds the whole state (the
   // 64-wide instantiations, 4 stages); the plan's segment count still applies.
   const bool dim64 = K == 64;

@@ -56,6 +56,10 @@ struct LaunchPlan {
   // pieces a segment takes from the lengths (segment_plan.h), none where it
   // would cut nothing.
   bool device_segments = false;
+  // A call with checkpoints whose records come by bulk copy writes its periodic
+  // bf16 key-major entries through the entry storer (entry_storer.cuh), a
+  // warpgroup beside the state warps; else the state warps write them.
+  bool entry_storer = false;
 };
 // What the launch heuristic looks at: sequences, value heads, the chunks of all
 // sequences, and the longest sequence's chunks (-1: unknown, for varlen calls
@@ -73,9 +77,6 @@ struct ProblemShape {
   bool skewed = false;
 };
 ProblemShape problem_shape(const ForwardArgs& args);
-// Whether a call of this shape with checkpoints writes them through the entry
-// storer (where its records come by bulk copy).
-bool entry_storer_pays(const ProblemShape& shape);
 // The launch heuristic's choice for this shape on `num_sms` SMs.
 LaunchPlan choose_launch_plan(const ProblemShape& shape, int num_sms);
 // The plan forward() runs these arguments with on `num_sms` SMs (any override
@@ -120,8 +121,8 @@ struct LaunchOverride {
   int compose = 0;         // segment scan's composition (staged_compose_rows): 1 the register form;
                            // 4, 8, 16 or 32 the staged form with that many rows a CTA, whatever its grid
   int output_chunks = 0;   // outputs by superposition: 8 or 16 chunks an output kernel CTA, whatever its grid
-  int entry_storer = 0;    // checkpoint calls whose records come by bulk copy: 1 stops by the state warps,
-                           // 2 the entry storer, whatever the lengths (entry_storer_pays)
+  int entry_storer = 0;    // LaunchPlan::entry_storer: 1 stops by the state warps, 2 the entry storer,
+                           // whatever the lengths
 };
 void set_launch_override(const LaunchOverride& forced);
 // The plan forward() uses now: the heuristic's, with any override applied.

@@ -619,21 +619,22 @@ TEST(GpuForwardLaunchPlan, EntryStorerWhereSequencesAreLong) {
   for (int i = 0; i < 16; ++i) at_floor.push_back(at_floor.back() + 256);
   std::vector<int64_t> under_floor = at_floor;
   under_floor.back() -= 16;  // one chunk fewer in all
-  EXPECT_TRUE(sm90::entry_storer_pays(sm90::problem_shape(shape_args(96, &varlen6, true))));
-  EXPECT_TRUE(sm90::entry_storer_pays(sm90::problem_shape(shape_args(96, &varlen6, false))));
-  EXPECT_FALSE(sm90::entry_storer_pays(sm90::problem_shape(shape_args(96, &short64, true))));
-  EXPECT_FALSE(sm90::entry_storer_pays(sm90::problem_shape(shape_args(96, &short64, false))));
-  EXPECT_TRUE(sm90::entry_storer_pays(sm90::problem_shape(shape_args(64, &at_floor, true))));
-  EXPECT_FALSE(sm90::entry_storer_pays(sm90::problem_shape(shape_args(64, &under_floor, true))));
+  auto storer = [](const ForwardArgs& a) { return sm90::choose_launch_plan(sm90::problem_shape(a), 132).entry_storer; };
+  EXPECT_TRUE(storer(shape_args(96, &varlen6, true)));
+  EXPECT_TRUE(storer(shape_args(96, &varlen6, false)));
+  EXPECT_FALSE(storer(shape_args(96, &short64, true)));
+  EXPECT_FALSE(storer(shape_args(96, &short64, false)));
+  EXPECT_TRUE(storer(shape_args(64, &at_floor, true)));
+  EXPECT_FALSE(storer(shape_args(64, &under_floor, true)));
   ForwardArgs batch8;
   batch8.batch = 8;
   batch8.seqlen = 1024;
   batch8.num_heads = 96;
   batch8.head_dim_k = batch8.head_dim_v = 128;
-  EXPECT_TRUE(sm90::entry_storer_pays(sm90::problem_shape(batch8)));
+  EXPECT_TRUE(storer(batch8));
   batch8.batch = 1024;
   batch8.seqlen = 64;
-  EXPECT_FALSE(sm90::entry_storer_pays(sm90::problem_shape(batch8)));
+  EXPECT_FALSE(storer(batch8));
 }
 
 TEST(GpuForwardLaunchPlan, OverrideReplacesOnlyTheFieldsGiven) {
@@ -649,6 +650,12 @@ TEST(GpuForwardLaunchPlan, OverrideReplacesOnlyTheFieldsGiven) {
   sm90::set_launch_override({0, 4});  // the stages only: the default's 3 replaced, its V split kept
   EXPECT_EQ(sm90::effective_launch_plan(shape, 132).v_split, 2);
   EXPECT_EQ(sm90::effective_launch_plan(shape, 132).stages, 4);
+  EXPECT_FALSE(sm90::effective_launch_plan(shape, 132).entry_storer);  // 8 chunks a sequence
+  sm90::LaunchOverride storer;
+  storer.entry_storer = 2;
+  sm90::set_launch_override(storer);
+  EXPECT_TRUE(sm90::effective_launch_plan(shape, 132).entry_storer);
+  EXPECT_EQ(sm90::effective_launch_plan(shape, 132).stages, 3);  // the rest the default's
   sm90::set_launch_override({});
   EXPECT_EQ(sm90::effective_launch_plan(shape, 132).stages, 3);
   EXPECT_EQ(sm90::effective_launch_plan(shape, 132).stages, sm90::choose_launch_plan(shape, 132).stages);

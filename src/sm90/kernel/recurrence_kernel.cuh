@@ -74,7 +74,7 @@ struct RecurrenceConfig {
 // runs the segment 0s in a launch of their own, kPassFirstSegments, with out written.)
 // kEntryStorer: the checkpoint variant (K = 128, records by bulk copy) whose
 // periodic bf16 key-major entries a storer warpgroup writes (entry_storer.cuh),
-// taken where the sequences are long enough (sm90_forward.cu, entry_storer_pays).
+// taken where the sequences are long enough (LaunchPlan::entry_storer, sm90_forward.cu).
 template <int kStateWarps, int kStages, bool kCheckpoints, int kDim, bool kBulkRecords, bool kSuperposed,
           bool kEntryStorer>
 __global__ void __launch_bounds__(
