@@ -251,8 +251,10 @@ struct ForwardArgs {
 constexpr int64_t kSlotCheckpointsPerSequence = 2;
 
 // Bytes of scratch memory forward() needs for these arguments on this backend
-// (0 is a valid answer). The workspace must be in the backend's memory and
-// 256-byte aligned. Returns an error status for arguments forward() would reject.
+// (0 is a valid answer). The workspace must be in the backend's memory,
+// 256-byte aligned, and share no byte of the `bytes` the call uses with any
+// argument (forward() refuses it, naming the argument). Returns an error status
+// for arguments forward() would reject.
 Status workspace_size(const ForwardArgs& args, Backend backend, size_t* bytes);
 
 // Runs the forward. `stream` is a cudaStream_t for kCuda (nullptr = the legacy

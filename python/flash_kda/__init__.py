@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import importlib.util
 import sys
 
@@ -147,8 +148,33 @@ def _allocator_for_stream(index: int, stream: int):
     return alloc
 
 
+def _type_name(x) -> str:
+    """x's type for a message: qualified outside the builtins, so that numpy.bool
+    does not read as the bool it was refused for."""
+    t = type(x)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _stream_value(stream):
+    """``stream=`` checked on every device, as an int or None: a value a CUDA call
+    would refuse is refused on CPU tensors too (where the stream is not used)."""
+    if stream is None:
+        return None
+    if isinstance(stream, bool):
+        raise TypeError(f"stream: expected a cudaStream_t as an int, or None, got bool {stream!r}")
+    try:
+        value = operator.index(stream)
+    except TypeError:
+        raise TypeError(f"stream: expected a cudaStream_t as an int (e.g. torch.cuda.current_stream().cuda_stream), "
+                        f"or None, got {_type_name(stream)}") from None
+    if not 0 <= value < 2 ** 64:
+        raise ValueError(f"stream: expected a cudaStream_t, an int in [0, 2**64), got {value}")
+    return value
+
+
 def _runtime(q, stream, need_alloc=True):
     """(alloc, stream) for q's framework and device."""
+    stream = _stream_value(stream)
     if _is_torch(q):
         if not q.is_cuda:
             return None, 0
@@ -179,9 +205,9 @@ def _on_stream(q, stream):
     its current stream; when `stream` names another, nothing would order them before
     the kernel, and torch could hand their memory to the next allocation while the
     kernel still reads it. Inside this context both follow `stream`."""
+    stream = _stream_value(stream)
     if stream is None or not _is_torch(q) or not q.is_cuda:
         return _SAME_STREAM
-    stream = int(stream)
     if stream == _current_raw_stream(q.get_device()):
         return _SAME_STREAM
     return _torch.cuda.stream(_torch.cuda.ExternalStream(stream, device=q.device))
@@ -250,7 +276,7 @@ def _raise_named(err, **given):
                 continue
             x = given[name]
             if not isinstance(x, want) or (want is int and isinstance(x, bool)):
-                raise TypeError(f"{name}: expected {want.__name__}, got {type(x).__name__} {x!r}") from None
+                raise TypeError(f"{name}: expected {want.__name__}, got {_type_name(x)} {x!r}") from None
             if want is int and not -2 ** 63 <= x < 2 ** 63:
                 raise ValueError(f"{name}: expected a value that fits int64, got {x}") from None
     raise err

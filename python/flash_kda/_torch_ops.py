@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import DEFAULT_LOWER_BOUND, _check_boundaries, _pdl_mode, _resolve_scalars, decode, fwd
+from . import DEFAULT_LOWER_BOUND, _check_boundaries, _pdl_mode, _resolve_scalars, _type_name, decode, fwd
 
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -67,7 +67,7 @@ def _check_forms(use_gate_in_kernel, use_beta_sigmoid_in_kernel):
     for name, x in (("use_gate_in_kernel", use_gate_in_kernel),
                     ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel)):
         if not isinstance(x, bool):
-            raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
+            raise TypeError(f"{name}: expected a bool, got {_type_name(x)} {x!r}")
 
 
 def _num_seqs(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
@@ -182,7 +182,8 @@ def kda_forward(
     required, gate = _token_args(q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel)
     _check_op_tensors(required, (*gate, ("initial_state", initial_state), ("cu_seqlens", cu_seqlens)))
     if not isinstance(output_final_state, bool):
-        raise TypeError(f"output_final_state: expected a bool, got {type(output_final_state).__name__}")
+        raise TypeError(f"output_final_state: expected a bool, got {_type_name(output_final_state)} "
+                        f"{output_final_state!r}")
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     _check_output_shapes(q, v, cu_seqlens)
     if state_dtype is None:
@@ -289,11 +290,13 @@ def kda_prefill(
                        ("slot_checkpoint_slots", slot_checkpoint_slots)))
     scale, lower_bound = _resolve_scalars(q, scale, lower_bound)
     if not isinstance(checkpoint_interval, int) or isinstance(checkpoint_interval, bool):
-        raise TypeError(f"checkpoint_interval: expected an int, got {type(checkpoint_interval).__name__}")
+        raise TypeError(f"checkpoint_interval: expected an int, got {_type_name(checkpoint_interval)} "
+                        f"{checkpoint_interval!r}")
     if not -2**63 <= checkpoint_interval < 2**63:  # the op's int is int64
         raise ValueError(f"checkpoint_interval: expected a multiple of 16 within int64, got {checkpoint_interval}")
     if not isinstance(checkpoints_value_major, bool):  # bool("False") would be True
-        raise TypeError(f"checkpoints_value_major: expected a bool, got {type(checkpoints_value_major).__name__}")
+        raise TypeError(f"checkpoints_value_major: expected a bool, got {_type_name(checkpoints_value_major)} "
+                        f"{checkpoints_value_major!r}")
     return _kda_prefill_op(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, has_initial_state,
                            cu_seqlens, cu_seqlens_host, checkpoints, checkpoint_interval,
                            bool(checkpoints_value_major), slot_checkpoint_offsets, slot_checkpoint_slots, scale,

@@ -10,6 +10,7 @@
 
 #include "api/forward_internal.h"
 #include "api/guarded.h"
+#include "api/overlap.h"
 #include "common/sequences.h"
 #include "cpu/cpu_backends.h"
 #include "flashkda/flashkda.h"
@@ -80,6 +81,8 @@ Status dispatch(const ForwardArgs& args, Backend backend, void* workspace, size_
                                                        : std::to_string(workspace_bytes)));
         if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
           return Status::Invalid("workspace: expected a 256-byte aligned pointer");
+        s = validation::check_workspace_overlaps(args, workspace, static_cast<int64_t>(required));
+        if (!s.ok()) return s;
       }
       return sm90::forward(args, workspace, workspace_bytes, stream);
     }

@@ -181,5 +181,9 @@ inline std::vector<ArgBytes> forward_input_bytes(const ForwardArgs& a) {
 Status check_forward_overlaps(const ForwardArgs& a);
 // The same for a decode step (decode.cpp).
 Status check_decode_overlaps(const DecodeArgs& a);
+// The `bytes` of scratch a forward writes at `workspace` (kCuda) against every
+// argument of `a`: a workspace inside out or an input would be a silent wrong
+// answer (forward.cpp, before the launch; validate.cpp).
+Status check_workspace_overlaps(const ForwardArgs& a, const void* workspace, int64_t bytes);
 
 }  // namespace flashkda::validation

@@ -44,12 +44,12 @@ Status validate_without_overlaps(const ForwardArgs& a, Backend backend) {
 }  // namespace api
 
 // After validate_impl: every size below fits in int64 (checked there).
-Status validation::check_forward_overlaps(const ForwardArgs& a) {
+namespace {
+// What a forward reads besides its token inputs' views.
+std::vector<ArgBytes> forward_read_bytes(const ForwardArgs& a) {
   const int64_t HV = value_heads(a), K = a.head_dim_k, V = a.head_dim_v;
-  const int64_t N = num_sequences(a), tokens = a.batch * a.seqlen, slot = HV * V * K;
+  const int64_t N = num_sequences(a);
   const int64_t index_bytes = a.state_index_type == IndexType::kInt64 ? 8 : 4;
-  const int64_t pool_elem = dtype_bytes(a.state_pool_dtype);
-  const int64_t pool_stride = a.pool_stride == 0 ? slot : a.pool_stride;
   const int64_t n_slot_ck = N * kSlotCheckpointsPerSequence;  // N + 1 boundaries fit in int64 bytes
   std::vector<ArgBytes> read = forward_input_bytes(a);
   for (const ArgBytes& b :
@@ -62,17 +62,34 @@ Status validation::check_forward_overlaps(const ForwardArgs& a) {
         dense_bytes("slot_checkpoint_slots", a.slot_checkpoint_slots,
                     arg_bytes(a.slot_checkpoint_slots, {n_slot_ck}, index_bytes))})
     read.push_back(b);
-  return check_overlaps(
-      {dense_bytes("out", a.out, arg_bytes(a.out, {tokens, HV, V}, 2)),
-       dense_bytes("final_state", a.final_state,
-                   arg_bytes(a.final_state, {N, HV, V, K}, dtype_bytes(a.final_state_dtype))),
-       row_bytes("state_pool", a.state_pool, a.pool_size, arg_bytes(a.state_pool, {HV, V, K}, pool_elem),
-                 pool_stride * pool_elem),
-       dense_bytes("checkpoints", a.checkpoints,
-                   arg_bytes(a.checkpoints, {a.checkpoints_capacity, HV, K, V}, dtype_bytes(a.checkpoints_dtype))),
-       dense_bytes("summaries_M", a.summaries_M, arg_bytes(a.summaries_M, {N, HV, K, K}, 4)),
-       dense_bytes("summaries_B", a.summaries_B, arg_bytes(a.summaries_B, {N, HV, V, K}, 4))},
-      read, {{"final_state", "initial_state", true}});
+  return read;
+}
+// What a forward writes (the pool is read too).
+std::vector<ArgBytes> forward_written_bytes(const ForwardArgs& a) {
+  const int64_t HV = value_heads(a), K = a.head_dim_k, V = a.head_dim_v;
+  const int64_t N = num_sequences(a), tokens = a.batch * a.seqlen, slot = HV * V * K;
+  const int64_t pool_elem = dtype_bytes(a.state_pool_dtype);
+  const int64_t pool_stride = a.pool_stride == 0 ? slot : a.pool_stride;
+  return {dense_bytes("out", a.out, arg_bytes(a.out, {tokens, HV, V}, 2)),
+          dense_bytes("final_state", a.final_state,
+                      arg_bytes(a.final_state, {N, HV, V, K}, dtype_bytes(a.final_state_dtype))),
+          row_bytes("state_pool", a.state_pool, a.pool_size, arg_bytes(a.state_pool, {HV, V, K}, pool_elem),
+                    pool_stride * pool_elem),
+          dense_bytes("checkpoints", a.checkpoints,
+                      arg_bytes(a.checkpoints, {a.checkpoints_capacity, HV, K, V}, dtype_bytes(a.checkpoints_dtype))),
+          dense_bytes("summaries_M", a.summaries_M, arg_bytes(a.summaries_M, {N, HV, K, K}, 4)),
+          dense_bytes("summaries_B", a.summaries_B, arg_bytes(a.summaries_B, {N, HV, V, K}, 4))};
+}
+}  // namespace
+
+Status validation::check_forward_overlaps(const ForwardArgs& a) {
+  return check_overlaps(forward_written_bytes(a), forward_read_bytes(a), {{"final_state", "initial_state", true}});
+}
+
+Status validation::check_workspace_overlaps(const ForwardArgs& a, const void* workspace, int64_t bytes) {
+  std::vector<ArgBytes> others = forward_read_bytes(a);
+  for (const ArgBytes& b : forward_written_bytes(a)) others.push_back(b);
+  return check_overlaps({dense_bytes("workspace", workspace, bytes)}, others);
 }
 
 namespace {

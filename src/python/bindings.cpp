@@ -387,6 +387,15 @@ void import_dlpack(const char* name, nb::handle obj, Arg& a) {
   // is what is read, as on the attribute path.
   if (requires_grad(obj)) src = src.attr("detach")();
   if (!nb::try_cast<Array>(src, a.arr, /*convert=*/false)) {
+    // A tensor of a framework that names its device (torch's meta, mps, xpu...):
+    // the right kind of argument in memory no backend reads, a ValueError as for
+    // a tensor on the wrong device.
+    if (nb::hasattr(src, "__dlpack__") && nb::hasattr(src, "device")) {
+      const nb::object device = src.attr("device");
+      const std::string where = nb::str(device).c_str();
+      if (where.rfind("cpu", 0) != 0 && where.rfind("cuda", 0) != 0)
+        raise_value(cat(name, ": expected a tensor in CPU or CUDA memory, got one on device ", where));
+    }
     std::string tname = nb::cast<std::string>(nb::str(obj.type().attr("__name__")));
     raise_type(cat(name, ": expected a tensor supporting DLPack (torch.Tensor, CuPy or NumPy array), got ", tname,
                    dlpack_refusal(src)));
@@ -878,6 +887,16 @@ size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
   void* ws = nullptr;
   size_t ws_bytes = 0;
   nb::object allocated;  // keeps an alloc()ated workspace alive until the launch is queued
+  // A call that needs no scratch (the CPU backends) still checks a workspace it
+  // is given: the same argument on CUDA tensors would be refused.
+  auto take_workspace = [&](const char* what, nb::handle src) {
+    Arg w = take(what, src, {DT::kU8}, false);
+    if (w.ndim() != 1) raise_value(cat(what, ": expected a 1-d uint8 tensor, got shape ", shape_string(w)));
+    expect_contiguous(w);
+    expect_device(w, c.q);
+    return w;
+  };
+  if (need == 0 && !workspace.is_none()) take_workspace("workspace", workspace);
   if (need > 0) {
     nb::handle src = workspace;
     const char* what = "workspace";
@@ -896,10 +915,7 @@ size_t fwd_py(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
       src = allocated;
       what = "workspace (returned by alloc)";
     }
-    Arg w = take(what, src, {DT::kU8}, false);
-    if (w.ndim() != 1) raise_value(cat(what, ": expected a 1-d uint8 tensor, got shape ", shape_string(w)));
-    expect_contiguous(w);
-    expect_device(w, c.q);
+    const Arg w = take_workspace(what, src);
     // The backend wants a 256-byte aligned pointer: align inside the buffer.
     const uintptr_t p = reinterpret_cast<uintptr_t>(w.data());
     const size_t pad = (kWorkspaceAlign - p % kWorkspaceAlign) % kWorkspaceAlign;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "api/forward_internal.h"
+#include "api/overlap.h"
 #include "flashkda/flashkda.h"
 #include "tests/common/decode_problem.h"
 #include "tests/common/kda_problem.h"
@@ -579,6 +580,60 @@ TEST(Validation, OutputsSharingMemoryAreRefusedByName) {
   views.q_token_stride = views.k_token_stride = row;
   const Status st = flashkda::validate(views, Backend::kCpuChunked);
   EXPECT_TRUE(st.ok()) << st.message;
+}
+
+// The scratch a kCuda forward writes is checked against every argument before
+// the launch (forward.cpp): a workspace inside out, an input or a pool slot would
+// be a silent wrong answer. The check is pointer arithmetic, so it runs here.
+TEST(Validation, WorkspaceSharingMemoryWithAnArgumentIsRefused) {
+  Fixture base;  // q, k, v, g: [1, 20, 2, 32] bf16; out [1, 20, 2, 32] bf16; final state fp32
+  using flashkda::validation::check_workspace_overlaps;
+  // out with 512 bytes of its own buffer on either side, so that its neighbours are known.
+  const int64_t out_bytes = static_cast<int64_t>(base.out.size()) * 2;
+  std::vector<char> padded(static_cast<size_t>(out_bytes + 1024));
+  ForwardArgs a = base.args;
+  a.out = padded.data() + 512;
+  const char* out = padded.data() + 512;
+  struct Case {
+    const char* what;
+    const void* ws;
+    int64_t bytes;
+    const char* needle;  // nullptr: accepted
+  };
+  std::vector<char> own(4096);
+  const Case cases[] = {
+      {"its own memory", own.data(), 4096, nullptr},
+      {"over out", out, 256, "workspace: shares memory with out"},
+      {"ending one byte into out", out - 255, 256, "workspace: shares memory with out"},
+      {"ending just before out", out - 256, 256, nullptr},
+      {"starting just past out", out + out_bytes, 256, nullptr},
+      {"starting at out's last byte", out + out_bytes - 1, 256, "workspace: shares memory with out"},
+      {"inside q", static_cast<const char*>(a.q) + 64, 16, "workspace: shares memory with q"},
+      {"inside the final state", base.fin.data() + 100, 4, "workspace: shares memory with final_state"},
+      {"over A_log", a.A_log, 1, "workspace: shares memory with A_log"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Status st = check_workspace_overlaps(a, c.ws, c.bytes);
+    if (c.needle == nullptr) {
+      EXPECT_TRUE(st.ok()) << st.message;
+    } else {
+      EXPECT_EQ(st.code, StatusCode::kInvalidArgument);
+      EXPECT_NE(st.message.find(c.needle), std::string::npos) << st.message;
+    }
+  }
+  // A pool's slots strided two slots apart: scratch in the gap between slot 0 and
+  // slot 1 shares no byte with the pool; scratch in slot 1 does.
+  const int64_t slot = base.p.H * base.p.V * base.p.K;
+  std::vector<float> big(static_cast<size_t>(6 * slot));
+  std::vector<int32_t> slots = {0};
+  ForwardArgs pooled = a;
+  flashkda::testing::use_state_pool(pooled, big.data(), DType::kFP32, 3, slots.data());
+  pooled.pool_stride = 2 * slot;
+  ASSERT_TRUE(flashkda::validate(pooled, Backend::kCpuChunked).ok());
+  EXPECT_TRUE(check_workspace_overlaps(pooled, big.data() + slot, slot * 4).ok());
+  const Status in_slot = check_workspace_overlaps(pooled, big.data() + 2 * slot + 8, 64);
+  EXPECT_NE(in_slot.message.find("workspace: shares memory with state_pool"), std::string::npos) << in_slot.message;
 }
 
 // The overlap test is exact where one side is dense: a dense out in a middle slot

@@ -15,6 +15,7 @@ Bars (relative RMS against the float64 reference on the spec's distribution):
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -661,6 +662,53 @@ def test_tensors_that_refuse_dlpack_say_why():
     why = r"^A_log: expected a tensor supporting DLPack .*, got ndarray \(its __dlpack__ failed: "
     with pytest.raises(TypeError, match=why):
         call_with(p, A_log=ro)
+
+
+def test_tensors_in_memory_no_backend_reads_are_value_errors():
+    """A torch tensor on the meta device is the right kind of argument on the wrong
+    device: a ValueError naming it and the device, as for a CUDA tensor among CPU ones."""
+    p = make_problem(seqlens=[5, 7], H=2, K=32, seed=25)
+    for name in ("q", "cu_seqlens", "A_log"):
+        with pytest.raises(ValueError, match=rf"^{name}: expected a tensor in CPU or CUDA memory, got one on "
+                                             r"device meta"):
+            call_with(p, **{name: p[name].to("meta")})
+
+
+def test_workspace_and_stream_are_checked_where_the_call_does_not_use_them(small):
+    """The CPU backends need no scratch and no stream; a value the same call on CUDA
+    tensors would refuse is refused here too, naming the argument."""
+    p = small
+    with pytest.raises(TypeError, match=r"^workspace: expected a tensor"):
+        call_with(p, workspace="scratch")
+    with pytest.raises(TypeError, match=r"^workspace: expected dtype uint8"):
+        call_with(p, workspace=torch.zeros(64))
+    with pytest.raises(ValueError, match=r"^workspace: expected a 1-d uint8 tensor"):
+        call_with(p, workspace=torch.zeros(2, 64, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"^workspace: expected a C-contiguous"):
+        call_with(p, workspace=torch.zeros(128, dtype=torch.uint8)[::2])
+    call_with(p, workspace=torch.zeros(64, dtype=torch.uint8))  # a valid one is accepted (and unused)
+    for bad, err, match in (("bogus", TypeError, r"^stream: expected a cudaStream_t as an int"),
+                            (1.5, TypeError, r"^stream: expected a cudaStream_t as an int"),
+                            (True, TypeError, r"^stream: expected a cudaStream_t as an int, or None, got bool"),
+                            (-1, ValueError, r"^stream: expected a cudaStream_t, an int in \[0, 2\*\*64\)"),
+                            (2 ** 64, ValueError, r"^stream: expected a cudaStream_t")):
+        with pytest.raises(err, match=match):
+            call_with(p, stream=bad)
+        M, B = torch.zeros(1, 2, 32, 32), torch.zeros(1, 2, 32, 32)
+        with pytest.raises(err, match=match):
+            flash_kda.compose_summaries(M, B, M, B, stream=bad)
+    call_with(p, stream=np.int64(0))  # any integer type
+
+
+def test_numpy_bools_are_named_as_numpy(small):
+    """numpy.bool is not a Python bool (nanobind and torch's schemas refuse it); the
+    message says which bool it is."""
+    with pytest.raises(TypeError, match=r"^use_gate_in_kernel: expected bool, got numpy\.bool"):
+        call_with(small, use_gate_in_kernel=np.True_)
+    p = small
+    with pytest.raises(TypeError, match=r"^output_final_state: expected a bool, got numpy\.bool"):
+        flash_kda.kda_forward(p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"],
+                              output_final_state=np.True_)
 
 
 def test_raw_ops_refuse_a_meta_tensor_beside_real_ones():
