@@ -274,6 +274,7 @@ int32_t flashkda_workspace_size(const flashkda_forward_args* args, int32_t backe
     t_last_error = "bytes: null pointer";
     return FLASHKDA_STATUS_INVALID_ARGUMENT;
   }
+  *bytes = 0;  // on every error, as flashkda::workspace_size
   if (const Status s = check_c_fields(*args); !s.ok()) return record(s);
   return guarded([&] {
     size_t n = 0;

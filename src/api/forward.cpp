@@ -20,13 +20,24 @@
 namespace flashkda {
 using api::guarded;
 
+namespace {
+// A call with no token (so no out and no checkpoint), no final state, no pool and
+// no summaries writes nothing: it is complete as it stands, whatever its batch. A
+// batch of 2^40 empty sequences costs no time and needs no scratch.
+bool writes_nothing(const ForwardArgs& a) {
+  return a.batch * a.seqlen == 0 && a.final_state == nullptr && a.state_pool == nullptr &&
+         a.summaries_M == nullptr && a.summaries_B == nullptr && a.checkpoints == nullptr &&
+         a.slot_checkpoint_offsets == nullptr;
+}
+}  // namespace
+
 Status workspace_size(const ForwardArgs& args, Backend backend, size_t* bytes) {
   if (bytes == nullptr) return Status::Invalid("bytes: null pointer");
   *bytes = 0;
   return guarded(backend, "workspace_size", [&]() -> Status {
     Status s = validate(args, backend);
     if (!s.ok()) return s;
-    if (backend != Backend::kCuda) return Status::Ok();  // the CPU backends need no workspace
+    if (backend != Backend::kCuda || writes_nothing(args)) return Status::Ok();  // the CPU backends need none
     return sm90::workspace_size(args, bytes);
   });
 }
@@ -62,6 +73,7 @@ Status run_on_cpu(const ForwardArgs& args_in, Backend backend, const std::functi
 
 // forward() after validate(args, backend) returned Ok.
 Status dispatch(const ForwardArgs& args, Backend backend, void* workspace, size_t workspace_bytes, void* stream) {
+  if (writes_nothing(args)) return Status::Ok();
   switch (backend) {
     case Backend::kCpuReference:
       return run_on_cpu(args, backend, [](const ForwardArgs& a) { return cpu::reference_forward_f64(a); });

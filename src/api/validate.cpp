@@ -150,7 +150,14 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
   if (!tensor_fits({B, T, HV, K}, dtype_bytes(a.g_dtype), &n_g)) return overflow("g", "B*T*HV*K");
   if (!tensor_fits({B, T, HV}, dtype_bytes(a.beta_dtype), &n_beta)) return overflow("beta", "B*T*HV");
   if (!tensor_fits({HV, K}, 4, &n_state)) return overflow("dt_bias", "HV*K");
-  if (!tensor_fits({N, HV, V, K}, 4, &n_state)) return overflow("initial_state", "N*HV*V*K");
+  // The per-sequence states' count: named after a state tensor given, else after
+  // what sets N (a batch of empty sequences may still be too large to index).
+  if (!tensor_fits({N, HV, V, K}, 4, &n_state))
+    return overflow(a.initial_state != nullptr ? "initial_state"
+                    : a.final_state != nullptr ? "final_state"
+                    : varlen                    ? "num_seqs"
+                                                : "batch",
+                    "N*HV*V*K");
   int64_t n_summary_m = 0;
   if ((a.summaries_M != nullptr || a.summaries_B != nullptr) && !tensor_fits({N, HV, K, K}, 4, &n_summary_m))
     return overflow("summaries_M", "N*HV*K*K");
@@ -202,23 +209,23 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
     return Status::Invalid("initial_state: pointer given but initial_state_dtype is kNone");
   if (a.initial_state == nullptr && a.initial_state_dtype != DType::kNone)
     return Status::Invalid(cat("initial_state: null pointer but initial_state_dtype is ",
-                               to_string(a.initial_state_dtype), " (use kNone for no initial state)"));
+                               a.initial_state_dtype, " (use kNone for no initial state)"));
   if (a.final_state != nullptr && a.final_state_dtype == DType::kNone)
     return Status::Invalid("final_state: pointer given but final_state_dtype is kNone");
   if (a.final_state == nullptr && a.final_state_dtype != DType::kNone)
     return Status::Invalid(cat("final_state: null pointer but final_state_dtype is ",
-                               to_string(a.final_state_dtype), " (use kNone for no final state)"));
+                               a.final_state_dtype, " (use kNone for no final state)"));
   if (a.initial_state != nullptr && a.final_state != nullptr && a.initial_state_dtype != a.final_state_dtype)
     return Status::Invalid(cat("final_state_dtype: expected the same dtype as initial_state_dtype (",
-                               to_string(a.initial_state_dtype), ") when both states are given, got ",
-                               to_string(a.final_state_dtype)));
+                               a.initial_state_dtype, ") when both states are given, got ",
+                               a.final_state_dtype));
 
   // ---- state pool --------------------------------------------------------------
   const bool pool = a.state_pool != nullptr;
   int64_t pool_stride = 0;
   if (!pool) {
     if (a.state_pool_dtype != DType::kNone)
-      return Status::Invalid(cat("state_pool: null pointer but state_pool_dtype is ", to_string(a.state_pool_dtype),
+      return Status::Invalid(cat("state_pool: null pointer but state_pool_dtype is ", a.state_pool_dtype,
                                  " (use kNone without a pool)"));
     if (a.state_indices != nullptr) return Status::Invalid("state_indices: given without state_pool");
     if (a.has_initial_state != nullptr) return Status::Invalid("has_initial_state: given without state_pool");
@@ -231,7 +238,7 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
                              "final_state; pool slots are [HV, V, K])");
     if (a.state_pool_dtype != DType::kFP32 && a.state_pool_dtype != DType::kBF16)
       return Status::Invalid(cat("state_pool_dtype: expected kFP32 or kBF16 with a state_pool, got ",
-                                 to_string(a.state_pool_dtype)));
+                                 a.state_pool_dtype));
     if (a.pool_size < 1) return Status::Invalid(cat("pool_size: expected a value >= 1, got ", a.pool_size));
     const int64_t per_slot = HV * V * K;  // fits: checked with the states above
     pool_stride = a.pool_stride == 0 ? per_slot : a.pool_stride;
@@ -264,7 +271,7 @@ Status validate_impl(const ForwardArgs& a, Backend backend) {
   } else {
     if (a.checkpoints_dtype != DType::kFP32 && a.checkpoints_dtype != DType::kBF16)
       return Status::Invalid(cat("checkpoints_dtype: expected kFP32 or kBF16 with checkpoints, got ",
-                                 to_string(a.checkpoints_dtype)));
+                                 a.checkpoints_dtype));
     if (a.checkpoint_interval < 16 || a.checkpoint_interval % 16 != 0)
       return Status::Invalid(cat("checkpoint_interval: expected a positive multiple of 16, got ",
                                  a.checkpoint_interval));

@@ -34,6 +34,11 @@ inline void put_part(std::ostringstream& os, float x) {
   const std::to_chars_result r = std::to_chars(text, text + sizeof(text), x);
   os.write(text, r.ptr - text);
 }
+// A DType by name; a value outside the enum (through the C ABI) with its number.
+inline void put_part(std::ostringstream& os, DType d) {
+  if (d == DType::kNone || d == DType::kBF16 || d == DType::kFP32) os << to_string(d);
+  else os << "an unknown DType (" << static_cast<int>(d) << ")";
+}
 template <typename T>
 void put_part(std::ostringstream& os, const T& x) {
   os << x;

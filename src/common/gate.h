@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "common/bf16.h"
 #include "flashkda/flashkda.h"
@@ -21,6 +22,12 @@ namespace flashkda {
 constexpr float kMaxGateScale = 0x1p100f;
 
 inline constexpr float clamp_gate_scale(float exp_a) { return exp_a > kMaxGateScale ? kMaxGateScale : exp_a; }
+// The float64 backends: exp(A_log) overflows double above A_log ~ 709.8. Clamped
+// to the largest double, a zero g + dt_bias still gives sigmoid(0), and every
+// other product is as saturated as the infinity made it: nothing else changes.
+inline constexpr double clamp_gate_scale(double exp_a) {
+  return exp_a > std::numeric_limits<double>::max() ? std::numeric_limits<double>::max() : exp_a;
+}
 
 // log2(e): the fp32 backends work with base-2 exponents (exp2 is the GPU's
 // native exponential), γ = a·log2(e) for the natural-log decay a.

@@ -51,7 +51,7 @@ void decode_one(const DecodeArgs& a, int64_t n, int64_t hv) {
   std::vector<double> qn(K), kn(K), decay(K);
   // The safe gate's per-head scale (A_log may be null with a log decay).
   const bool log_decay = a.gate_form == GateForm::kLogDecay;
-  const double exp_A = log_decay ? 0.0 : std::exp(static_cast<double>(a.A_log[hv]));
+  const double exp_A = log_decay ? 0.0 : clamp_gate_scale(std::exp(static_cast<double>(a.A_log[hv])));
   for (int64_t t = t0; t < t1; ++t) {
     double qss = 0, kss = 0;
     for (int64_t d = 0; d < K; ++d) {

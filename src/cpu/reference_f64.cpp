@@ -63,7 +63,7 @@ void token_inputs(const ForwardArgs& args, int64_t t, int64_t hv, TokenInputs& x
     for (int64_t d = 0; d < K; ++d)
       x.decay[d] = std::exp(static_cast<double>(load_gate_input(args.g, args.g_dtype, gt + d)));
   } else {
-    const double A = std::exp(static_cast<double>(args.A_log[hv]));
+    const double A = clamp_gate_scale(std::exp(static_cast<double>(args.A_log[hv])));
     const float* dt_bias = args.dt_bias + hv * K;
     for (int64_t d = 0; d < K; ++d) {
       const double g = load_gate_input(args.g, args.g_dtype, gt + d);

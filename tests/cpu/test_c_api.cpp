@@ -124,6 +124,7 @@ TEST(CApi, ErrorCodeAndMessage) {
   ASSERT_EQ(flashkda_validate(&c, FLASHKDA_BACKEND_CPU_CHUNKED), FLASHKDA_STATUS_OK) << flashkda_last_error();
   uint64_t bytes = 0;
   for (int field = 0; field < 3; ++field) {
+    bytes = 77;  // an error leaves 0 there, as the C++ workspace_size does
     flashkda_forward_args b = c;
     (field == 0 ? b.checkpoints_value_major : field == 1 ? b.resume_from_summaries : b.states_key_major) = 2;
     const char* name = field == 0 ? "checkpoints_value_major: expected 0 or 1, got 2"
@@ -135,7 +136,13 @@ TEST(CApi, ErrorCodeAndMessage) {
     EXPECT_STREQ(flashkda_last_error(), name);
     EXPECT_EQ(flashkda_workspace_size(&b, FLASHKDA_BACKEND_CPU_CHUNKED, &bytes), FLASHKDA_STATUS_INVALID_ARGUMENT);
     EXPECT_STREQ(flashkda_last_error(), name);
+    EXPECT_EQ(bytes, 0u);
   }
+  // A dtype outside the enum is named with its value.
+  flashkda_forward_args d = c;
+  d.state_pool_dtype = 7;
+  EXPECT_EQ(flashkda_validate(&d, FLASHKDA_BACKEND_CPU_CHUNKED), FLASHKDA_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashkda_last_error()).find("an unknown DType (7)"), std::string::npos) << flashkda_last_error();
 }
 
 TEST(CApi, WorkspaceSize) {

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -242,21 +243,25 @@ TEST(Chunked, RowsWhoseSquaresOverflowFp32) {
   }
 }
 
-// exp(A_log) past fp32's range where g + dt_bias is exactly 0: the gate is
-// sigmoid(0) (exp(A_log) clamped as kCuda clamps it, common/gate.h), not
-// sigmoid(inf · 0) = NaN.
+// exp(A_log) past fp32's range (100) and past double's (710, inf) where
+// g + dt_bias is exactly 0: the gate is sigmoid(0) (exp(A_log) clamped as kCuda
+// clamps it, and the float64 oracle to the largest double, common/gate.h), not
+// sigmoid(inf · 0) = NaN, on both backends.
 TEST(Chunked, OverflowingExpALogAtAZeroGateArgument) {
-  ProblemSpec spec;
-  spec.seqlen = 40;
-  spec.heads = 2;
-  spec.head_dim = 64;
-  HostProblem p = make_problem(spec, 2013);
-  for (auto& a : p.A_log) a = 100.f;
-  for (int64_t t = 0; t < 40; t += 3) p.g[static_cast<size_t>((t * 2 + 1) * 64 + 7)] = 0;  // head 1, column 7
-  p.dt_bias[static_cast<size_t>(64 + 7)] = 0.f;
-  const Errors e = chunked_vs_reference(p, "A_log = 100, g + dt_bias = 0");
-  EXPECT_LE(e.out, kBar);
-  EXPECT_LE(e.state, kBar);
+  for (const float a_log : {100.f, 710.f, std::numeric_limits<float>::infinity()}) {
+    ProblemSpec spec;
+    spec.seqlen = 40;
+    spec.heads = 2;
+    spec.head_dim = 64;
+    HostProblem p = make_problem(spec, 2013);
+    for (auto& a : p.A_log) a = a_log;
+    for (int64_t t = 0; t < 40; t += 3) p.g[static_cast<size_t>((t * 2 + 1) * 64 + 7)] = 0;  // head 1, column 7
+    p.dt_bias[static_cast<size_t>(64 + 7)] = 0.f;
+    const std::string what = "A_log = " + std::to_string(a_log) + ", g + dt_bias = 0";
+    const Errors e = chunked_vs_reference(p, what.c_str());
+    EXPECT_LE(e.out, kBar) << what;
+    EXPECT_LE(e.state, kBar) << what;
+  }
 }
 
 // Through the public API (validation + dispatch): both CPU backends give bitwise

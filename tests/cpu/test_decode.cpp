@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/cpu_backends.h"
@@ -78,6 +80,31 @@ TEST(Decode, MatchesForwardOracleFromPooledState) {
       EXPECT_EQ(0, std::memcmp(pool.data() + s * p.per_slot * 4, before.data() + s * p.per_slot * 4, p.per_slot * 4))
           << "slot " << s;
   for (int64_t i = 0; i < p.cu_seqlens[1] * p.HV * p.V; ++i) ASSERT_EQ(out[i], 0x7fc0) << "padding output " << i;
+}
+
+// exp(A_log) past double's range where g + dt_bias is 0: the gate is sigmoid(0),
+// as with any finite A_log (common/gate.h), not sigmoid(inf · 0) = NaN. With
+// g = dt_bias = 0 everywhere, A_log = 710 or inf is bitwise the call with A_log = 0.
+TEST(Decode, OverflowingExpALogAtAZeroGateArgument) {
+  DecodeProblem p = make_decode_problem(mixed_spec(), 12);
+  std::fill(p.g.begin(), p.g.end(), uint16_t{0});
+  std::fill(p.dt_bias.begin(), p.dt_bias.end(), 0.f);
+  auto run = [&](float a_log, Backend backend) {
+    std::fill(p.A_log.begin(), p.A_log.end(), a_log);
+    std::vector<uint16_t> out(static_cast<size_t>(p.T * p.HV * p.V), 0);
+    std::vector<uint8_t> pool = p.pool_bytes();
+    const Status st = decode(p.args(out.data(), pool.data(), nullptr), backend, nullptr);
+    EXPECT_TRUE(st.ok()) << st.message;
+    return std::pair{out, pool};
+  };
+  for (Backend backend : {Backend::kCpuReference, Backend::kCpuChunked}) {
+    const auto plain = run(0.f, backend);
+    for (const float a_log : {710.f, std::numeric_limits<float>::infinity()}) {
+      const auto big = run(a_log, backend);
+      EXPECT_EQ(big.first, plain.first) << to_string(backend) << ", A_log = " << a_log;
+      EXPECT_EQ(big.second, plain.second) << to_string(backend) << ", A_log = " << a_log;
+    }
+  }
 }
 
 void expect_invalid(const Status& s, const char* name) {

@@ -582,6 +582,28 @@ TEST(Validation, OutputsSharingMemoryAreRefusedByName) {
   EXPECT_TRUE(st.ok()) << st.message;
 }
 
+// A batch of empty sequences with no state to write has nothing to do: Ok at once
+// on every CPU backend, with no scratch and no allocation proportional to the
+// batch (2^40 sequences). One too large to index names what sets its size.
+TEST(Validation, EmptySequencesWithNothingToWriteCostNothing) {
+  Fixture base;
+  ForwardArgs a = base.args;
+  a.batch = int64_t{1} << 40;
+  a.seqlen = 0;
+  a.initial_state = a.final_state = nullptr;
+  a.initial_state_dtype = a.final_state_dtype = DType::kNone;
+  for (Backend b : {Backend::kCpuReference, Backend::kCpuChunked}) {
+    size_t ws = 1;
+    const Status sized = workspace_size(a, b, &ws);
+    EXPECT_TRUE(sized.ok()) << sized.message;
+    EXPECT_EQ(ws, 0u);
+    const Status st = forward(a, b, nullptr, 0, nullptr);
+    EXPECT_TRUE(st.ok()) << to_string(b) << ": " << st.message;
+  }
+  a.batch = int64_t{1} << 62;
+  expect_rejected(a, Backend::kCpuChunked, StatusCode::kInvalidArgument, {"batch: element count N*HV*V*K overflows"});
+}
+
 // The scratch a kCuda forward writes is checked against every argument before
 // the launch (forward.cpp): a workspace inside out, an input or a pool slot would
 // be a silent wrong answer. The check is pointer arithmetic, so it runs here.

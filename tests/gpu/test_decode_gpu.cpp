@@ -1,7 +1,9 @@
 // GPU decode vs the CPU decode (the float64 token recurrence) — label "gpu".
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstring>
 #include <ostream>
@@ -330,6 +332,35 @@ TEST_P(GpuDecodeKernels, SequencesWithoutTokensKeepTheirState) {
         EXPECT_EQ(0, std::memcmp(gpu.pool.data() + p.index(n) * slot_bytes, initial.data() + p.index(n) * slot_bytes,
                                  slot_bytes))
             << label << ": sequence " << n << " has no tokens, but its slot changed";
+  }
+}
+
+// exp(A_log) past fp32's range (A_log = 100, inf) where g + dt_bias is 0: the
+// gate is sigmoid(0), as with any finite scale (common/gate.h), not NaN. With
+// g = dt_bias = 0 everywhere the call is bitwise the call with A_log = 0, and it
+// matches the float64 decode. K = 128 and 64 (the latency kernel).
+TEST_P(GpuDecodeKernels, OverflowingExpALogAtAZeroGateArgument) {
+  for (const int64_t head_dim : {128, 64}) {
+    DecodeSpec spec;
+    spec.seq_tokens = {1, 3, 2};
+    spec.heads = 2;
+    spec.head_dim = head_dim;
+    spec.padding_entries = 1;
+    DecodeProblem p = make_decode_problem(spec, 37);
+    std::fill(p.g.begin(), p.g.end(), uint16_t{0});
+    std::fill(p.dt_bias.begin(), p.dt_bias.end(), 0.f);
+    std::fill(p.A_log.begin(), p.A_log.end(), 0.f);
+    const DecodeResult plain = run_decode_cuda(p, GetParam());
+    ASSERT_TRUE(plain.status.ok()) << plain.status.message;
+    for (const float a_log : {100.f, std::numeric_limits<float>::infinity()}) {
+      std::fill(p.A_log.begin(), p.A_log.end(), a_log);
+      const std::string label = "A_log " + std::to_string(a_log) + ", K " + std::to_string(head_dim) + " " +
+                                kernel_choice_name(GetParam());
+      const DecodeResult big = run_decode_cuda(p, GetParam());
+      compare(p, big, run_decode_cpu(p, label), 1e-5, label.c_str());
+      EXPECT_EQ(big.out, plain.out) << label;
+      EXPECT_EQ(big.pool, plain.pool) << label;
+    }
   }
 }
 

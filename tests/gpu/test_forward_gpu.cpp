@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -205,15 +206,21 @@ TEST_F(GpuForward, HeadDim64IsThe128RunOnZeroPaddedInputs) {
   }
 }
 
-// exp(A_log) past fp32's range (A_log = 100): the kernels see inf, the gates
-// saturate; the padding columns of K = 64 must stay finite (their gate does not
-// read A_log).
+// exp(A_log) past fp32's range (A_log = 100, and inf): the kernels see inf, the
+// gates saturate; the padding columns of K = 64 must stay finite (their gate does
+// not read A_log). Where g + dt_bias is exactly 0 the gate is sigmoid(0), not
+// sigmoid(inf · 0) = NaN (common/gate.h), as in the float64 oracle.
 TEST_F(GpuForward, HeadDim64WithOverflowingExpALog) {
   for (const int64_t head_dim : {128, 64}) {
-    const ProblemSpec spec = fixed(300, 2, 1, head_dim);
-    HostProblem p = make_problem(spec, fresh_seed());
-    for (auto& a : p.A_log) a = 100.f;
-    expect_within_bars(judge(p, run_cuda(p)), spec);
+    for (const float a_log : {100.f, std::numeric_limits<float>::infinity()}) {
+      const ProblemSpec spec = fixed(300, 2, 1, head_dim);
+      HostProblem p = make_problem(spec, fresh_seed());
+      for (auto& a : p.A_log) a = a_log;
+      for (int64_t t = 0; t < 300; t += 7) p.g[static_cast<size_t>((t * 2 + 1) * head_dim + 5)] = 0;  // head 1, col 5
+      p.dt_bias[static_cast<size_t>(head_dim + 5)] = 0.f;
+      SCOPED_TRACE("K = " + std::to_string(head_dim) + ", A_log = " + std::to_string(a_log));
+      expect_within_bars(judge(p, run_cuda(p)), spec);
+    }
   }
 }
 

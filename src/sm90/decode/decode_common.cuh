@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "common/gate.h"
 #include "sm90/device_fault_record.cuh"
 
 namespace flashkda::sm90 {

@@ -395,7 +395,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kFp32 ? P::kMinBlocksFp32 : P:
   // spills one register here (ptxas: 4 bytes), to L1.
   // The general inputs' log decay reads neither A_log nor dt_bias, which may then be null.
   const bool log_decay = kGeneral && p.gate_log_decay != 0;
-  const float exp_a = log_decay ? 0.f : expf(p.A_log[tile.hv]);
+  // Clamped as the forward's prologue clamps it (common/gate.h): exp(A_log) past
+  // fp32's range times a zero g + dt_bias is the contract's sigmoid(0), not NaN.
+  const float exp_a = log_decay ? 0.f : clamp_gate_scale(expf(p.A_log[tile.hv]));
   // thread tid: column tid
   const float dt_bias = log_decay ? 0.f : p.dt_bias[static_cast<int64_t>(tile.hv) * kDecodeDim + tid];
   TokenInputs first{};

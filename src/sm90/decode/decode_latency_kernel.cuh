@@ -133,7 +133,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks)
   static_assert(!kGeneral || kStrided, "the general inputs' build addresses by strides");
   // The general inputs' log decay reads neither A_log nor dt_bias, which may then be null.
   const bool log_decay = kGeneral && p.gate_log_decay != 0;
-  const float exp_a = log_decay ? 0.f : __expf(p.A_log[hv]);
+  // Clamped as the forward's prologue clamps it (common/gate.h): exp(A_log) past
+  // fp32's range times a zero g + dt_bias is the contract's sigmoid(0), not NaN.
+  const float exp_a = log_decay ? 0.f : clamp_gate_scale(__expf(p.A_log[hv]));
   float dt_bias[kLatColsPerLane] = {};
   if (!log_decay && (kDim == kDecodeDim || kLatColsPerLane * lane < kDim)) {
 #pragma unroll
