@@ -162,8 +162,11 @@ const char* decode_variant_name(int v) { return v >= 0 && v < kNumDecodeVariants
 void set_decode_variant_override(int v) { g_decode_variant_override.store(v >= 0 && v < kNumDecodeVariants ? v : -1); }
 
 // The token tensors' strides as the kernels take them: 32-bit, and a head's offset
-// h·head_stride (int × int32, decode_common.cuh) below 2^31 for every head h. The
-// token offset t·token_stride is 64-bit. Arguments only: checked before the device.
+// Strides below 2^31 (DecodeParams keeps them as int32), and h·head_stride below
+// 2^31 for every head h, the dense head stride (the row width) as much as a given
+// one: a token stride smaller than heads × width (tokens that overlap, or a single
+// token whose stride is never used) does not bound it. The offsets are formed in
+// 64 bits (decode_common.cuh). Arguments only: checked before the device.
 Status check_decode_strides(const DecodeArgs& args) {
   const int64_t hv = args.num_v_heads > 0 ? args.num_v_heads : args.num_heads;
   const std::array<TokenView, 5> views = token_views(args, args.num_heads, hv, args.head_dim_k, args.head_dim_v);
@@ -175,9 +178,8 @@ Status check_decode_strides(const DecodeArgs& args) {
     if (x.head_stride > int64_t{0x7fffffff})
       return Status::NotSupported(std::string(x.name) + "_head_stride: the CUDA decode needs strides below 2^31 " +
                                   "elements (got " + std::to_string(x.head_stride) + ")");
-    // A dense head stride (the row width) is bounded by its token stride's check. By
-    // division: a huge head count would overflow the product.
-    if (x.given_head_stride != 0 && x.heads > 1 && x.heads - 1 > int64_t{0x7fffffff} / x.head_stride)
+    // By division: a huge head count would overflow the product.
+    if (x.heads > 1 && x.head_stride > 0 && x.heads - 1 > int64_t{0x7fffffff} / x.head_stride)
       return Status::NotSupported(std::string(x.name) + "_head_stride: the CUDA decode needs (heads - 1) x head " +
                                   "stride below 2^31 elements (got " + std::to_string(x.heads - 1) + " x " +
                                   std::to_string(x.head_stride) + "); pass a dense tensor");

@@ -140,7 +140,7 @@ TEST(Decode, StridedTokenViewsAreTheDenseDecode) {
 }
 
 // Head-major views (x.view(H, T, K).transpose(0, 1): token stride K, head stride
-// T·K). The CUDA decode's kernels add h·head_stride in 32 bits, so it refuses a view
+// T·K). The CUDA decode keeps strides as int32, so it refuses a view
 // whose last head starts 2^31 elements or more in, naming the stride, before it
 // asks for a device (an argument check); one head less is accepted. The CPU
 // backends take any.
@@ -165,6 +165,19 @@ TEST(Decode, HeadStridesPastTheCudaOffsetsAreNamed) {
   a.q_head_stride = (int64_t{1} << 25) - 1;  // 64 x (2^25 - 1) < 2^31
   const Status ok = validate_decode(a, Backend::kCuda);
   EXPECT_EQ(ok.message.find("q_head_stride"), std::string::npos) << ok.message;
+  // A dense head stride (the row width) is bounded the same way: token strides
+  // smaller than heads x width (overlapping tokens) leave 2^27 + 1 heads of 16
+  // columns reaching 2^31. Only arguments are read: nothing this large exists.
+  DecodeArgs wide = p.args(out.data(), pool.data(), nullptr);
+  wide.num_heads = wide.num_v_heads = (int64_t{1} << 27) + 1;
+  wide.pool_size = 1;
+  wide.q_token_stride = wide.k_token_stride = wide.v_token_stride = wide.g_token_stride = 16;
+  const Status dense = validate_decode(wide, Backend::kCuda);
+  EXPECT_EQ(dense.code, StatusCode::kNotSupported) << dense.message;
+  EXPECT_NE(dense.message.find("q_head_stride: the CUDA decode needs (heads - 1) x head stride below 2^31 elements "
+                               "(got 134217728 x 16)"),
+            std::string::npos)
+      << dense.message;
 }
 
 TEST(Decode, PerTokenStatesAndOutPool) {

@@ -64,21 +64,23 @@ struct DecodeParams {
   int32_t beta_token_stride, beta_head_stride;
 };
 
-// Where token t, head h of a strided token tensor starts.
+// Where token t, head h of a strided token tensor starts, in 64 bits: a head
+// count times its stride may pass 2^31 (check_decode_strides refuses those, but
+// the offset does not rely on it).
 __device__ __forceinline__ int64_t q_at(const DecodeParams& p, int64_t t, int h) {
-  return t * p.q_token_stride + h * p.q_head_stride;
+  return t * p.q_token_stride + static_cast<int64_t>(h) * p.q_head_stride;
 }
 __device__ __forceinline__ int64_t k_at(const DecodeParams& p, int64_t t, int h) {
-  return t * p.k_token_stride + h * p.k_head_stride;
+  return t * p.k_token_stride + static_cast<int64_t>(h) * p.k_head_stride;
 }
 __device__ __forceinline__ int64_t v_at(const DecodeParams& p, int64_t t, int hv) {
-  return t * p.v_token_stride + hv * p.v_head_stride;
+  return t * p.v_token_stride + static_cast<int64_t>(hv) * p.v_head_stride;
 }
 __device__ __forceinline__ int64_t g_at(const DecodeParams& p, int64_t t, int hv) {
-  return t * p.g_token_stride + hv * p.g_head_stride;
+  return t * p.g_token_stride + static_cast<int64_t>(hv) * p.g_head_stride;
 }
 __device__ __forceinline__ int64_t beta_at(const DecodeParams& p, int64_t t, int hv) {
-  return t * p.beta_token_stride + hv * p.beta_head_stride;
+  return t * p.beta_token_stride + static_cast<int64_t>(hv) * p.beta_head_stride;
 }
 
 constexpr int kDecodeDim = 128;                                // K = V
