@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import operator
 import importlib.util
+import operator
 import sys
 
 from ._loader import load_extension
