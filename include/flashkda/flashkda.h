@@ -321,9 +321,9 @@ struct DecodeArgs {
   // element strides between consecutive tokens and between heads, the last
   // dimension contiguous; 0 means dense (q, k: H·K and K; v: HV·V and V; g: HV·K
   // and K; beta: HV and 1). The CPU backends take any; kCuda any below 2^31 whose
-  // last head starts below 2^31 elements in ((heads - 1) x head stride), since its
-  // kernels add the head offset in 32 bits (no 16-byte row rule: the decode kernels
-  // read elements).
+  // last head starts below 2^31 elements in ((heads - 1) x head stride, a dense
+  // head stride too), since its kernels keep the strides as int32 (no 16-byte row
+  // rule: the decode kernels read elements).
   int64_t q_token_stride = 0, q_head_stride = 0;
   int64_t k_token_stride = 0, k_head_stride = 0;
   int64_t v_token_stride = 0, v_head_stride = 0;
