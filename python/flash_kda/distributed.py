@@ -20,16 +20,21 @@ starts from, ``S_out = S_in @ M + B`` (spec section 6), so:
 
 The final state of a sequence comes out on the rank that holds its last token. Before
 step 1, one small all-gather shares every rank's token count (the shard boundaries),
-whether its arguments passed its own checks, and a digest of its cu_seqlens;
+whether its arguments passed its own checks, and what must be the same on every rank
+(the heads and head dims, the gate and beta forms, scale, lower_bound, whether an
+initial state is given and its dtype, and a 128-bit BLAKE2b digest of cu_seqlens);
 step 2 is one all-gather each of fp32 ``M [K, K]`` and ``B [V, K]`` per rank and value
 head, ``(K*K + V*K) * 4`` bytes (128 KiB at K = V = 128). Nothing else communicates. The
 communication is torch.distributed's (gloo on CPU tensors, NCCL on CUDA tensors).
 """
 from __future__ import annotations
 
+import hashlib
+import struct
+
 import torch
 
-from . import fwd, workspace_size
+from . import _resolve_scalars, fwd, workspace_size
 
 __all__ = ["cp_fwd", "shard_pieces"]
 
@@ -67,6 +72,8 @@ def shard_pieces(cu_seqlens, shard_starts):
 
 def _as_int_list(x, name):
     if isinstance(x, torch.Tensor):
+        if x.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{name}: expected a tensor in CPU or CUDA memory, got one on device {x.device}")
         if x.dim() != 1 or x.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{name}: expected a 1-d int32 or int64 tensor, got shape {tuple(x.shape)} {x.dtype}")
         return [int(v) for v in x.tolist()]
@@ -98,6 +105,8 @@ def _check_shard_args(q, v, initial_state, final_state, cu_seqlens):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 4 or x.shape[0] != 1:
             raise ValueError(f"{name}: expected this rank's shard as [1, T_r, heads, dim], got shape {tuple(x.shape)}")
+        if x.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{name}: expected a tensor in CPU or CUDA memory, got one on device {x.device}")
     if cu_seqlens is None:
         raise TypeError("cu_seqlens: expected the global boundaries [N+1], got None")
     cu = _boundaries(cu_seqlens, "cu_seqlens")
@@ -117,6 +126,54 @@ def _check_shard_args(q, v, initial_state, final_state, cu_seqlens):
     if final_state is not None and not final_state.is_contiguous():
         raise ValueError(f"final_state: expected a C-contiguous tensor, got strides {final_state.stride()}")
     return cu
+
+
+def _byte_range(x):
+    """[first, last) bytes a tensor's elements can touch (strides >= 0: the forward
+    refuses others)."""
+    if x.numel() == 0:
+        return None
+    first = x.data_ptr()
+    span = sum((n - 1) * st for n, st in zip(x.shape, x.stride()) if n > 1)
+    return first, first + (span + 1) * x.element_size()
+
+
+def _check_final_state_memory(final_state, others):
+    """The final states are copied in after this rank's forward wrote out and read its
+    inputs: final_state sharing memory with one of them would corrupt it or be
+    corrupted. The initial state may be final_state itself (it is read before)."""
+    if final_state is None:
+        return
+    fs = _byte_range(final_state)
+    for name, x in others:
+        if not isinstance(x, torch.Tensor) or fs is None or x.device != final_state.device:
+            continue
+        r = _byte_range(x)
+        if r is not None and r[0] < fs[1] and fs[0] < r[1]:
+            raise ValueError(f"final_state: shares memory with {name}; expected memory of its own, since the final "
+                             "states are written after the rank's forward")
+
+
+# What every rank must pass alike, in the plan's all-gather, one row entry each: the
+# argument the error names and what of it must agree. Scalars as their float64 bits;
+# an absent initial state as 0; cu_seqlens as two halves of its digest.
+_AGREED = (("q", "head count"), ("v", "head count"), ("q", "head dim"), ("v", "head dim"),
+           ("use_gate_in_kernel", "value"), ("use_beta_sigmoid_in_kernel", "value"), ("scale", "value"),
+           ("lower_bound", "value"), ("initial_state", "presence and dtype"),
+           ("cu_seqlens", "global boundaries"), ("cu_seqlens", "global boundaries"))
+
+
+def _float_bits(x):
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def _agreed_row(q, v, cu, scale, lower_bound, initial_state, forms):
+    """This rank's entries of _AGREED, as int64 values."""
+    digest = hashlib.blake2b(struct.pack(f"<{len(cu)}q", *cu), digest_size=16).digest()
+    init = 0 if initial_state is None else (1 if initial_state.dtype == torch.float32 else 2)
+    return [int(q.shape[2]), int(v.shape[2]), int(q.shape[3]), int(v.shape[3]), int(bool(forms["use_gate_in_kernel"])),
+            int(bool(forms["use_beta_sigmoid_in_kernel"])), _float_bits(scale), _float_bits(lower_bound), init,
+            int.from_bytes(digest[:8], "little", signed=True), int.from_bytes(digest[8:], "little", signed=True)]
 
 
 def cp_fwd(q, k, v, g, beta, scale, out, *, A_log=None, dt_bias=None, cu_seqlens, lower_bound=None, initial_state=None,
@@ -151,11 +208,17 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log=None, dt_bias=None, cu_seqlens
     first collective, and the ranks then agree on the result in it: a rank whose
     arguments are wrong raises its TypeError / ValueError / NotImplementedError naming the
     argument, and every other rank a RuntimeError naming that rank, so that none waits in
-    a later collective. Ranks that pass different ``cu_seqlens`` all raise a ValueError.
-    Without an initialised process group the error is raised at once.
+    a later collective. Ranks that pass different ``cu_seqlens``, head counts, head dims,
+    gate or beta forms, ``scale``, ``lower_bound``, or initial states of another dtype (or
+    given on some ranks only) all raise a ValueError naming it. The values of
+    ``initial_state``, ``A_log`` and ``dt_bias`` are taken to be the same, not compared
+    (that would copy them to the host). ``final_state`` must not share memory with this
+    rank's token tensors or ``out``. Without an initialised process group the error is
+    raised at once.
     """
     forms = dict(use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)
     error = None
+    agreed = None
     try:
         cu_seqlens = _check_shard_args(q, v, initial_state, final_state, cu_seqlens)
         # The forward's own checks of this shard (no boundaries needed: [1, T_r] is one
@@ -163,11 +226,14 @@ def cp_fwd(q, k, v, g, beta, scale, out, *, A_log=None, dt_bias=None, cu_seqlens
         # here, not in the summaries call after the ranks have parted ways.
         workspace_size(q, k, v, g, beta, scale, out, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
                        backend=backend, **forms)
+        _check_final_state_memory(final_state, (("out", out), ("q", q), ("k", k), ("v", v), ("g", g),
+                                                ("beta", beta), ("A_log", A_log), ("dt_bias", dt_bias)))
+        agreed = _agreed_row(q, v, cu_seqlens, *_resolve_scalars(q, scale, lower_bound), initial_state, forms)
     except (TypeError, ValueError, NotImplementedError) as e:
         if not _has_group(group):
             raise
         error = e
-    plan = _plan(q, v, cu_seqlens, group, error=error)
+    plan = _plan(q, v, cu_seqlens, group, error=error, agreed=agreed)
     local = _summarise(plan, q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, backend, forms)
     M_list, B_list = _exchange(plan, local, group)
     incoming = _incoming_states(plan, M_list, B_list, initial_state)
@@ -200,15 +266,6 @@ def _has_group(group):
     return group is not None or (dist.is_available() and dist.is_initialized())
 
 
-def _boundaries_digest(cu):
-    """A 61-bit polynomial hash of the boundaries, to compare the ranks' cu_seqlens in
-    the plan's all-gather without sending them."""
-    h = len(cu)
-    for x in cu:
-        h = (h * 1_000_003 + x) % (2**61 - 1)
-    return h
-
-
 def _agreement_device(q, group):
     """Where the plan's all-gather runs: q's device, or for a q that is no CPU or CUDA
     tensor (a rank that is about to report it) the device its group's backend takes."""
@@ -220,10 +277,11 @@ def _agreement_device(q, group):
     return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
 
-def _plan(q, v, cu_seqlens, group, error=None):
+def _plan(q, v, cu_seqlens, group, error=None, agreed=None):
     """The shard boundaries, from one all-gather of every rank's token count, which also
-    carries whether the rank's own checks failed (`error`) and a digest of its
-    cu_seqlens, so that every rank raises together or none does."""
+    carries whether the rank's own checks failed (`error`) and what every rank must
+    pass alike (`agreed`, _AGREED's entries; None: only cu_seqlens' digest is
+    compared), so that every rank raises together or none does."""
     import torch.distributed as dist
 
     if group is not None and not isinstance(group, dist.ProcessGroup):
@@ -231,13 +289,17 @@ def _plan(q, v, cu_seqlens, group, error=None):
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     dev = _agreement_device(q, group)
+    n = 2 + len(_AGREED)
     if error is None:
         cu = _boundaries(cu_seqlens, "cu_seqlens")
         T_r = int(q.shape[1])
-        mine = [T_r, 0, _boundaries_digest(cu)]
+        if agreed is None:  # the shapes and forms of fwd's defaults: only the digest differs by rank
+            agreed = _agreed_row(q, v, cu, 1.0, -5.0, None, dict(use_gate_in_kernel=True,
+                                                               use_beta_sigmoid_in_kernel=True))
+        mine = [T_r, 0] + agreed
     else:
-        mine = [0, 1, 0]
-    gathered = [torch.zeros(3, dtype=torch.int64, device=dev) for _ in range(world)]
+        mine = [0, 1] + [0] * len(_AGREED)
+    gathered = [torch.zeros(n, dtype=torch.int64, device=dev) for _ in range(world)]
     dist.all_gather(gathered, torch.tensor(mine, dtype=torch.int64, device=dev), group=group)
     rows = [[int(x) for x in t.tolist()] for t in gathered]
     failed = [r for r, row in enumerate(rows) if row[1]]
@@ -246,10 +308,11 @@ def _plan(q, v, cu_seqlens, group, error=None):
     if failed:
         raise RuntimeError(f"cp_fwd: rank(s) {failed} of the group rejected their arguments (the error is raised "
                            "there); nothing was computed")
-    differ = [r for r, row in enumerate(rows) if row[2] != rows[0][2]]
-    if differ:
-        raise ValueError(f"cu_seqlens: expected the same global boundaries on every rank; rank(s) {differ} passed "
-                         "others than rank 0")
+    for i, (name, what) in enumerate(_AGREED):
+        differ = [r for r, row in enumerate(rows) if row[2 + i] != rows[0][2 + i]]
+        if differ:
+            raise ValueError(f"{name}: expected the same {what} on every rank; rank(s) {differ} passed another "
+                             "than rank 0")
     starts = [0]
     for row in rows:
         starts.append(starts[-1] + row[0])
@@ -311,7 +374,9 @@ def _incoming_states(plan, M_list, B_list, initial_state):
         return None
     seqs = [n for n, _, _ in plan.mine]
     if initial_state is not None:
-        incoming = initial_state[torch.tensor(seqs, device=initial_state.device)].to(plan.device, torch.float32)
+        # Contiguous whatever initial_state's strides: the resume call's initial states.
+        incoming = initial_state[torch.tensor(seqs, device=initial_state.device)].to(plan.device,
+                                                                                     torch.float32).contiguous()
     else:
         incoming = torch.zeros(len(seqs), plan.HV, plan.V, plan.K, dtype=torch.float32, device=plan.device)
     n0 = seqs[0]
@@ -338,5 +403,6 @@ def _resume(plan, local, incoming, q, k, v, g, beta, scale, out, A_log, dt_bias,
         if e == cu[n + 1] and (b < e or cu[n] == cu[n + 1]):
             owned.append(n)
             if final_state is not None:
-                final_state[n].copy_(fin[i].to(final_state.dtype))
+                with torch.no_grad():  # written as fwd writes it, also into a tensor that requires grad
+                    final_state[n].copy_(fin[i].to(final_state.dtype))
     return owned

@@ -80,10 +80,17 @@ def _worker(rank, world, init_file, errors):
             x = {key: p[key][:, sl].contiguous() for key in ("q", "k", "v", "g", "beta")}
             out = torch.full_like(x["v"], float("nan"))
             fin = torch.full((len(seqlens), 4, V, 32), float("nan"), dtype=fin_dtype)
+            # Initial states of any strides (the same values), and a final_state that
+            # requires grad (written as fwd writes it).
+            init = p["initial_state"]
+            if init is not None:
+                init = init.transpose(2, 3).contiguous().transpose(2, 3)
+            fin.requires_grad_(fin_dtype == torch.float32)
             owned = flash_kda.distributed.cp_fwd(
                 x["q"], x["k"], x["v"], x["g"], x["beta"], p["scale"], out, A_log=p["A_log"], dt_bias=p["dt_bias"],
-                lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"], initial_state=p["initial_state"],
+                lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"], initial_state=init,
                 final_state=fin, backend="cpu", **forms)
+            fin = fin.detach()
             if out.numel():
                 u = bf16_ulps(out, out_ref[:, sl])
                 if not u <= OUT_ULPS:
@@ -207,6 +214,20 @@ def test_cp_fwd_names_bad_arguments_before_any_collective():
     with pytest.raises(ValueError, match=r"^v: expected this rank's shard as \[1, T_r, heads, dim\]"):
         flash_kda.distributed.cp_fwd(p["q"], p["k"], p["v"][0], p["g"], p["beta"], p["scale"], out,
                                      A_log=p["A_log"], dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"])
+    # The final states are written after the rank's forward: one that shares memory
+    # with out (or an input) would corrupt it or be corrupted.
+    buf = torch.zeros(2 * 4 * 32 * 32, dtype=torch.bfloat16)
+    shared_out = buf[:out.numel()].view(out.shape)
+    with pytest.raises(ValueError, match=r"^final_state: shares memory with out"):
+        flash_kda.distributed.cp_fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], shared_out,
+                                     A_log=p["A_log"], dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"],
+                                     final_state=buf.view(2, 4, 32, 32))
+    with pytest.raises(ValueError, match=r"^q: expected a tensor in CPU or CUDA memory, got one on device meta"):
+        flash_kda.distributed.cp_fwd(p["q"].to("meta"), p["k"], p["v"], p["g"], p["beta"], p["scale"], out,
+                                     A_log=p["A_log"], dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"],
+                                     initial_state=good_state)
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected a tensor in CPU or CUDA memory, got one on device"):
+        call(cu_seqlens=p["cu_seqlens"].to("meta"))
 
 
 # Arguments that fail on some ranks: each case a shard split [90 | 40] of two sequences,
@@ -224,6 +245,16 @@ ERROR_CASES = [
     ("other boundaries on one rank", (90, 40), {1: dict(cu=[0, 120, 130])},
      {0: (ValueError, "cu_seqlens: expected the same global boundaries on every rank; rank(s) [1]"),
       1: (ValueError, "cu_seqlens: expected the same global boundaries on every rank; rank(s) [1]")}),
+    # What must agree beyond the boundaries: each would give wrong answers on some ranks.
+    ("another head dim on one rank", (90, 40), {1: dict(head_dim=16)},
+     {0: (ValueError, "q: expected the same head dim on every rank; rank(s) [1]"),
+      1: (ValueError, "q: expected the same head dim on every rank; rank(s) [1]")}),
+    ("another scale on one rank", (90, 40), {0: dict(scale=0.5)},
+     {0: (ValueError, "scale: expected the same value on every rank; rank(s) [1]"),
+      1: (ValueError, "scale: expected the same value on every rank; rank(s) [1]")}),
+    ("an initial state on one rank only", (90, 40), {1: dict(initial_state=True)},
+     {0: (ValueError, "initial_state: expected the same presence and dtype on every rank; rank(s) [1]"),
+      1: (ValueError, "initial_state: expected the same presence and dtype on every rank; rank(s) [1]")}),
 ]
 ERROR_DEADLINE_S = 20.0  # the group's timeout is 120 s: a rank left waiting would pass it
 
@@ -241,13 +272,20 @@ def _error_worker(rank, world, init_file, errors):
             x = {key: p[key][:, lo:lo + sizes[rank]].contiguous() for key in ("q", "k", "v", "g", "beta")}
             if "k_dtype" in edit:
                 x["k"] = x["k"].to(edit["k_dtype"])
-            fin = torch.zeros(edit.get("final_state_shape", (2, 4, 32, 32)))
+            K = edit.get("head_dim", 32)
+            dt_bias = p["dt_bias"]
+            if K != 32:  # every argument of this rank consistent with K, the other rank's not
+                x.update({key: x[key][..., :K].contiguous() for key in ("q", "k", "g")})
+                dt_bias = dt_bias[:, :K].contiguous()
+            fin = torch.zeros(edit.get("final_state_shape", (2, 4, 32, K)))
+            init = torch.zeros(2, 4, 32, K) if edit.get("initial_state") else None
             t0 = time.monotonic()
             try:
                 flash_kda.distributed.cp_fwd(
-                    x["q"], x["k"], x["v"], x["g"], x["beta"], p["scale"], torch.empty_like(x["v"]),
-                    A_log=p["A_log"], dt_bias=p["dt_bias"], lower_bound=edit.get("lower_bound", -5.0),
-                    cu_seqlens=edit.get("cu", p["cu_seqlens"]), final_state=fin, backend="cpu")
+                    x["q"], x["k"], x["v"], x["g"], x["beta"], edit.get("scale", p["scale"]),
+                    torch.empty_like(x["v"]), A_log=p["A_log"], dt_bias=dt_bias,
+                    lower_bound=edit.get("lower_bound", -5.0), cu_seqlens=edit.get("cu", p["cu_seqlens"]),
+                    initial_state=init, final_state=fin, backend="cpu")
                 errors.append(f"{name}, rank {rank}: no error")
             except Exception as e:
                 want_type, want_msg = expect[rank]
