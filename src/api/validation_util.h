@@ -34,10 +34,11 @@ inline void put_part(std::ostringstream& os, float x) {
   const std::to_chars_result r = std::to_chars(text, text + sizeof(text), x);
   os.write(text, r.ptr - text);
 }
+inline bool known_dtype(DType d) { return d == DType::kNone || d == DType::kBF16 || d == DType::kFP32; }
 // A DType by name; a value outside the enum (through the C ABI) with its number.
 inline void put_part(std::ostringstream& os, DType d) {
-  if (d == DType::kNone || d == DType::kBF16 || d == DType::kFP32) os << to_string(d);
-  else os << "an unknown DType (" << static_cast<int>(d) << ")";
+  if (known_dtype(d)) os << to_string(d);
+  else os << "unknown value " << static_cast<int32_t>(d);
 }
 template <typename T>
 void put_part(std::ostringstream& os, const T& x) {
@@ -70,7 +71,6 @@ inline Status check_backend(Backend b) {
   return Status::Invalid(cat("backend: unknown value ", static_cast<int32_t>(b),
                              " (expected kCpuReference=0, kCpuChunked=1 or kCuda=2)"));
 }
-inline bool known_dtype(DType d) { return d == DType::kNone || d == DType::kBF16 || d == DType::kFP32; }
 
 // a*b for non-negative a, b; false on int64 overflow.
 inline bool mul_ok(int64_t a, int64_t b, int64_t* r) {
@@ -218,9 +218,7 @@ Status check_gate_inputs(const Args& a) {
                                " (expected kSafeGate=0 or kLogDecay=1)"));
   for (const auto& [name, dtype] : {std::pair<const char*, DType>{"g_dtype", a.g_dtype}, {"beta_dtype", a.beta_dtype}})
     if (dtype != DType::kBF16 && dtype != DType::kFP32)
-      return Status::Invalid(cat(name, ": expected kBF16 or kFP32, got ",
-                                 known_dtype(dtype) ? std::string(to_string(dtype))
-                                                    : cat("unknown value ", static_cast<int32_t>(dtype))));
+      return Status::Invalid(cat(name, ": expected kBF16 or kFP32, got ", dtype));
   return Status::Ok();
 }
 

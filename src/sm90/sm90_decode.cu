@@ -161,8 +161,8 @@ int decode_variant_count() { return kNumDecodeVariants; }
 const char* decode_variant_name(int v) { return v >= 0 && v < kNumDecodeVariants ? kDecodeVariants[v].name : nullptr; }
 void set_decode_variant_override(int v) { g_decode_variant_override.store(v >= 0 && v < kNumDecodeVariants ? v : -1); }
 
-// The token tensors' strides as the kernels take them: 32-bit, and a head's offset
-// Strides below 2^31 (DecodeParams keeps them as int32), and h·head_stride below
+// The token tensors' strides as the kernels take them: below 2^31 (DecodeParams
+// keeps them as int32), and h·head_stride below
 // 2^31 for every head h, the dense head stride (the row width) as much as a given
 // one: a token stride smaller than heads × width (tokens that overlap, or a single
 // token whose stride is never used) does not bound it. The offsets are formed in

@@ -142,7 +142,7 @@ TEST(CApi, ErrorCodeAndMessage) {
   flashkda_forward_args d = c;
   d.state_pool_dtype = 7;
   EXPECT_EQ(flashkda_validate(&d, FLASHKDA_BACKEND_CPU_CHUNKED), FLASHKDA_STATUS_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(flashkda_last_error()).find("an unknown DType (7)"), std::string::npos) << flashkda_last_error();
+  EXPECT_NE(std::string(flashkda_last_error()).find("state_pool_dtype is unknown value 7"), std::string::npos) << flashkda_last_error();
 }
 
 TEST(CApi, WorkspaceSize) {

@@ -51,6 +51,8 @@ struct RecurrenceConfig {
   // at entry, which setmaxnreg needs (entry_storer.cuh).
   static constexpr int kMinCtasPerSm = kEntryStorer && kStateWarps == 4 ? 2 : 1;
   static constexpr int kStateRegs = state_registers(kThreads, kCtaThreads, kMinCtasPerSm);
+  static_assert(!kEntryStorer || kCtaThreads == EntryHandOff<kVCta>::kCtaThreads,
+                "the named barriers count the state warps and the storer");
 };
 
 // The state alone is 64 registers a thread, the wgmma operands of a step another
@@ -86,8 +88,7 @@ __global__ void __launch_bounds__(
   static_assert(!(kSuperposed && kCheckpoints), "checkpoints run pass 3's chains");
   static_assert(!kEntryStorer || (kCheckpoints && kDim == kHeadDim && kBulkRecords),
                 "the entry storer: periodic entries at K = 128, records by bulk copy");
-  constexpr bool kStorer = kEntryStorer;
-  using Cfg = RecurrenceConfig<kStateWarps, kStages, kStorer>;
+  using Cfg = RecurrenceConfig<kStateWarps, kStages, kEntryStorer>;
   using Smem = typename Cfg::Smem;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(
   // cursor); elsewhere it leaves. The warpgroups part before anything else is
   // computed: a value live across setmaxnreg was spilled, and reloaded inside
   // the chunk loop.
-  if constexpr (kStorer) {
+  if constexpr (kEntryStorer) {
     init_stage_barriers(s.record_full, 1);  // before the warpgroups part: a CTA barrier
     if (warp >= kStateWarps) {
       warpgroup_registers_down<storer_registers(Cfg::kThreads)>();
@@ -150,10 +151,10 @@ __global__ void __launch_bounds__(
   const ChunkOperands* const first_record = chunk_record(p, w.first_slot, w.v_head);
   const ChunkCursor<Cfg::kVCta, Cfg::kThreads, kDim> cursor(p, first_record, w.token_begin, w.v_head, v_col0,
                                                       Smem::kLdV, tid);
-  if constexpr (kBulkRecords && !kStorer) init_stage_barriers(s.record_full, 1);
+  if constexpr (kBulkRecords && !kEntryStorer) init_stage_barriers(s.record_full, 1);
   // The state warps' CTA barrier: with a storer, its threads are not in it.
   auto state_warps_sync = [] {
-    if constexpr (kStorer) named_barrier_sync(kStateWarpsBarrier, Cfg::kThreads);
+    if constexpr (kEntryStorer) named_barrier_sync(kStateWarpsBarrier, Cfg::kThreads);
     else __syncthreads();
   };
   const OutCursor<kDim> out(p, w.token_begin, w.v_head, row, lane);
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(
   EntryHandOff<Cfg::kVCta> hand_off;
   // A periodic stop of the common kind: handed to the storer, or stored here.
   auto periodic_stop_here = [&](int64_t stop) {
-    if constexpr (kStorer) {
+    if constexpr (kEntryStorer) {
       hand_off.hand_over(S, s.entry_stage, warp, lane);
       return ck_periodic.advance<kDim>(p, stop);
     } else {
